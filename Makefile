@@ -1,0 +1,32 @@
+# Two entry points: `make run` (the embedded default, end to end) and `make test`.
+PY      := .venv/bin/python
+STAMP   := .venv/.installed
+CORES   ?= 2
+
+.PHONY: run test test-fast figures bench clean
+
+$(STAMP): envs/requirements-cpu.txt pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -r envs/requirements-cpu.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+run: $(STAMP)
+	.venv/bin/snakemake --cores $(CORES)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+figures: $(STAMP)
+	.venv/bin/snakemake --cores $(CORES) figures_only
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_regions.py
+
+clean:
+	rm -rf .snakemake results

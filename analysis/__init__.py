@@ -1,0 +1,18 @@
+"""Turn run logs (verl's file-logger ``metrics.jsonl``, either backend) into tables and figures.
+
+Reads files only: pandas, numpy, pyarrow, matplotlib, seaborn and pyyaml, never a training backend,
+so it runs on a laptop with logs copied from a cluster.
+
+- :mod:`analysis.load`: runs directory -> per-run frames, the tidy long table and a wide table.
+- :mod:`analysis.collapse`: the collapse definition and the stability table.
+- :mod:`analysis.figures`: the figures; :mod:`analysis.tables`: the model x ablation summary.
+- ``python -m analysis {collect,stability,plots,all}``: see :mod:`analysis.cli`.
+"""
+
+from analysis.config import AnalysisConfig, CollapseConfig, load_config
+from analysis.load import LogWarning, Run, load_run, load_runs, tidy_table, wide_table
+
+__all__ = [
+    "AnalysisConfig", "CollapseConfig", "LogWarning", "Run", "load_config", "load_run", "load_runs",
+    "tidy_table", "wide_table",
+]

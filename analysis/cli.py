@@ -1,0 +1,166 @@
+"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from analysis.config import AnalysisConfig, load_config
+from analysis.load import Run, load_runs, tidy_table, wide_table
+from analysis.output import to_markdown, write_csv, write_parquet, write_text
+
+log = logging.getLogger("analysis")
+
+
+def _default_tables(runs_dir: str) -> Path:
+    """``results/runs`` -> ``results/tables`` (the suite's layout)."""
+    return Path(runs_dir).resolve().parent / "tables"
+
+
+class _Timer:
+    """Logs how long each stage took (long work shows progress)."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, float] = {}
+
+    def __call__(self, name: str):
+        timer = self
+
+        class _Stage:
+            def __enter__(self):
+                log.info("%s ...", name)
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timer.stages[name] = time.perf_counter() - self.start
+                if exc[0] is None:
+                    log.info("%s done in %.2f s", name, timer.stages[name])
+
+        return _Stage()
+
+
+def collect(runs: list[Run], out: Path, wide_out: Path | None = None) -> None:
+    table = tidy_table(runs)
+    write_parquet(table, out)
+    log.info("wrote %s (%d rows, %d runs, %d non-finite values)", out, len(table), len(runs),
+             int((~table["finite"]).sum()))
+    if wide_out is not None:
+        write_parquet(wide_table(runs), wide_out)
+        log.info("wrote %s", wide_out)
+
+
+def stability(runs: list[Run], cfg: AnalysisConfig, out: Path):
+    from analysis.collapse import stability_table
+
+    table = stability_table(runs, cfg.collapse)
+    write_csv(table, out)
+    log.info("wrote %s: %d of %d runs collapsed", out, int(table["collapsed"].sum()), len(table))
+    return table
+
+
+def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: Path, max_points: int,
+          stability_table=None, timer: _Timer | None = None) -> None:
+    from analysis.collapse import stability_table as compute_stability
+    from analysis.tables import summarize
+
+    timer = timer or _Timer()
+    if stability_table is None:
+        with timer("stability"):
+            stability_table = compute_stability(runs, cfg.collapse)
+    with timer("figures"):
+        from analysis.figures import make_figures
+
+        make_figures(runs, stability_table, cfg, figures_dir, max_points=max_points)
+    summary = summarize(stability_table, cfg.models, cfg.ablations)
+    write_csv(summary, tables_dir / "summary.csv")
+    write_text(to_markdown(summary), tables_dir / "summary.md")
+    log.info("wrote %s/summary.{csv,md}", tables_dir)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser, config_required: bool = False) -> None:
+        p.add_argument("--runs", required=True, help="runs directory laid out {model}/{ablation}/seed{N}/")
+        p.add_argument("--config", required=config_required,
+                       help="experiment config (its collapse: section and model/ablation order)")
+        p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+
+    p = sub.add_parser("collect", help="all metrics as one tidy parquet table")
+    common(p)
+    p.add_argument("--out", required=True,
+                   help="parquet file (run, model, ablation, seed, step, metric, value, finite)")
+    p.add_argument("--wide", help="also write a wide per-step parquet table here")
+
+    p = sub.add_parser("stability", help="collapse verdict per run (CSV)")
+    common(p)
+    p.add_argument("--out", required=True, help="CSV file")
+
+    plot_args = dict(type=_positive_int, default=500, help="most steps per line after binning (default 500)")
+    p = sub.add_parser("plots", help="figures (PNG + PDF) and the model x ablation summary table")
+    common(p)
+    p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
+    p.add_argument("--tables", help="where summary.{csv,md} go (default: <runs>/../tables)")
+    p.add_argument("--max-points", **plot_args)
+
+    p = sub.add_parser("all", help="collect + stability + plots with one read of the logs")
+    common(p)
+    p.add_argument("--tables", help="tables directory (default: <runs>/../tables)")
+    p.add_argument("--figures", required=True, help="figures directory")
+    p.add_argument("--max-points", **plot_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # Data warnings name the file and line themselves: print them without the source-code echo.
+    original_format = warnings.formatwarning
+    warnings.formatwarning = lambda message, *_args, **_kw: f"warning: {message}\n"
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = original_format
+
+
+def _run(args: argparse.Namespace) -> int:
+    timer = _Timer()
+    try:
+        cfg = load_config(args.config)
+        with timer("load"):
+            runs = load_runs(args.runs)
+        if args.command == "collect":
+            collect(runs, Path(args.out), Path(args.wide) if args.wide else None)
+        elif args.command == "stability":
+            stability(runs, cfg, Path(args.out))
+        elif args.command == "plots":
+            tables = Path(args.tables) if args.tables else _default_tables(args.runs)
+            plots(runs, cfg, Path(args.out), tables, args.max_points, timer=timer)
+        elif args.command == "all":
+            tables = Path(args.tables) if args.tables else _default_tables(args.runs)
+            collect(runs, tables / "metrics.parquet")
+            with timer("stability"):
+                table = stability(runs, cfg, tables / "stability.csv")
+            plots(runs, cfg, Path(args.figures), tables, args.max_points, table, timer)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    log.info("total %.2f s (%s)", sum(timer.stages.values()),
+             ", ".join(f"{k} {v:.2f} s" for k, v in timer.stages.items()))
+    return 0

@@ -1,0 +1,148 @@
+"""Did a run collapse, and when?
+
+Definition (thresholds from the experiment config's ``collapse:`` section, see
+:class:`analysis.config.CollapseConfig`; names in brackets are the keys). It follows the common use
+in prior work: reward falls after an initial rise; a NaN/inf loss is collapse; the mismatch KL
+(k3 estimator) spikes around it.
+
+1. **Score collapse** (reason ``score_fall``). The score (``critic/score/mean`` [score_metric]) is
+   smoothed with a trailing moving average over [smooth_window] logged steps, using only finite
+   values and only full windows. ``start`` is the first smoothed value, ``peak_t`` the running
+   maximum up to step t and ``rise_t = peak_t - start``. Once ``rise_t >= min_rise`` the run has
+   "risen"; from then on a smoothed value is *below* when it is lower than
+   ``peak_t - drop_frac * rise_t`` (it gave back more than [drop_frac] of the gained rise). The run
+   collapsed when [patience] consecutive logged steps are below; ``collapse_step`` is the first
+   step of that window. A fall still in progress at the end of the run (fewer than [patience]
+   steps below) is not a collapse. The trailing average lags the raw score by about
+   ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much.
+2. **Non-finite training signal** (reason ``nonfinite:<metric>``). The first step at which
+   ``actor/pg_loss`` or ``actor/grad_norm`` [nonfinite_metrics] is logged as NaN or +-inf (verl's
+   logger writes these as ``null``) is a collapse at that step.
+3. **Mismatch blow-up**, a separate flag that does not by itself mark collapse: ``k3_blowup`` is
+   true when ``rollout_corr/k3_kl`` [k3_metric] is ever above [k3_kl_threshold] (or logged as
+   non-finite); ``k3_blowup_step`` is the first such step.
+
+When both 1 and 2 fire, ``collapse_step`` is the earlier one and ``reason`` names it (both, joined by
+``+``, on a tie). A run that did not collapse gets a reason saying why it could not, or did not:
+``no_data`` (nothing logged), ``no_score`` (score never logged), ``too_short`` (fewer than
+``smooth_window + patience`` finite scores), ``no_rise`` (the smoothed score never rose by
+[min_rise]) or ``stable``. ``peak_score``, ``final_score`` and ``start_score`` are smoothed values;
+``max_k3_kl`` and ``max_grad_norm`` are maxima over finite logged values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analysis.config import CollapseConfig
+from analysis.load import Run
+from analysis.series import finite_series, smooth
+
+GRAD_NORM = "actor/grad_norm"
+
+STABILITY_COLUMNS = [
+    "model", "ablation", "seed", "run", "steps", "last_step", "collapsed", "collapse_step", "reason",
+    "score_collapse_step", "nonfinite_step", "start_score", "peak_score", "peak_step", "final_score",
+    "max_k3_kl", "k3_blowup", "k3_blowup_step", "max_grad_norm", "n_nonfinite",
+]
+_STEP_COLUMNS = ["last_step", "collapse_step", "score_collapse_step", "nonfinite_step", "peak_step",
+                 "k3_blowup_step"]
+
+
+def score_collapse(score: pd.Series, cfg: CollapseConfig) -> dict:
+    """Rule 1 on a series of finite scores (index: step). Returns the score part of a stability row."""
+    out = {"score_collapse_step": None, "start_score": np.nan, "peak_score": np.nan,
+           "peak_step": None, "final_score": np.nan, "score_status": "no_score"}
+    if score.empty:
+        return out
+    smoothed = smooth(score, cfg.smooth_window, full_windows_only=True)
+    if not smoothed.empty:
+        values = smoothed.to_numpy()
+        out.update(start_score=float(values[0]), peak_score=float(values.max()),
+                   peak_step=int(smoothed.index[values.argmax()]), final_score=float(values[-1]))
+    if len(score) < cfg.smooth_window + cfg.patience:
+        out["score_status"] = "too_short"
+        return out
+
+    steps = smoothed.index.to_numpy()
+    peak = np.maximum.accumulate(values)
+    rise = peak - values[0]
+    risen = rise >= cfg.min_rise
+    below = risen & (values < peak - cfg.drop_frac * rise)
+    # A window of `patience` consecutive below-points: count them with a sliding sum.
+    window_sums = np.convolve(below.astype(np.int64), np.ones(cfg.patience, dtype=np.int64), "valid")
+    starts = np.flatnonzero(window_sums == cfg.patience)
+    if starts.size:
+        out["score_collapse_step"] = int(steps[starts[0]])
+        out["score_status"] = "score_fall"
+    else:
+        out["score_status"] = "stable" if risen.any() else "no_rise"
+    return out
+
+
+def first_nonfinite(run: Run, metrics: tuple[str, ...]) -> tuple[int | None, str | None]:
+    """Rule 2: first step where one of ``metrics`` was logged non-finite, and which metric."""
+    long = run.long
+    bad = long[long["metric"].isin(metrics) & ~np.isfinite(long["value"].to_numpy())]
+    if bad.empty:
+        return None, None
+    step = int(bad["step"].min())
+    names = sorted(set(bad.loc[bad["step"] == step, "metric"]))
+    return step, "+".join(f"nonfinite:{m}" for m in names)
+
+
+def k3_blowup(run: Run, cfg: CollapseConfig) -> tuple[bool, int | None, float]:
+    """Rule 3: (blew up?, first step above threshold or non-finite, max finite k3)."""
+    long = run.long
+    k3 = long[long["metric"] == cfg.k3_metric]
+    values = k3["value"].to_numpy()
+    finite = np.isfinite(values)
+    max_k3 = float(values[finite].max()) if finite.any() else np.nan
+    hit = ~finite | (values > cfg.k3_kl_threshold)
+    if not hit.any():
+        return False, None, max_k3
+    return True, int(k3["step"].to_numpy()[hit].min()), max_k3
+
+
+def assess_run(run: Run, cfg: CollapseConfig) -> dict:
+    """One stability row for ``run``."""
+    score_part = score_collapse(finite_series(run.wide, cfg.score_metric), cfg)
+    score_status = score_part.pop("score_status")
+    nonfinite_step, nonfinite_reason = first_nonfinite(run, cfg.nonfinite_metrics)
+    blew_up, blowup_step, max_k3 = k3_blowup(run, cfg)
+    grad = finite_series(run.wide, GRAD_NORM)
+
+    causes = []
+    if score_part["score_collapse_step"] is not None:
+        causes.append((score_part["score_collapse_step"], "score_fall"))
+    if nonfinite_step is not None:
+        causes.append((nonfinite_step, nonfinite_reason))
+    if causes:
+        collapse_step = min(step for step, _ in causes)
+        reason = "+".join(name for step, name in causes if step == collapse_step)
+    else:
+        collapse_step = None
+        reason = "no_data" if run.steps == 0 else score_status
+
+    return {
+        "model": run.model, "ablation": run.ablation, "seed": run.seed, "run": run.run_id,
+        "steps": run.steps,
+        "last_step": int(run.wide.index.max()) if run.steps else None,
+        "collapsed": bool(causes), "collapse_step": collapse_step, "reason": reason,
+        **score_part,
+        "nonfinite_step": nonfinite_step,
+        "max_k3_kl": max_k3, "k3_blowup": blew_up, "k3_blowup_step": blowup_step,
+        "max_grad_norm": float(grad.max()) if not grad.empty else np.nan,
+        "n_nonfinite": int((~np.isfinite(run.long["value"].to_numpy())).sum()),
+    }
+
+
+def stability_table(runs: list[Run], cfg: CollapseConfig) -> pd.DataFrame:
+    """One row per run (columns :data:`STABILITY_COLUMNS`), sorted by model, ablation, seed."""
+    table = pd.DataFrame([assess_run(run, cfg) for run in runs], columns=STABILITY_COLUMNS)
+    for column in _STEP_COLUMNS:
+        table[column] = table[column].astype("Int64")
+    table["collapsed"] = table["collapsed"].astype(bool)
+    table["k3_blowup"] = table["k3_blowup"].astype(bool)
+    return table.sort_values(["model", "ablation", "seed"], ignore_index=True)

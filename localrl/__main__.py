@@ -1,0 +1,85 @@
+"""Command line of the local backend.
+
+    python -m localrl prepare-data --config CFG --out results/data/tiny
+    python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/models/NAME
+    python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _prepare_data(args, cfg):
+    from localrl.data import write_splits
+    from localrl.task import TaskSettings
+
+    try:
+        settings = TaskSettings.from_config(cfg.get("task") or {})
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"error: bad task config: {e}")
+    write_splits(settings, args.out)
+
+
+def _warmstart(args, cfg):
+    from localrl.config import model_spec
+    from localrl.run import default_paths
+    from localrl.warmstart import warmstart
+
+    model_spec(cfg, args.model)  # fail on an unknown model before any work
+    data = args.data or default_paths(cfg, args.model)[0]
+    warmstart(cfg, args.model, data, args.out)
+
+
+def _train(args, cfg):
+    from localrl.config import resolve_cell
+    from localrl.run import default_paths, train_cell
+
+    cell = resolve_cell(cfg, args.model, args.ablation, args.seed, args.steps)
+    data, model_dir = default_paths(cfg, args.model)
+    train_cell(cell, args.out, args.model_dir or model_dir, args.data or data, progress=not args.no_progress)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m localrl", description="Local CPU backend of the RL suite.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("prepare-data", help="write train/test parquet (verl schema)")
+    d.add_argument("--config", required=True)
+    d.add_argument("--out", required=True)
+
+    w = sub.add_parser("warmstart", help="supervised warm start of one tiny model")
+    w.add_argument("--config", required=True)
+    w.add_argument("--model", required=True)
+    w.add_argument("--data", help="data dir (default: {results_dir}/data/{profile})")
+    w.add_argument("--out", required=True)
+
+    t = sub.add_parser("train", help="run (or resume) one grid cell")
+    t.add_argument("--config", required=True)
+    t.add_argument("--model", required=True)
+    t.add_argument("--ablation", required=True)
+    t.add_argument("--seed", type=int, required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--steps", type=int, help="override the config's steps")
+    t.add_argument("--data", help="data dir (default: {results_dir}/data/{profile})")
+    t.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from localrl.config import ConfigError, load_config
+
+    args = parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train}[args.command](args, cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

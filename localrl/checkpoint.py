@@ -1,0 +1,83 @@
+"""Checkpoints of a cell (weights, optimizer, RNG and data-order state) and stop-on-signal.
+
+Layout: `checkpoints/step_NNNNNN.pt`, written to a temporary file and renamed, so a kill during a
+save leaves the previous checkpoint intact; older ones are pruned after a successful save.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_NAME = re.compile(r"step_(\d+)\.pt$")
+
+
+def rng_state(generators: dict[str, torch.Generator]) -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+            "generators": {k: g.get_state() for k, g in generators.items()}}
+
+
+def set_rng_state(state: dict, generators: dict[str, torch.Generator]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    for k, g in generators.items():
+        g.set_state(state["generators"][k])
+
+
+def save(ckpt_dir: str | Path, step: int, state: dict, keep: int = 1) -> Path:
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    path = ckpt_dir / f"step_{step:06d}.pt"
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save({"step": step, **state}, tmp)
+    os.replace(tmp, path)
+    for old in list_checkpoints(ckpt_dir)[:-keep]:
+        old.unlink()
+    return path
+
+
+def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if _NAME.search(p.name)]
+    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+
+
+def load_latest(ckpt_dir: str | Path) -> dict | None:
+    found = list_checkpoints(ckpt_dir)
+    if not found:
+        return None
+    return torch.load(found[-1], weights_only=False)
+
+
+class StopFlag:
+    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits non-zero."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None

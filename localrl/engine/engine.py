@@ -1,0 +1,95 @@
+"""The rollout side: batched sampling with a KV cache on the engine's own model runner.
+
+Mirrors what verl asks of vLLM: receive bf16 weights from the trainer, sample responses with
+temperature (top-p 1, top-k off) and return each sampled token's *processed* logprob,
+`log_softmax(logits.float() / T)`, computed from the engine's bf16 logits.
+
+Layout: prompts are left-padded; each prompt's positions start at 0 at its first real token; one
+forward for all prompts, then one token per step for the whole batch, each sequence stopping at
+its eos. Nothing here imports `patches`: the engine is never patched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    prompt_ids: Tensor  # (B, P) left-padded
+    prompt_mask: Tensor  # (B, P) bool, True = real token
+    responses: Tensor  # (B, R) sampled tokens, pad after eos
+    response_mask: Tensor  # (B, R) bool, True up to and including eos
+    logprobs: Tensor  # (B, R) fp32 processed logprobs of the sampled tokens, 0 where masked
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = True
+    return ids, mask
+
+
+def prefill_mask(prompt_mask: Tensor) -> Tensor:
+    """(B, 1, P, P): causal, real keys only; a pad query sees itself (no empty softmax rows)."""
+    P = prompt_mask.shape[1]
+    causal = torch.ones(P, P, dtype=torch.bool).tril()
+    eye = torch.eye(P, dtype=torch.bool)
+    return (causal & (prompt_mask[:, None, :] | eye))[:, None]
+
+
+class Engine:
+    """Inference engine: `EngineModel` (compiled engine formulations) + a sampling loop."""
+
+    def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None):
+        from localrl.engine.model import EngineModel
+
+        self.max_positions = max_positions or model_config.max_position_embeddings
+        self.model = EngineModel(model_config, self.max_positions)
+        self.eos_id, self.pad_id = eos_id, pad_id
+
+    def load_weights(self, state_dict: dict[str, Tensor]) -> None:
+        """Receive the trainer's weights (HF names, any dtype -> bf16 inside the engine model)."""
+        self.model.load_hf_weights(state_dict)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                 generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:
+        from localrl.engine.model import KVCache
+
+        ids, prompt_mask = left_pad(prompts, self.pad_id)
+        B, P = ids.shape
+        if P + max_new_tokens > self.max_positions:
+            raise ValueError(f"prompt width {P} + max_new_tokens {max_new_tokens} exceeds the engine's "
+                             f"{self.max_positions} positions")
+        cache = KVCache.allocate(self.model, B, P + max_new_tokens)
+        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(ids, positions, prefill_mask(prompt_mask), kv_cache=cache, cache_len=0)[:, -1]
+        next_pos = positions[:, -1] + 1
+        key_mask = torch.cat([prompt_mask, torch.ones(B, max_new_tokens, dtype=torch.bool)], 1)
+
+        done = torch.zeros(B, dtype=torch.bool)
+        tokens, logps, masks = [], [], []
+        for t in range(max_new_tokens):
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            if greedy:
+                tok = logp.argmax(-1)
+            else:
+                tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            alive = ~done
+            tokens.append(torch.where(alive, tok, self.pad_id))
+            logps.append(torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0))
+            masks.append(alive)
+            done = done | (tok == self.eos_id)
+            if done.all() or t + 1 == max_new_tokens:
+                break
+            mask = key_mask[:, None, None, : P + t + 1]
+            logits = self.model(tok[:, None], next_pos[:, None], mask, kv_cache=cache, cache_len=P + t)[:, -1]
+            next_pos = next_pos + 1
+        return Rollout(ids, prompt_mask, torch.stack(tokens, 1), torch.stack(masks, 1), torch.stack(logps, 1))

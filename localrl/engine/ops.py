@@ -1,0 +1,69 @@
+"""The inference engine's region formulations, written as vLLM writes them (its "native" path).
+
+vLLM's default V1 path runs these under torch.compile: Inductor fuses each elementwise chain into
+one kernel that computes in fp32 and rounds to bf16 only where a buffer is stored, and it drops
+the explicit `.to(bf16)` casts inside a fused kernel (emulate_precision_casts is off). So the
+*formulation* decides where the engine rounds: keep these as vLLM has them (half-width cos/sin
+table, chunk -> rotate -> cat at the output, `(x * rsqrt(var + eps)).to(dtype) * w`, residual add
+in fp32). Nothing here may import `patches`: the engine is never patched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def rope_inv_freq(head_dim: int, base: float) -> Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+
+
+def rope_cos_sin_cache(head_dim: int, base: float, max_positions: int, dtype: torch.dtype) -> Tensor:
+    """vLLM's RotaryEmbedding._compute_cos_sin_cache: (max_positions, head_dim) = [cos | sin] halves."""
+    t = torch.arange(max_positions, dtype=torch.float)
+    freqs = torch.einsum("i,j -> ij", t, rope_inv_freq(head_dim, base))
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+
+def apply_rope(positions: Tensor, x: Tensor, cos_sin_cache: Tensor) -> Tensor:
+    """Neox-style rotation of x (..., tokens, heads, head_dim) at `positions` (..., tokens)."""
+    cos_sin = cos_sin_cache[positions]
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    cos = cos.unsqueeze(-2).to(x.dtype)
+    sin = sin.unsqueeze(-2).to(x.dtype)
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return x.to(orig_dtype) * weight
+
+
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """Returns (normed, new_residual); the sum stays fp32 for the variance, the residual is stored bf16."""
+    orig_dtype = x.dtype
+    x = x.to(torch.float32) + residual.to(torch.float32)
+    residual = x.to(orig_dtype)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + eps)
+    return x.to(orig_dtype) * weight, residual
+
+
+def silu_and_mul(gate_up: Tensor) -> Tensor:
+    d = gate_up.shape[-1] // 2
+    return F.silu(gate_up[..., :d]) * gate_up[..., d:]
+
+
+def qk_norm_rope(positions: Tensor, q: Tensor, weight: Tensor, eps: float, cos_sin_cache: Tensor) -> Tensor:
+    """Qwen3: per-head RMSNorm then RoPE; compiled, the normed value never hits memory in bf16."""
+    return apply_rope(positions, rms_norm(q, weight, eps), cos_sin_cache)
+
+
+def compiled(fn):
+    """Compile a formulation the way vLLM's default path does (Inductor, dynamic shapes)."""
+    return torch.compile(fn, dynamic=True, fullgraph=True)

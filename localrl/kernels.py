@@ -1,0 +1,126 @@
+"""The GEMM and attention "kernels" both sides of the local rig share.
+
+On a GPU, a bf16 GEMM (cuBLAS) and flash attention accumulate in fp32 and write a bf16 output:
+one rounding, at the output. This CPU computes bf16 matmuls ~100x slower than fp32, so here both
+are computed in fp32 on the bf16 values and the output is rounded to bf16 once - the same rounding
+location, at fp32 speed. They are `torch.library` custom ops so that Inductor treats them as opaque
+kernels whose bf16 outputs are materialized (as a GPU GEMM's are), instead of fusing the output
+rounding away into the next elementwise op.
+
+The engine and the trainer both call these (the alignment patches never touch GEMMs or attention):
+so any difference between the two sides comes from the three elementwise regions alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# ---------------------------------------------------------------------------------------------
+# linear: y = bf16(x @ w.T + b), fp32 accumulation
+
+
+@torch.library.custom_op("localrl::linear", mutates_args=())
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    b = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), b).to(x.dtype)
+
+
+@linear.register_fake
+def _(x, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _linear_setup(ctx, inputs, output):
+    x, weight, bias = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.has_bias = bias is not None
+
+
+def _linear_backward(ctx, grad):
+    x, weight = ctx.saved_tensors
+    g = grad.float()
+    # Each gradient is itself a GEMM: fp32 accumulation, one rounding at its output.
+    dx = (g @ weight.float()).to(x.dtype)
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1]).float()
+    dw = (g2.T @ x2).to(weight.dtype)
+    db = g2.sum(0).to(weight.dtype) if ctx.has_bias else None
+    return dx, dw, db
+
+
+linear.register_autograd(_linear_backward, setup_context=_linear_setup)
+
+# ---------------------------------------------------------------------------------------------
+# attention: o = bf16(softmax(q k^T * scale + mask) v), fp32 inside
+
+
+def _sdpa_fp32(q, k, v, mask, causal: bool, scale: float):
+    return F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+
+
+@torch.library.custom_op("localrl::attention", mutates_args=())
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor:
+    """q: (B, H, T, D); k, v: (B, Hkv, S, D); mask: bool (B|1, 1, T, S), True = attend."""
+    return _sdpa_fp32(q, k, v, mask, causal, scale).to(q.dtype)
+
+
+@attention.register_fake
+def _(q, k, v, mask, causal, scale):
+    return q.new_empty(q.shape)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, mask, causal, scale = inputs
+    ctx.save_for_backward(q, k, v, mask)
+    ctx.causal, ctx.scale = causal, scale
+
+
+def _attention_backward(ctx, grad):
+    q, k, v, mask = ctx.saved_tensors
+    with torch.enable_grad():
+        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+        out = _sdpa_fp32(qf, kf, vf, mask, ctx.causal, ctx.scale)
+        dq, dk, dv = torch.autograd.grad(out, (qf, kf, vf), grad.float())
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
+
+
+attention.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+# ---------------------------------------------------------------------------------------------
+# Plugging the kernels into a transformers model (training side)
+
+HF_ATTENTION_NAME = "localrl_fp32"
+
+
+def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask == 0  # additive float mask -> boolean "may attend"
+    causal = mask is None and query.shape[2] > 1
+    scale = module.scaling if scaling is None else scaling
+    out = attention(query, key, value, mask, causal, float(scale))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _linear_forward(self, x):
+    return linear(x, self.weight, self.bias)
+
+
+def use_local_kernels(model: nn.Module) -> nn.Module:
+    """Route every nn.Linear and the attention of a transformers model through the shared kernels."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(HF_ATTENTION_NAME, _hf_attention)
+    # The same masks as sdpa (padding, packed sequences); None means plain causal.
+    AttentionMaskInterface.register(HF_ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(HF_ATTENTION_NAME)
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.forward = _linear_forward.__get__(module)
+    return model

@@ -1,0 +1,91 @@
+"""Per-step metrics under verl's names, and the metrics file in verl's file-logger format.
+
+The mismatch metrics come from verl's own helpers: `rollout_corr/*` from
+`rollout_corr_helper.compute_rollout_corr_metrics_from_logprobs` (what verl's actor logs) and
+`training/rollout_probs_diff_*` / pearson from `utils.debug.metrics.calculate_debug_metrics`.
+
+verl's FileLogger opens its file with "wb" (a resumed run would truncate it), so the file is written
+here in the same format - one `{"step": N, "data": {...}}` line per step, serialized with orjson
+as verl does - but appended, and truncated to the checkpointed step on resume.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import orjson
+import torch
+
+REQUIRED = (
+    "rollout_corr/k3_kl", "rollout_corr/kl", "rollout_corr/log_ppl_abs_diff",
+    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+    "training/rollout_actor_probs_pearson_corr", "critic/score/mean", "actor/entropy", "actor/grad_norm",
+    "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss", "response_length/mean",
+    "timing_s/gen", "timing_s/update", "timing_s/step",
+)
+
+
+def mismatch_metrics(old_log_probs, rollout_log_probs, response_mask, responses) -> dict[str, float]:
+    from verl import DataProto
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
+    from verl.utils.debug.metrics import calculate_debug_metrics
+
+    mask = response_mask.float()
+    out = compute_rollout_corr_metrics_from_logprobs(old_log_probs, rollout_log_probs, mask)
+    data = DataProto.from_dict(tensors={"old_log_probs": old_log_probs, "rollout_log_probs": rollout_log_probs,
+                                        "response_mask": mask, "responses": responses})
+    out.update(calculate_debug_metrics(data))
+    return out
+
+
+def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
+                 max_new_tokens: int) -> dict[str, float]:
+    """verl's compute_data_metrics names for the parts this backend has (no critic)."""
+    lengths = response_mask.float().sum(1)
+    valid_adv = advantages[response_mask.bool()]
+    return {
+        "critic/score/mean": scores.mean().item(),
+        "critic/score/max": scores.max().item(),
+        "critic/score/min": scores.min().item(),
+        "critic/advantages/mean": valid_adv.mean().item(),
+        "critic/advantages/max": valid_adv.max().item(),
+        "critic/advantages/min": valid_adv.min().item(),
+        "response_length/mean": lengths.mean().item(),
+        "response_length/max": lengths.max().item(),
+        "response_length/min": lengths.min().item(),
+        "response_length/clip_ratio": (lengths >= max_new_tokens).float().mean().item(),
+    }
+
+
+class MetricsFile:
+    """Append-only metrics.jsonl in verl's file-logger format."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def log(self, data: dict, step: int) -> None:
+        line = orjson.dumps({"step": step, "data": data}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        with open(self.path, "ab") as fp:
+            fp.write(line)
+            fp.flush()
+            os.fsync(fp.fileno())
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        rows = []
+        for raw in self.path.read_bytes().splitlines():
+            try:
+                rows.append(orjson.loads(raw))
+            except orjson.JSONDecodeError:  # a line cut by a kill: never part of a checkpoint
+                continue
+        return rows
+
+    def truncate_to(self, step: int) -> int:
+        """Keep the lines of steps <= `step` (the checkpoint); rewrite atomically. Returns lines kept."""
+        keep = [r for r in self.read() if r["step"] <= step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_bytes(b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in keep))
+        os.replace(tmp, self.path)
+        return len(keep)

@@ -1,0 +1,52 @@
+"""Tiny Qwen-family models built from transformers configs (no downloads).
+
+`arch: qwen2` -> Qwen2 (q/k/v projections with bias); `arch: qwen3` -> Qwen3 (per-head q/k RMSNorm,
+no bias). Depth and width come from `model_specs` in the experiment config.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ARCHS = ("qwen2", "qwen3")
+SPEC_KEYS = {"arch", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "intermediate_size", "rope_theta", "max_position_embeddings"}
+MAX_POSITIONS = 256
+ROPE_THETA = 10000.0
+
+
+def model_config(spec: dict, tokenizer):
+    """A transformers Qwen2Config / Qwen3Config for one `model_specs` entry."""
+    from transformers import Qwen2Config, Qwen3Config
+
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"unknown model spec key(s) {unknown}; allowed: {sorted(SPEC_KEYS)}")
+    arch = spec.get("arch")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown model arch {arch!r}; allowed: {list(ARCHS)}")
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    kwargs = {k: v for k, v in spec.items() if k not in ("arch", "rope_theta", "max_position_embeddings")}
+    return cls(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=spec.get("max_position_embeddings", MAX_POSITIONS),
+        rope_parameters={"rope_type": "default", "rope_theta": float(spec.get("rope_theta", ROPE_THETA))},
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **kwargs,
+    )
+
+
+def build_model(spec: dict, tokenizer, seed: int):
+    """A freshly initialised fp32 model; the seed fixes the initial weights."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(model_config(spec, tokenizer), dtype=torch.float32)
+    return model
+
+
+def num_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,181 @@
+"""The training side: HF transformers (+ alignment patches) under FSDP-style mixed precision.
+
+- fp32 master weights, fp32 gradients and AdamW state;
+- a bf16 compute copy for forward/backward, with buffers (RoPE `inv_freq`) kept fp32, as FSDP's
+  MixedPrecision(param_dtype=bf16, buffer_dtype=fp32) does;
+- GEMMs and attention through the shared `localrl.kernels` (as on GPU: fp32 accumulate, one
+  rounding), everything else is transformers' own eager code, or the patches for an ablation;
+- the objective is verl's: GRPO advantages, PPO clipped loss with clip-higher and dual-clip,
+  token-mean aggregation, optional low-variance KL, all from `verl.trainer.ppo.core_algos`.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    """One RL batch, response-aligned tensors (B, R)."""
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    responses: Tensor
+    response_mask: Tensor
+    rollout_log_probs: Tensor | None = None
+    old_log_probs: Tensor | None = None
+    ref_log_probs: Tensor | None = None
+    advantages: Tensor | None = None
+
+    def rows(self, index: Tensor) -> "Batch":
+        return Batch(**{k: (None if v is None else v[index]) for k, v in vars(self).items()})
+
+
+def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
+    """Prompt + response ids, attention mask and positions (0 at each prompt's first real token)."""
+    ids = torch.cat([batch.prompt_ids, batch.responses], 1)
+    mask = torch.cat([batch.prompt_mask, batch.response_mask], 1).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return ids, mask, positions
+
+
+def policy_loss_config(rl: dict, batch_num_tokens: int | None = None):
+    """The smallest config verl's policy loss accepts (it reads clip ratios and global batch info)."""
+    from omegaconf import OmegaConf
+
+    info = {} if batch_num_tokens is None else {"batch_num_tokens": batch_num_tokens, "dp_size": 1}
+    return OmegaConf.create({"clip_ratio": rl["clip_ratio_low"], "clip_ratio_low": rl["clip_ratio_low"],
+                             "clip_ratio_high": rl["clip_ratio_high"], "clip_ratio_c": rl["clip_ratio_c"],
+                             "global_batch_info": info})
+
+
+class Trainer:
+    def __init__(self, model_dir: str, rl: dict, ablation: str):
+        import patches
+        from transformers import AutoModelForCausalLM
+
+        from localrl.kernels import use_local_kernels
+
+        self.rl = rl
+        # Patches replace transformers' classes process-wide: apply before the model is built.
+        self.regions = patches.apply(ablation)
+        self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if self.regions:
+            patches.check_model(self.master)
+        self.model = self._compute_copy(self.master)
+        use_local_kernels(self.model)
+        self.ref = None
+        if rl["kl_coef"] > 0:  # the reference policy: the initial weights, same numerics
+            self.ref = use_local_kernels(self._compute_copy(self.master)).requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl["lr"], betas=tuple(rl["betas"]),
+                                           weight_decay=rl["weight_decay"])
+
+    @staticmethod
+    def _compute_copy(master):
+        """bf16 parameters, fp32 buffers (model.to(bf16) would also round RoPE's inv_freq)."""
+        model = copy.deepcopy(master)
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        return model
+
+    @torch.no_grad()
+    def sync_compute_weights(self) -> None:
+        for p, m in zip(self.model.parameters(), self.master.parameters()):
+            p.copy_(m)  # fp32 -> bf16, round to nearest
+
+    def weights_for_engine(self) -> dict[str, Tensor]:
+        """What the engine receives after each update: the bf16 compute weights."""
+        return {k: v.detach() for k, v in self.model.state_dict().items() if v.dtype == torch.bfloat16}
+
+    # -- log-probs --------------------------------------------------------------------------
+    def _logits(self, model, batch: Batch) -> Tensor:
+        """bf16 logits predicting each response token, divided by the temperature in bf16 (as verl)."""
+        ids, mask, positions = sequence_inputs(batch)
+        R = batch.responses.shape[1]
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=R + 1).logits
+        logits = logits[:, :-1]
+        return logits.div(self.rl["temperature"])
+
+    @staticmethod
+    def _token_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
+        # fp32 log-softmax of the bf16 logits: what verl's flash-attn cross-entropy computes on GPU.
+        return torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
+
+    @torch.no_grad()
+    def compute_log_probs(self, batch: Batch, model=None) -> tuple[Tensor, Tensor]:
+        """(log-probs, entropy) of the sampled responses under `model` (default: the policy)."""
+        from verl.utils.torch_functional import entropy_from_logits
+
+        logits = self._logits(model or self.model, batch)
+        return self._token_log_probs(logits, batch.responses), entropy_from_logits(logits.float())
+
+    # -- update -----------------------------------------------------------------------------
+    @staticmethod
+    def grpo_advantages(scores: Tensor, response_mask: Tensor, group_ids: np.ndarray) -> Tensor:
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+        # Outcome reward on the last response token, as verl's reward manager places it.
+        rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
+        last = response_mask.long().sum(1) - 1
+        rewards[torch.arange(len(scores)), last.clamp(min=0)] = scores
+        adv, _ = compute_grpo_outcome_advantage(rewards, response_mask.float(), group_ids)
+        return adv
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One PPO epoch over the batch in `mini_batches` optimizer steps; returns verl-named metrics."""
+        from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+
+        rl = self.rl
+        policy_loss = get_policy_loss_fn("vanilla")
+        n = batch.responses.shape[0]
+        per_mb = n // rl["mini_batches"]
+        sums: dict[str, list[float]] = {}
+        for start in range(0, n, per_mb):
+            mb = batch.rows(torch.arange(start, start + per_mb))
+            mask = mb.response_mask.float()
+            logits = self._logits(self.model, mb)
+            log_prob = self._token_log_probs(logits, mb.responses)
+            pg_loss, pg_metrics = policy_loss(mb.old_log_probs, log_prob, mb.advantages, mask,
+                                              rl["loss_agg_mode"], policy_loss_config(rl))
+            loss = pg_loss
+            metrics = {"actor/pg_loss": pg_loss.item(), **pg_metrics}
+            if rl["entropy_coeff"]:
+                from verl.utils.torch_functional import entropy_from_logits
+
+                ent = agg_loss(entropy_from_logits(logits.float()), mask, rl["loss_agg_mode"])
+                loss = loss - rl["entropy_coeff"] * ent
+            if self.ref is not None:
+                kld = kl_penalty(log_prob, mb.ref_log_probs, rl["kl_loss_type"])
+                kl_loss = agg_loss(kld, mask, rl["loss_agg_mode"])
+                loss = loss + rl["kl_coef"] * kl_loss
+                metrics["actor/kl_loss"] = kl_loss.item()
+            self.model.zero_grad(set_to_none=True)
+            loss.backward()
+            # bf16 gradients -> fp32 master gradients (FSDP reduces in fp32).
+            for p, m in zip(self.model.parameters(), self.master.parameters()):
+                m.grad = None if p.grad is None else p.grad.float()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), rl["grad_clip"])
+            metrics["actor/grad_norm"] = grad_norm.item()
+            if torch.isfinite(grad_norm):
+                self.optimizer.step()  # verl skips the step on a non-finite grad norm
+            self.optimizer.zero_grad(set_to_none=True)
+            self.sync_compute_weights()
+            for k, v in metrics.items():
+                sums.setdefault(k, []).append(v)
+        out = {k: float(np.mean(v)) for k, v in sums.items()}
+        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        return out
+
+    # -- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"master": self.master.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.master.load_state_dict(state["master"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sync_compute_weights()

@@ -1,0 +1,152 @@
+"""Warm start: a short supervised pass on generated solutions, so RL starts from a policy that
+solves some problems (roughly 20-60%) and has room to improve.
+
+fp32 throughout (this is not the experiment, only its starting point). Saved with
+`save_pretrained` plus the tokenizer, so every later stage loads it like any HF model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from localrl.data import load_split
+from localrl.models import build_model, num_parameters
+from localrl.task import render_prompt, score
+from localrl.tokenizer import build_tokenizer
+
+WARMSTART_DEFAULTS = {"steps": 300, "batch_size": 64, "lr": 3.0e-3, "warmup": 20, "weight_decay": 0.0,
+                      "seed": 0, "eval_size": 200, "max_new_tokens": 24}
+
+
+def warmstart_settings(cfg: dict) -> dict:
+    ws = dict(WARMSTART_DEFAULTS)
+    given = cfg.get("warmstart") or {}
+    unknown = sorted(set(given) - set(ws))
+    if unknown:
+        raise ValueError(f"unknown warmstart setting(s) {unknown}; allowed: {sorted(ws)}")
+    ws.update(given)
+    return ws
+
+
+def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (prompt + solution + eos) ids and a loss mask over the solution tokens."""
+    seqs, masks = [], []
+    for prompt, extra in zip(frame["prompt"], frame["extra_info"]):
+        p = tokenizer(render_prompt(list(prompt)))["input_ids"]
+        r = tokenizer(extra["answer"])["input_ids"] + [tokenizer.eos_token_id]
+        seqs.append(p + r)
+        masks.append([0] * len(p) + [1] * len(r))
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, (s, m) in enumerate(zip(seqs, masks)):
+        ids[i, : len(s)] = torch.tensor(s)
+        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
+    return ids, loss_mask
+
+
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: int = 100) -> float:
+    """Fraction of problems whose greedy answer verl's gsm8k scorer accepts (no KV cache: simple)."""
+    model.eval()
+    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
+    truths = [rm["ground_truth"] for rm in frame["reward_model"]]
+    total = 0.0
+    for start in range(0, len(prompts), batch_size):
+        ids, mask = left_pad(prompts[start:start + batch_size], tokenizer.pad_token_id)
+        done = torch.zeros(len(ids), dtype=torch.bool)
+        out = []
+        for _ in range(max_new_tokens):
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+            nxt = logits.argmax(-1)
+            nxt = torch.where(done, tokenizer.pad_token_id, nxt)
+            out.append(nxt)
+            done |= nxt == tokenizer.eos_token_id
+            ids = torch.cat([ids, nxt[:, None]], 1)
+            mask = torch.cat([mask, (~done | (nxt == tokenizer.eos_token_id)).long()[:, None]], 1)
+            if done.all():
+                break
+        gen = torch.stack(out, 1)
+        for row, truth in zip(gen.tolist(), truths[start:start + batch_size]):
+            row = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+            total += score(tokenizer.decode(row), truth)
+    model.train()
+    return total / len(prompts)
+
+
+def warmstart(cfg: dict, model_name: str, data_dir: str | Path, out_dir: str | Path) -> dict:
+    from localrl.config import model_spec
+
+    spec = model_spec(cfg, model_name)
+    ws = warmstart_settings(cfg)
+    out_dir = Path(out_dir)
+    tokenizer = build_tokenizer()
+    train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
+    ids, loss_mask = encode_examples(train, tokenizer)
+
+    model = build_model(spec, tokenizer, seed=ws["seed"])
+    print(f"[warmstart] {model_name}: {num_parameters(model) / 1e6:.2f}M parameters, {len(ids)} examples, "
+          f"{ws['steps']} steps x {ws['batch_size']}", flush=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=ws["lr"], weight_decay=ws["weight_decay"], betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / ws["warmup"])
+                                              * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / ws["steps"]))))
+    gen = torch.Generator().manual_seed(ws["seed"])
+    t0, loss_ema = time.time(), None
+    model.train()
+    for step in range(ws["steps"]):
+        idx = torch.randint(len(ids), (ws["batch_size"],), generator=gen)
+        batch, m = ids[idx], loss_mask[idx]
+        width = int(m.nonzero()[:, 1].max()) + 1  # drop all-pad columns
+        batch, m = batch[:, :width], m[:, :width]
+        logits = model(input_ids=batch).logits[:, :-1]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
+                               reduction="none")
+        loss = (loss * m[:, 1:].reshape(-1)).sum() / m[:, 1:].sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        loss_ema = loss.item() if loss_ema is None else 0.9 * loss_ema + 0.1 * loss.item()
+        if (step + 1) % 50 == 0 or step + 1 == ws["steps"]:
+            print(f"[warmstart] {model_name} step {step + 1}/{ws['steps']} loss {loss_ema:.3f} "
+                  f"({time.time() - t0:.1f}s)", flush=True)
+
+    eval_frame = test.iloc[: ws["eval_size"]]
+    solve_rate = greedy_solve_rate(model, tokenizer, eval_frame, ws["max_new_tokens"])
+    summary = {"model": model_name, "steps": ws["steps"], "final_loss": loss_ema, "greedy_solve_rate": solve_rate,
+               "eval_size": len(eval_frame), "seconds": round(time.time() - t0, 1),
+               "parameters": num_parameters(model)}
+    print(f"[warmstart] {model_name}: greedy solve rate {solve_rate:.1%} on {len(eval_frame)} test problems",
+          flush=True)
+
+    # Save into a temporary sibling, then swap in: an interrupted save never leaves a broken model.
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "warmstart.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    print(f"[warmstart] saved {out_dir}", flush=True)
+    return summary

@@ -1,0 +1,147 @@
+"""Rounding-location alignment for transformers' Qwen2/Qwen2.5/Qwen3: make the training side round
+where the compiled inference engine rounds, in three regions (RoPE, SwiGLU, residual RMSNorm).
+
+    import patches
+    patches.apply("all")          # or "rope", "swiglu,rmsnorm", ("rope",), "none"
+    patches.check_model(model)    # raises if some layer is not covered
+    with patches.aligned("rope"): ...
+    patches.remove()              # stock transformers again, bit for bit
+    patches.apply("all", reduction="inductor_cpu")  # + a CPU-compiled engine's summation order
+
+GEMMs, attention, embeddings, the engine and the loss are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from patches import _precision
+from patches._precision import REDUCTIONS
+from patches.registry import FAMILIES
+
+REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
+ABLATIONS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "rope": ("rope",),
+    "swiglu": ("swiglu",),
+    "rmsnorm": ("rmsnorm",),
+    "all": ("rope", "swiglu", "rmsnorm"),
+}
+
+_MISSING = object()
+_saved: list[tuple[object, str, object]] = []  # (owner, attribute, stock value) in patch order
+_active: frozenset[str] = frozenset()
+
+
+class UnsupportedModelError(ValueError):
+    """The model has layers the patches do not cover: applying them would be a silent no-op."""
+
+
+def _bad_spec(value) -> ValueError:
+    return ValueError(
+        f"unknown alignment spec {value!r}: use an ablation ({', '.join(ABLATIONS)}), "
+        f"a region ({', '.join(REGIONS)}), a comma-separated list of regions, or an iterable of regions"
+    )
+
+
+def resolve(spec: str | Iterable[str] | None) -> frozenset[str]:
+    """Spec -> frozenset of region names. None or "" means none."""
+    if spec is None:
+        return frozenset()
+    if isinstance(spec, str):
+        name = spec.strip()
+        if name in ABLATIONS:
+            return frozenset(ABLATIONS[name])
+        items = [part.strip() for part in name.split(",")] if name else []
+    else:
+        try:
+            items = list(spec)
+        except TypeError:
+            raise _bad_spec(spec) from None
+    for item in items:
+        if not isinstance(item, str) or item not in REGIONS:
+            raise _bad_spec(item)
+    return frozenset(items)
+
+
+def remove() -> None:
+    """Restore stock transformers."""
+    global _active
+    _precision.set_reduction("eager")
+    while _saved:
+        owner, attr, stock = _saved.pop()
+        if stock is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, stock)
+    _active = frozenset()
+
+
+def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager") -> frozenset[str]:
+    """Align the given regions for every supported family in this process; returns the active set.
+    Idempotent; a new spec replaces the previous one. `reduction` is the RMSNorm variance's summation
+    order (see patches/_precision.py): "eager" (torch's) or "inductor_cpu"."""
+    global _active
+    regions = resolve(spec)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction order {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    remove()
+    _precision.set_reduction(reduction)
+    for family in FAMILIES.values():
+        try:
+            replacements = family.replacements(regions)
+        except ImportError:  # an older transformers without this family
+            continue
+        for owner, attr, new in replacements:
+            _saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
+            setattr(owner, attr, new)
+    _active = regions
+    return _active
+
+
+def active() -> frozenset[str]:
+    return _active
+
+
+@contextlib.contextmanager
+def aligned(spec: str | Iterable[str] | None, *, reduction: str = "eager"):
+    """Apply `spec` inside the block; restore the previous state on exit."""
+    previous = (_active, _precision.reduction())
+    try:
+        yield apply(spec, reduction=reduction)
+    finally:
+        apply(previous[0], reduction=previous[1])
+
+
+def check_model(model) -> str:
+    """Return the model's family name, or raise UnsupportedModelError if any decoder layer (or its
+    MLP) is not one the patches cover (e.g. Llama, Qwen2-MoE / Qwen3-MoE experts)."""
+    supported = {}
+    for family in FAMILIES.values():
+        try:
+            supported[family.cls("DecoderLayer")] = family
+        except (ImportError, AttributeError):
+            continue
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    names = ", ".join(c.__name__ for c in supported)
+    if not layers:
+        raise UnsupportedModelError(f"{type(model).__name__} has no decoder layers the patches know; supported: {names}")
+    families = set()
+    for layer in layers:
+        family = supported.get(type(layer))
+        mlp = getattr(layer, "mlp", None)
+        if family is None or type(mlp) is not family.cls("MLP"):
+            raise UnsupportedModelError(
+                f"{type(layer).__name__} with {type(mlp).__name__} is not covered by the alignment patches; "
+                f"supported: {names} with their dense SiLU MLPs"
+            )
+        act = getattr(model.config, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise UnsupportedModelError(f"hidden_act {act!r} is not covered: the swiglu region assumes silu")
+        families.add(family.name)
+    return families.pop() if len(families) == 1 else ",".join(sorted(families))
+
+
+__all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "apply", "remove", "active", "aligned", "resolve", "check_model",
+           "UnsupportedModelError"]

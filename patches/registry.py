@@ -1,0 +1,53 @@
+"""Which transformers attributes each region replaces, per model family (one entry per family).
+
+Patches are class- and module-level, so models built before and after `apply` both use them -
+verl builds its models inside Ray workers, after `external_lib` has been imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from patches import rmsnorm, rope, swiglu
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    module: str   # transformers modeling module
+    prefix: str   # class-name prefix in that module
+    qk_norm: bool  # Qwen3: per-head q/k RMSNorm on the RoPE path
+
+    def modeling(self):
+        return importlib.import_module(self.module)
+
+    def cls(self, suffix: str):
+        return getattr(self.modeling(), self.prefix + suffix)
+
+    def replacements(self, regions) -> list[tuple[object, str, object]]:
+        """(owner, attribute, new value) for the given regions."""
+        m, cls = self.modeling(), self.cls
+        out = []
+        if "rope" in regions:
+            rotary = cls("RotaryEmbedding")
+            out += [(m, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb),
+                    (rotary, "_rla_stock_forward", rotary.__dict__["forward"]),
+                    (rotary, "forward", rope.rotary_embedding_forward)]
+            if self.qk_norm:
+                out += [(cls("Attention"), "_rla_modeling", m),
+                        (cls("Attention"), "forward", rope.qwen3_attention_forward)]
+        if "swiglu" in regions:
+            out.append((cls("MLP"), "forward", swiglu.mlp_forward))
+        if "rmsnorm" in regions:
+            norm = cls("RMSNorm")
+            out += [(cls("DecoderLayer"), "forward", rmsnorm.decoder_layer_forward),
+                    (norm, "_rla_stock_forward", norm.__dict__["forward"]),
+                    (norm, "forward", rmsnorm.norm_forward)]
+        return out
+
+
+FAMILIES: dict[str, Family] = {
+    "qwen2": Family("qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2", qk_norm=False),  # Qwen2, Qwen2.5, R1-Distill-Qwen
+    "qwen3": Family("qwen3", "transformers.models.qwen3.modeling_qwen3", "Qwen3", qk_norm=True),
+}

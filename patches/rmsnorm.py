@@ -1,0 +1,120 @@
+"""Residual RMSNorm region: residual add fused with RMSNorm, as the compiled engine computes it.
+
+Engine (vLLM's fused_add_rms_norm, native formulation under Inductor): sum = residual + x in fp32;
+the residual stream stores bf16(sum); the variance comes from the *unrounded* fp32 sum; the output
+`(sum * rstd) * weight` is rounded once. Stock HF rounds the sum first, then `x * rstd`, then
+`weight * .`: the norm reads a rounded sum and rounds twice.
+
+To give the next norm the unrounded sum, an aligned decoder layer does not finish its last residual
+add: it returns `cat(residual, mlp_out)` (width 2*hidden, bf16) - the pair the engine also carries -
+and the next layer's input norm (or the model's final norm) performs the fused add. The pair is
+bf16, so FSDP2's `cast_forward_inputs` leaves it untouched; it has the size of one fp32 tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from patches._precision import mean_square, wide
+
+
+def _norm_backward(g_out: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor):
+    g_hat = g_out * wide(weight)
+    d_sum = rstd * (g_hat - x_hat * (g_hat * x_hat).mean(dim=-1, keepdim=True))
+    d_weight = (g_out * x_hat).reshape(-1, weight.shape[-1]).sum(0)
+    return d_sum, d_weight.to(weight.dtype)
+
+
+def _normalize(s: Tensor, weight: Tensor, eps: float):
+    rstd = torch.rsqrt(mean_square(s) + eps)
+    return (s * rstd) * wide(weight), rstd
+
+
+class RMSNorm(torch.autograd.Function):
+    """bf16((x * rstd) * w) with x, rstd in fp32."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        out, rstd = _normalize(wide(x), weight, eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dw = _norm_backward(wide(grad), wide(x) * rstd, rstd, weight)
+        return dx.to(x.dtype), dw, None
+
+
+class AddRMSNorm(torch.autograd.Function):
+    """(normed, residual_out) = (bf16(norm(x + residual)), bf16(x + residual)), sum kept in fp32."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float):
+        s = wide(x) + wide(residual)
+        out, rstd = _normalize(s, weight, eps)
+        ctx.save_for_backward(x, residual, weight, rstd)
+        return out.to(x.dtype), s.to(residual.dtype)
+
+    @staticmethod
+    def backward(ctx, g_out: Tensor, g_residual: Tensor):
+        x, residual, weight, rstd = ctx.saved_tensors
+        s = wide(x) + wide(residual)
+        d_sum, dw = _norm_backward(wide(g_out), s * rstd, rstd, weight)
+        if g_residual is not None:
+            d_sum = d_sum + wide(g_residual)
+        d = d_sum.to(x.dtype)
+        return d, d, dw, None
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return RMSNorm.apply(x, weight, eps)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    return AddRMSNorm.apply(x, residual, weight, eps)
+
+
+def _norm(norm_module, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
+    """Apply a norm module to a plain or pending (residual, x) input; returns (normed, residual)."""
+    width = norm_module.weight.shape[-1]
+    if hidden_states.shape[-1] == 2 * width:
+        residual, pending = hidden_states.split(width, dim=-1)
+        return add_rms_norm(pending, residual, norm_module.weight, norm_module.variance_epsilon)
+    return rms_norm(hidden_states, norm_module.weight, norm_module.variance_epsilon), hidden_states
+
+
+def norm_forward(self, hidden_states: Tensor) -> Tensor:
+    """RMSNorm.forward: a pending pair (from an aligned layer) gets the fused add; others stay stock.
+    Stock for plain inputs keeps Qwen3's q_norm/k_norm (the RoPE region's business) untouched."""
+    if hidden_states.shape[-1] == 2 * self.weight.shape[-1]:
+        return _norm(self, hidden_states)[0]
+    return type(self)._rla_stock_forward(self, hidden_states)
+
+
+def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
+                          use_cache=False, position_embeddings=None, **kwargs):
+    """Qwen2/Qwen3 DecoderLayer.forward with both norms fused with the residual add before them."""
+    h, residual = _norm(self.input_layernorm, hidden_states)
+    h, _ = self.self_attn(
+        hidden_states=h,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=past_key_values,
+        use_cache=use_cache,
+        position_embeddings=position_embeddings,
+        **kwargs,
+    )
+    h, residual = add_rms_norm(h, residual, self.post_attention_layernorm.weight,
+                               self.post_attention_layernorm.variance_epsilon)
+    h = self.mlp(h)
+    return torch.cat((residual, h), dim=-1)  # the add is finished by the next norm
+
+
+def unpack_hidden(hidden_states: Tensor, hidden_size: int) -> Tensor:
+    """The residual-stream value (fp32) of a layer output, pending pair or plain."""
+    if hidden_states.shape[-1] == 2 * hidden_size:
+        residual, pending = hidden_states.split(hidden_size, dim=-1)
+        return wide(residual) + wide(pending)
+    return wide(hidden_states)

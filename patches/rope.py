@@ -1,0 +1,126 @@
+"""RoPE region: rotate in fp32 from bf16 q/k and bf16 cos/sin, round once (as the compiled engine does).
+
+Stock HF rounds three times: `q * cos`, `rotate_half(q) * sin` and their sum. The engine (vLLM's
+native rotation under Inductor) computes `x1*cos - x2*sin`, `x2*cos + x1*sin` in fp32 and stores
+bf16 once. For Qwen3 the per-head q_norm/k_norm feed the rotation inside the same fused kernel, so
+the normalized value is never rounded either: `norm_rope` keeps it in fp32.
+
+Backward passes recompute the fp32 intermediates: they save only bf16 inputs, the cos/sin tables
+(which the stock path saves too) and, for the norm, one fp32 statistic per row.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from patches._precision import mean_square, wide
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    # cos/sin in HF layout: full head_dim with duplicated halves; the engine uses one half.
+    x1, x2 = x.chunk(2, dim=-1)
+    c, s = cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def _rotate_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    g1, g2 = g.chunk(2, dim=-1)
+    c, s = cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
+    return torch.cat((g1 * c + g2 * s, g2 * c - g1 * s), dim=-1)
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Reduce a broadcast gradient back to `shape` (here: the norm weight's (head_dim,))."""
+    return grad.reshape(-1, shape[-1]).sum(0)
+
+
+class Rope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(wide(x), wide(cos), wide(sin)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        return _rotate_backward(wide(grad), wide(cos), wide(sin)).to(grad.dtype), None, None
+
+
+class NormRope(torch.autograd.Function):
+    """Qwen3 q_norm/k_norm followed by RoPE, one rounding: bf16(rotate((x * rstd) * w))."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
+        xf = wide(x)
+        rstd = torch.rsqrt(mean_square(xf) + eps)
+        normed = (xf * rstd) * wide(weight)
+        ctx.save_for_backward(x, weight, cos, sin, rstd)
+        return _rotate(normed, wide(cos), wide(sin)).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, cos, sin, rstd = ctx.saved_tensors
+        g_normed = _rotate_backward(wide(grad), wide(cos), wide(sin))
+        x_hat = wide(x) * rstd
+        g_hat = g_normed * wide(weight)
+        dx = rstd * (g_hat - x_hat * (g_hat * x_hat).mean(dim=-1, keepdim=True))
+        dw = _sum_to(g_normed * x_hat, weight.shape)
+        return dx.to(x.dtype), dw.to(weight.dtype), None, None, None
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """Drop-in for transformers' `apply_rotary_pos_emb` (same signature)."""
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
+
+
+@torch.no_grad()
+def rotary_embedding_forward(self, x, position_ids):
+    """cos/sin as the engine's table holds them: fp32 `position * inv_freq` (an exact product, never a
+    matmul that TF32 could shorten), inv_freq rebuilt in fp32 from the config (immune to a model cast
+    to bf16), cos/sin rounded to the model dtype. Non-default RoPE types keep the stock table."""
+    if self.rope_type != "default":
+        return type(self)._rla_stock_forward(self, x, position_ids)
+    inv_freq = getattr(self, "_rla_inv_freq", None)
+    if inv_freq is None or inv_freq.device != x.device:
+        inv_freq, _ = self.compute_default_rope_parameters(self.config, x.device)
+        self._rla_inv_freq = inv_freq = inv_freq.float()
+    freqs = position_ids[..., None].float() * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def qwen3_attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
+    """Qwen3Attention.forward with q/k norm fused into the rotation; everything else as stock."""
+    modeling = self._rla_modeling
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    cos, sin = position_embeddings
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (B, T, 1, D): broadcast over heads
+    q = NormRope.apply(self.q_proj(hidden_states).view(hidden_shape), self.q_norm.weight, cos, sin,
+                       self.q_norm.variance_epsilon)
+    k = NormRope.apply(self.k_proj(hidden_states).view(hidden_shape), self.k_norm.weight, cos, sin,
+                       self.k_norm.variance_epsilon)
+    query_states, key_states = q.transpose(1, 2), k.transpose(1, 2)
+    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+    if past_key_values is not None:
+        key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+
+    attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, modeling.eager_attention_forward
+    )
+    attn_output, attn_weights = attention_interface(
+        self,
+        query_states,
+        key_states,
+        value_states,
+        attention_mask,
+        dropout=0.0 if not self.training else self.attention_dropout,
+        scaling=self.scaling,
+        sliding_window=self.sliding_window,
+        **kwargs,
+    )
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+    return self.o_proj(attn_output), attn_weights

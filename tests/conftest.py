@@ -1,0 +1,17 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("WANDB_MODE", "disabled")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(autouse=True)
+def _stock_transformers():
+    """Every test starts and ends with stock transformers."""
+    import patches
+
+    patches.remove()
+    yield
+    patches.remove()

@@ -1,0 +1,36 @@
+"""Tiny random Qwen models as verl's FSDP workers run them: bf16 weights, fp32 buffers."""
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+CONFIGS = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}
+
+
+def tiny_config(arch: str, **overrides):
+    kw = dict(vocab_size=256, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
+              num_attention_heads=6, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+              tie_word_embeddings=False, rope_theta=1e6)
+    kw.update(overrides)
+    return CONFIGS[arch](**kw)
+
+
+def tiny_model(arch: str, seed: int = 0, **overrides):
+    """Random weights, with norm weights spread around 1 (trained norms are not all-ones)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def to_bf16_fsdp_style(model):
+    """Cast parameters to bf16 but keep buffers (rotary inv_freq) in fp32, as FSDP mixed precision does.
+    `model.to(bfloat16)` alone would also round inv_freq and change every cos/sin."""
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model.to(torch.bfloat16)
+    for name, buf in buffers.items():
+        module_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(module_name), attr, buf)
+    return model

@@ -1,0 +1,97 @@
+"""Figure building blocks: palette, smoothing, binning, mean + CI, collapse marks; the benchmark script."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.colors as mcolors
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.collapse import stability_table
+from analysis.config import CollapseConfig
+from analysis.figures import _collapse_points, smoothed_frame
+from analysis.load import load_runs
+from analysis.series import bin_steps, mean_ci, trailing_mean
+from analysis.style import ABLATION_COLORS, StyleWarning, ablation_order, ablation_palette
+from analysis.synthetic import write_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_palette_is_fixed_and_distinct():
+    assert list(ABLATION_COLORS) == ["none", "rope", "swiglu", "rmsnorm", "all"]
+    assert len({mcolors.to_hex(c) for c in ABLATION_COLORS.values()}) == 5
+    # the same colour whatever else is plotted alongside
+    assert ablation_palette(["all", "rope"])["rope"] == ablation_palette(["rope"])["rope"]
+    with pytest.warns(StyleWarning, match="ablation 'fp16' has no fixed colour"):
+        palette = ablation_palette(["none", "fp16"])
+    assert palette["fp16"] not in ABLATION_COLORS.values()
+
+
+def test_ablation_order_is_fixed_then_config_then_sorted():
+    assert ablation_order({"all", "zeta", "none", "rope", "alpha"}, ("zeta",)) == [
+        "none", "rope", "all", "zeta", "alpha"]
+
+
+def test_trailing_mean_matches_pandas_rolling():
+    values = np.random.default_rng(0).normal(size=50)
+    expected = pd.Series(values).rolling(7, min_periods=1).mean().to_numpy()
+    assert np.allclose(trailing_mean(values, 7), expected)
+    full = pd.Series(values).rolling(7).mean().dropna().to_numpy()
+    assert np.allclose(trailing_mean(values, 7, full_windows_only=True), full)
+
+
+def test_mean_ci_over_seeds():
+    frame = pd.DataFrame({"g": ["a", "a", "a", "b"], "step": [1, 1, 1, 1], "value": [1.0, 2.0, 6.0, 4.0]})
+    out = mean_ci(frame, ["g", "step"], "value").set_index("g")
+    sd = np.std([1.0, 2.0, 6.0], ddof=1)
+    half = 4.303 * sd / math.sqrt(3)  # t(0.975, 2 dof)
+    assert out.loc["a", "mean"] == pytest.approx(3.0)
+    assert out.loc["a", "low"] == pytest.approx(3.0 - half, rel=1e-3)
+    assert out.loc["a", "high"] == pytest.approx(3.0 + half, rel=1e-3)
+    assert out.loc["b", "low"] == out.loc["b", "high"] == 4.0  # one seed: no band
+
+
+def test_bin_steps_keeps_seeds_aligned_and_means():
+    long_run = pd.DataFrame({"run": "a", "step": np.arange(1000), "value": np.arange(1000, dtype=float)})
+    short_run = pd.DataFrame({"run": "b", "step": np.arange(0, 600, 3), "value": 1.0})
+    binned = bin_steps(pd.concat([long_run, short_run]), 100, by=["run"])
+    a, b = binned[binned["run"] == "a"], binned[binned["run"] == "b"]
+    assert len(a) == 100
+    assert set(b["step"]) <= set(a["step"])  # same bin centres for both runs
+    assert a["value"].mean() == pytest.approx(long_run["value"].mean())
+    small = pd.DataFrame({"run": "a", "step": np.arange(50), "value": np.ones(50)})
+    assert bin_steps(small, 100, by=["run"]) is small  # short runs are not touched
+
+
+def test_collapse_marks_sit_on_the_smoothed_score(tmp_path):
+    write_grid(tmp_path / "runs", ["m"], ["none", "all"], [0, 1], 100)
+    runs = load_runs(tmp_path / "runs")
+    cfg = CollapseConfig()
+    table = stability_table(runs, cfg)
+    marks = _collapse_points(runs, table, cfg.smooth_window, "critic/score/mean")
+    collapsed = table[table["collapsed"]]
+    assert len(marks) == len(collapsed) == 2
+    assert sorted(marks["step"]) == sorted(collapsed["collapse_step"].astype(int))
+    smooth = smoothed_frame(runs, ["critic/score/mean"], cfg.smooth_window)
+    for mark in marks.itertuples():
+        at = smooth[(smooth["ablation"] == mark.ablation) & (smooth["step"] == mark.step)]
+        assert mark.value in set(at["value"])
+
+
+def test_benchmark_script_runs_small(tmp_path):
+    out = tmp_path / "figures.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/bench_figures.py", "--models", "1", "--ablations", "none,all",
+         "--seeds", "1", "--steps", "60", "--metrics", "20", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["runs"] == 2 and result["within_budget"]
+    assert result["best_wall_s"] > 0 and set(result["stages_s_last_run"]) == {"load", "stability", "figures"}
+    assert "score.png" in result["figures"]

@@ -1,0 +1,131 @@
+"""Backward passes of the aligned regions: exact in float64 (gradcheck), at least as accurate as the
+stock path in bf16, and saving no more for backward than the stock path does."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb as stock_rope
+
+from localrl.engine import ops
+from patches import rmsnorm, rope, swiglu
+
+EPS = 1e-6
+
+
+def _stock_norm(x, w):
+    # transformers' Qwen2RMSNorm.forward, written out so it can run in float64 too
+    xf = x.to(torch.float32 if x.dtype != torch.float64 else x.dtype)
+    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
+
+
+def _cos_sin(tokens, head_dim, dtype):
+    cache = ops.rope_cos_sin_cache(head_dim, 1e6, 4096, torch.float32)
+    cos, sin = cache[torch.randint(0, 4096, (tokens,))].chunk(2, dim=-1)
+    return torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
+
+
+# Each region: (make inputs, stock function, aligned function). Functions return a tuple of outputs.
+def rope_case(dtype, tokens=64, heads=4, head_dim=64):
+    torch.manual_seed(0)
+    cos, sin = _cos_sin(tokens, head_dim, dtype)
+    q = torch.randn(1, heads, tokens, head_dim, dtype=dtype)
+    stock = lambda q: (stock_rope(q, q, cos[None], sin[None])[0],)
+    aligned = lambda q: (rope.Rope.apply(q, cos[None, None], sin[None, None]),)
+    return (q,), stock, aligned
+
+
+def norm_rope_case(dtype, tokens=64, heads=4, head_dim=64):
+    torch.manual_seed(1)
+    cos, sin = _cos_sin(tokens, head_dim, dtype)
+    x = 3 * torch.randn(1, tokens, heads, head_dim, dtype=dtype)
+    w = (1 + 0.3 * torch.randn(head_dim)).to(dtype)
+
+    def stock(x, w):
+        normed = _stock_norm(x, w).transpose(1, 2)
+        return (stock_rope(normed, normed, cos[None], sin[None])[0].transpose(1, 2),)
+
+    aligned = lambda x, w: (rope.NormRope.apply(x, w, cos[None, :, None], sin[None, :, None], EPS),)
+    return (x, w), stock, aligned
+
+
+def swiglu_case(dtype, tokens=64, inter=512):
+    torch.manual_seed(2)
+    g, u = 2 * torch.randn(tokens, inter, dtype=dtype), torch.randn(tokens, inter, dtype=dtype)
+    return (g, u), (lambda g, u: (F.silu(g) * u,)), (lambda g, u: (swiglu.swiglu(g, u),))
+
+
+def add_norm_case(dtype, tokens=64, hidden=256):
+    torch.manual_seed(3)
+    x, r = torch.randn(tokens, hidden, dtype=dtype), 4 * torch.randn(tokens, hidden, dtype=dtype)
+    w = (1 + 0.3 * torch.randn(hidden)).to(dtype)
+
+    def stock(x, r, w):
+        s = r + x
+        return _stock_norm(s, w), s
+
+    return (x, r, w), stock, (lambda x, r, w: rmsnorm.add_rms_norm(x, r, w, EPS))
+
+
+def norm_case(dtype, tokens=64, hidden=256):
+    torch.manual_seed(4)
+    x, w = 3 * torch.randn(tokens, hidden, dtype=dtype), (1 + 0.3 * torch.randn(hidden)).to(dtype)
+    return (x, w), (lambda x, w: (_stock_norm(x, w),)), (lambda x, w: (rmsnorm.rms_norm(x, w, EPS),))
+
+
+CASES = {"rope": rope_case, "qk_norm_rope": norm_rope_case, "swiglu": swiglu_case,
+         "add_rmsnorm": add_norm_case, "rmsnorm": norm_case}
+
+
+@pytest.mark.parametrize("region", CASES)
+def test_gradcheck_float64(region):
+    inputs, _, aligned = CASES[region](torch.float64, tokens=5)
+    inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    assert torch.autograd.gradcheck(aligned, inputs)
+
+
+def _grads(fn, inputs, upstream):
+    inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    outs = fn(*inputs)
+    torch.autograd.backward(outs, [g.to(o.dtype) for o, g in zip(outs, upstream)])
+    return [t.grad.double() for t in inputs]
+
+
+def _rel_err(got, want):
+    return max(float((g - w).norm() / w.norm()) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("region", CASES)
+def test_bf16_gradients_at_least_as_accurate_as_stock(region):
+    inputs, stock, aligned = CASES[region](torch.bfloat16)
+    gen = torch.Generator().manual_seed(5)
+    upstream = [torch.randn(o.shape, generator=gen).to(torch.bfloat16) for o in stock(*inputs)]
+    # float64 reference: the same formula in float64 (every rounding is then exact to ~1e-16)
+    ref_inputs, ref_stock, _ = CASES[region](torch.float64)
+    ref_inputs = tuple(t.to(torch.bfloat16).double() for t in inputs)  # the same bf16 values
+    want = _grads(ref_stock, ref_inputs, upstream)
+    err_stock = _rel_err(_grads(stock, inputs, upstream), want)
+    err_aligned = _rel_err(_grads(aligned, inputs, upstream), want)
+    print(f"{region}: relative gradient error vs float64: stock {err_stock:.2e}, aligned {err_aligned:.2e}")
+    assert 0 < err_aligned <= err_stock
+
+
+def saved_bytes(fn, inputs) -> int:
+    """Bytes of distinct tensors autograd saves for backward in one forward."""
+    seen = {}
+
+    def pack(t):
+        seen[(t.untyped_storage().data_ptr(), t.dtype)] = t.untyped_storage().nbytes()
+        return t
+
+    inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("region", CASES)
+def test_saves_no_more_than_stock(region):
+    inputs, stock, aligned = CASES[region](torch.bfloat16, tokens=256)
+    s, a = saved_bytes(stock, inputs), saved_bytes(aligned, inputs)
+    print(f"{region}: saved for backward: stock {s} B, aligned {a} B ({a / s:.2f}x)")
+    assert 0 < a <= s

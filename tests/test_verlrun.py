@@ -1,0 +1,274 @@
+"""The verl backend without a GPU: overrides against verl's own config, the launcher with a
+stand-in for verl, metrics across resumes, data preparation on a shipped fixture."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from verlrun import launch, metrics
+from verlrun.config import ABLATION_REGIONS, load_config, regions_of
+from verlrun.data import prepare, to_verl_rows
+from verlrun.overrides import build_overrides, compose
+
+REPO = Path(__file__).resolve().parent.parent
+PAPER = REPO / "experiments/paper.yaml"
+FIXTURE = REPO / "tests/fixtures/gsm8k"
+
+
+@pytest.fixture(scope="module")
+def paper():
+    return load_config(PAPER)
+
+
+# ---------------------------------------------------------------------------------------------
+# Overrides composed against verl's installed Hydra config
+
+
+def test_every_paper_cell_composes_and_validates(paper, tmp_path):
+    from omegaconf import OmegaConf
+
+    cells = list(itertools.product(paper["models"], paper["ablations"], paper["seeds"]))
+    assert len(cells) == 4 * len(paper["ablations"]) * len(paper["seeds"])
+    for model, ablation, seed in cells:
+        cell = tmp_path / "runs" / model / ablation / f"seed{seed}"
+        cfg = compose(build_overrides(paper, model, ablation, seed, cell, tmp_path / "data"))
+        env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+        assert env.RLA_REGIONS == ",".join(ABLATION_REGIONS[ablation])
+        assert Path(env.VERL_FILE_LOGGER_PATH) == cell.resolve() / "metrics.jsonl"
+        assert Path(cfg.trainer.default_local_dir) == cell.resolve() / "checkpoints"
+        assert cfg.trainer.resume_mode == "auto"
+        assert all(part in cfg.trainer.experiment_name for part in (model, ablation, f"seed{seed}"))
+        assert "file" in cfg.trainer.logger and "console" in cfg.trainer.logger
+        assert cfg.algorithm.adv_estimator == "grpo"
+        assert cfg.actor_rollout_ref.model.path == paper["model_specs"][model]["path"]
+        assert cfg.actor_rollout_ref.model.external_lib == "patches.verl_plugin"
+        assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.calculate_log_probs
+        assert cfg.actor_rollout_ref.rollout.top_p == 1 and cfg.actor_rollout_ref.rollout.top_k == -1
+        micro = {
+            cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,
+            cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu,
+            cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu,
+        }
+        assert len(micro) == 1
+        assert cfg.actor_rollout_ref.actor.fsdp_config.dtype == paper["rl"]["dtype"]
+        assert cfg.actor_rollout_ref.rollout.dtype == paper["rl"]["dtype"]
+        assert {cfg.data.seed, cfg.actor_rollout_ref.rollout.seed, cfg.actor_rollout_ref.actor.data_loader_seed} == {seed}
+        assert cfg.trainer.total_training_steps == paper["steps"]
+        assert OmegaConf.to_container(cfg.actor_rollout_ref.actor.optim.betas) == paper["rl"]["betas"]
+
+
+def test_per_model_settings_win_over_the_global_ones(paper, tmp_path):
+    model = next(m for m, spec in paper["model_specs"].items() if (spec.get("rl") or {}).get("max_response_length"))
+    cfg = compose(build_overrides(paper, model, "none", 0, tmp_path, tmp_path))
+    assert cfg.data.max_response_length == paper["model_specs"][model]["rl"]["max_response_length"]
+    assert cfg.data.max_response_length != paper["rl"]["max_response_length"]
+    assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == paper["model_specs"][model]["rollout_tp"]
+
+
+def test_a_mistyped_key_fails_to_compose(paper, tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    overrides = build_overrides(paper, paper["models"][0], "all", 0, tmp_path, tmp_path)
+    with pytest.raises(ConfigCompositionException, match="calculate_log_prob"):
+        compose(overrides + ["actor_rollout_ref.rollout.calculate_log_prob=True"])
+    # The same through the config's escape hatch.
+    bad = {**paper, "verl": {**paper["verl"], "overrides": ["trainer.nnode=2"]}}
+    with pytest.raises(ConfigCompositionException, match="nnode"):
+        compose(build_overrides(bad, paper["models"][0], "all", 0, tmp_path, tmp_path))
+
+
+def test_an_inconsistent_batch_fails_verl_validation(paper, tmp_path):
+    # 3 prompts x 3 samples = 9 responses cannot be split over 8 GPUs.
+    bad = {**paper, "rl": {**paper["rl"], "prompts_per_step": 3, "samples_per_prompt": 3}}
+    with pytest.raises(AssertionError, match="divisible"):
+        compose(build_overrides(bad, paper["models"][0], "none", 0, tmp_path, tmp_path))
+
+
+def test_regions_match_the_patches_registry():
+    patches = pytest.importorskip("patches")
+    assert set(ABLATION_REGIONS) == set(patches.ABLATIONS)
+    for name, regions in patches.ABLATIONS.items():
+        assert set(ABLATION_REGIONS[name]) == set(regions)
+    assert regions_of("none") == "" and regions_of("rope") == "rope"
+    assert set(regions_of("all").split(",")) == set(patches.REGIONS)
+
+
+def test_unknown_names_fail_with_the_allowed_ones(paper, tmp_path):
+    with pytest.raises(ValueError, match="'ropee'.*none, rope, swiglu, rmsnorm, all"):
+        regions_of("ropee")
+    with pytest.raises(ValueError, match="qwen9"):
+        build_overrides(paper, "qwen9", "none", 0, tmp_path, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics across resumes (fake files; verl's logger truncates its file on restart)
+
+
+def _log(path: Path, steps, tag: str, torn: bool = False) -> None:
+    with open(path, "w") as f:  # "w" like verl's "wb": a restart truncates
+        for step in steps:
+            f.write(json.dumps({"step": step, "data": {"critic/score/mean": step / 10, "run": tag}}) + "\n")
+        if torn:
+            f.write('{"step": 99, "da')
+
+
+def _steps(path: Path) -> list[tuple[int, str]]:
+    return [(r["step"], r["data"]["run"]) for r in map(json.loads, path.read_text().splitlines())]
+
+
+def test_resumed_runs_merge_in_step_order_with_later_records_winning(tmp_path):
+    _log(tmp_path / "metrics.jsonl", range(1, 6), "first", torn=True)
+    assert metrics.rotate(tmp_path).name == "metrics.part-000.jsonl"
+    assert not (tmp_path / "metrics.jsonl").exists()
+    _log(tmp_path / "metrics.jsonl", range(4, 9), "second")  # resumed from the step-3 checkpoint
+    merged = metrics.merge(tmp_path)
+    assert _steps(merged) == [(1, "first"), (2, "first"), (3, "first")] + [(s, "second") for s in range(4, 9)]
+    # The merged part is archived, not deleted, and numbering continues past it.
+    assert (tmp_path / "metrics.parts/metrics.part-000.jsonl").exists()
+    assert metrics.part_files(tmp_path) == []
+    assert metrics.rotate(tmp_path).name == "metrics.part-001.jsonl"
+
+
+def test_an_abandoned_tail_is_dropped(tmp_path):
+    # Run one logged to step 10 but checkpointed at 5; run two resumed there and stopped at 7.
+    _log(tmp_path / "metrics.part-000.jsonl", range(1, 11), "first")
+    _log(tmp_path / "metrics.jsonl", range(6, 8), "second")
+    assert _steps(metrics.merge(tmp_path)) == [(s, "first") for s in range(1, 6)] + [(6, "second"), (7, "second")]
+
+
+def test_a_broken_line_inside_a_file_is_an_error(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "data": {}}\nnot json\n{"step": 2, "data": {}}\n')
+    with pytest.raises(ValueError, match="metrics.jsonl:2"):
+        metrics.merge(tmp_path)
+
+
+FAKE_VERL = """
+import json, os, sys
+path = os.environ["VERL_FILE_LOGGER_PATH"]
+first, last, status = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+with open(path, "wb") as f:
+    for step in range(first, last + 1):
+        f.write(json.dumps({"step": step, "data": {"launch": first}}).encode() + b"\\n")
+print(f"fake verl: steps {first}..{last}, regions {os.environ['RLA_REGIONS']!r}", flush=True)
+sys.exit(status)
+"""
+
+
+def test_the_launcher_keeps_metrics_across_a_failure_and_a_resume(paper, tmp_path, monkeypatch):
+    script = tmp_path / "fake_verl.py"
+    script.write_text(FAKE_VERL)
+    runs = iter([(1, 4, 1), (3, 6, 0)])  # crash after step 4, then resume from the step-2 checkpoint
+
+    def fake_command(overrides, cell_dir):
+        first, last, status = next(runs)
+        return [sys.executable, str(script), str(first), str(last), str(status)]
+
+    monkeypatch.setattr(launch, "command", fake_command)
+    monkeypatch.setattr(launch, "compose", lambda overrides: None)
+    cell = tmp_path / "runs/m/rope/seed0"
+    model = paper["models"][0]
+    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 1
+    # The failed launch left no metrics.jsonl (a failed job's output is removed) but a part.
+    assert not (cell / "metrics.jsonl").exists()
+    assert [p.name for p in metrics.part_files(cell)] == ["metrics.part-000.jsonl"]
+    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 0
+    records = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["data"]["launch"]) for r in records] == [(1, 1), (2, 1), (3, 3), (4, 3), (5, 3), (6, 3)]
+    log = (cell / "train.log").read_text()
+    assert log.count("=== exit status") == 2 and "regions 'rope'" in log
+
+
+def test_train_dry_run_writes_the_cell_config_and_shows_the_command(tmp_path):
+    cell = tmp_path / "runs/qwen3-1.7b/all/seed2"
+    out = subprocess.run(
+        [sys.executable, "-m", "verlrun", "train", "--config", str(PAPER), "--model", "qwen3-1.7b", "--ablation", "all",
+         "--seed", "2", "--out", str(cell), "--data", str(tmp_path / "data"), "--steps", "7", "--dry-run"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    resolved = yaml.safe_load((cell / "config.yaml").read_text())
+    assert resolved["cell"]["model"] == "qwen3-1.7b" and resolved["cell"]["seed"] == 2 and resolved["steps"] == 7
+    assert resolved["models"] == ["qwen3-1.7b"] and list(resolved["model_specs"]) == ["qwen3-1.7b"]
+    assert "trainer.total_training_steps=7" in resolved["cell"]["verl_overrides"]
+    log = (cell / "train.log").read_text()
+    for text in ("-m verl.trainer.main_ppo", "RLA_REGIONS=rope,swiglu,rmsnorm", "hydra.run.dir=", "trainer.total_training_steps=7"):
+        assert text in log and text in out.stdout
+    assert not (cell / "metrics.jsonl").exists()
+
+
+def test_train_rejects_an_unknown_ablation_before_writing(tmp_path):
+    cell = tmp_path / "cell"
+    out = subprocess.run(
+        [sys.executable, "-m", "verlrun", "train", "--config", str(PAPER), "--model", "qwen3-8b", "--ablation", "ropes",
+         "--seed", "0", "--out", str(cell), "--dry-run"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 2 and "'ropes'" in out.stderr and "swiglu" in out.stderr
+    assert not cell.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Data preparation (shipped fixture; nothing is downloaded)
+
+
+def _fixture_answers(split: str) -> list[str]:
+    rows = [json.loads(line) for line in (FIXTURE / f"{split}.jsonl").read_text().splitlines()]
+    return [row["answer"].rsplit("####", 1)[1].strip().replace(",", "") for row in rows]
+
+
+def test_prepare_data_writes_verl_parquet_scored_by_verl(tmp_path):
+    from verl.utils.reward_score import default_compute_score
+
+    data = {"format": "gsm8k", "train": {"source": str(FIXTURE)}, "test": {"source": str(FIXTURE), "split": "test"}}
+    written = prepare(data, tmp_path)
+    for split in ("train", "test"):
+        frame = pd.read_parquet(written[split])
+        assert list(frame.columns) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+        truths = [r["ground_truth"] for r in frame["reward_model"]]
+        assert truths == _fixture_answers(split)
+        first = frame.iloc[0]
+        assert list(first["prompt"][0].keys()) == ["role", "content"] and "####" in first["prompt"][0]["content"]
+        # verl's own scorer, chosen by data_source, rewards the right final answer and only it.
+        for row in frame.itertuples():
+            right = f"Some reasoning.\n#### {row.reward_model['ground_truth']}"
+            wrong = f"Some reasoning.\n#### {row.reward_model['ground_truth']}1"
+            assert default_compute_score(row.data_source, right, row.reward_model["ground_truth"]) == 1.0
+            assert default_compute_score(row.data_source, wrong, row.reward_model["ground_truth"]) == 0.0
+
+
+def test_prepare_data_cli_on_a_config(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"format": "gsm8k", "train": {"source": str(FIXTURE / "train.jsonl")},
+                                            "test": {"source": str(FIXTURE / "test.jsonl")}, "max_train_samples": 4}}))
+    out = subprocess.run([sys.executable, "-m", "verlrun", "prepare-data", "--config", str(cfg), "--out", str(tmp_path / "d")],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert len(pd.read_parquet(tmp_path / "d/train.parquet")) == 4
+    assert len(pd.read_parquet(tmp_path / "d/test.parquet")) == len(_fixture_answers("test"))
+
+
+def test_math_style_rows_use_the_last_boxed_answer():
+    from verl.utils.reward_score import default_compute_score
+
+    frame = pd.DataFrame({"problem": ["What is $\\frac{1}{2}+\\frac{1}{2}$?", "Solve $x+1=3$."],
+                          "solution": ["We get $\\boxed{1}$.", "So $x=\\boxed{2}$, not \\boxed{3}... final \\boxed{2}"]})
+    rows = to_verl_rows(frame, "math", "train")
+    assert [r["ground_truth"] for r in rows["reward_model"]] == ["1", "2"]
+    row = rows.iloc[0]
+    assert default_compute_score(row.data_source, "so \\boxed{1}", "1") == 1.0
+
+
+def test_rows_without_an_answer_are_reported():
+    frame = pd.DataFrame({"question": ["a", "b"], "answer": ["#### 3", "no final line"]})
+    with pytest.raises(ValueError, match=r"row indices \[1\]"):
+        to_verl_rows(frame, "gsm8k", "train")
+    with pytest.raises(ValueError, match="'question'"):
+        to_verl_rows(pd.DataFrame({"q": ["a"], "answer": ["#### 1"]}), "gsm8k", "train")

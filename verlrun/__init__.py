@@ -1,0 +1,9 @@
+"""The verl backend of the suite: one grid cell = one `python -m verl.trainer.main_ppo` run.
+
+Modules, one job each:
+- `config`: read an experiment config and resolve the settings of one cell.
+- `overrides`: the Hydra override list for verl's `ppo_trainer` config, and composing it.
+- `metrics`: keep earlier metrics when a run resumes (verl's file logger truncates its file).
+- `data`: GSM8K / MATH-style sources to verl's parquet schema.
+- `launch`: run one cell (resolved config, command, log, metric parts).
+"""

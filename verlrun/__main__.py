@@ -1,0 +1,78 @@
+"""`python -m verlrun {prepare-data,train,overrides,merge-metrics}`; all read the experiment config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cell_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="experiment config (YAML)")
+    parser.add_argument("--model", required=True, help="a key of model_specs")
+    parser.add_argument("--ablation", required=True, help="none, rope, swiglu, rmsnorm or all")
+    parser.add_argument("--seed", required=True, type=int)
+    parser.add_argument("--out", required=True, help="the cell directory, results/runs/MODEL/ABLATION/seedS")
+    parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data/<profile>)")
+    parser.add_argument("--steps", type=int, help="RL steps (default: the config's steps)")
+
+
+def _data_dir(cfg: dict, given: str | None) -> Path:
+    if given:
+        return Path(given)
+    return Path(cfg.get("results_dir", "results")) / "data" / cfg.get("profile", "default")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verlrun", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    prep = sub.add_parser("prepare-data", help="write train.parquet / test.parquet in verl's schema")
+    prep.add_argument("--config", required=True)
+    prep.add_argument("--out", required=True)
+
+    train = sub.add_parser("train", help="run (or resume) one cell with verl")
+    _cell_args(train)
+    train.add_argument("--dry-run", action="store_true", help="write config.yaml and train.log, check the overrides, do not launch")
+
+    show = sub.add_parser("overrides", help="print the cell's Hydra overrides, one per line")
+    _cell_args(show)
+
+    merge = sub.add_parser("merge-metrics", help="merge metrics.part-*.jsonl and metrics.jsonl of a cell")
+    merge.add_argument("cell")
+
+    args = parser.parse_args(argv)
+    from verlrun.config import load_config
+
+    if args.command == "merge-metrics":
+        from verlrun.metrics import merge as merge_metrics
+
+        merged = merge_metrics(args.cell)
+        print(merged if merged else f"{args.cell}: no metrics")
+        return 0 if merged else 1
+
+    cfg = load_config(args.config)
+    try:
+        if args.command == "prepare-data":
+            from verlrun.data import prepare
+
+            if "data" not in cfg:
+                raise ValueError(f"{args.config} has no 'data' section (train/test sources for the verl backend)")
+            prepare(cfg["data"], args.out)
+            return 0
+        if args.command == "overrides":
+            from verlrun.overrides import build_overrides
+
+            for item in build_overrides(cfg, args.model, args.ablation, args.seed, args.out, _data_dir(cfg, args.data), args.steps):
+                print(item)
+            return 0
+        from verlrun.launch import train as run_cell
+
+        return run_cell(cfg, args.model, args.ablation, args.seed, args.out, _data_dir(cfg, args.data), args.steps, dry_run=args.dry_run)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Run one grid cell with verl: resolved config, exact command, log, metrics that survive resumes."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from verlrun import metrics
+from verlrun.config import ABLATION_REGIONS, cell_rl, experiment_name, model_spec, regions_of
+from verlrun.overrides import build_overrides, compose, run_dir_override, worker_env
+
+
+class Interrupted(Exception):
+    """SIGTERM (a scheduler ending the job): stop verl, keep what it logged."""
+
+
+def command(overrides: list[str], cell_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "verl.trainer.main_ppo", run_dir_override(cell_dir), *overrides]
+
+
+def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int, overrides: list[str], cmd: list[str]) -> dict:
+    """The experiment config narrowed to this cell, with everything derived for it."""
+    cell = copy.deepcopy(cfg)
+    cell.update(models=[model], ablations=[ablation], seeds=[seed], steps=steps, rl=cell_rl(cfg, model))
+    cell["model_specs"] = {model: model_spec(cfg, model)}
+    cell["cell"] = {
+        "backend": "verl",
+        "model": model,
+        "ablation": ablation,
+        "seed": seed,
+        "regions": list(ABLATION_REGIONS[ablation]),
+        "experiment_name": experiment_name(model, ablation, seed),
+        "verl_overrides": overrides,
+        "command": shlex.join(cmd),
+    }
+    return cell
+
+
+def _tee(proc: subprocess.Popen, log) -> None:
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        log.write(line)
+        log.flush()
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
+def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data: str | Path, steps: int | None = None, dry_run: bool = False) -> int:
+    """Launch (or resume) one cell. Returns verl's exit status (0 in a dry run)."""
+    regions_of(ablation)  # a clear error for an unknown ablation before anything is written
+    steps = int(steps if steps is not None else cfg["steps"])
+    cell_dir = Path(out).resolve()
+    overrides = build_overrides(cfg, model, ablation, seed, cell_dir, data, steps)
+    cmd = command(overrides, cell_dir)
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    with open(cell_dir / "config.yaml", "w") as f:
+        yaml.safe_dump(resolved_config(cfg, model, ablation, int(seed), steps, overrides, cmd), f, sort_keys=False)
+
+    # Fail here, in a second, rather than after Ray and vLLM have started.
+    compose(overrides)
+    env_vars = worker_env(cfg, ablation, cell_dir)
+    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items() if k != "PYTHONPATH")
+    header = f"=== {datetime.datetime.now().isoformat(timespec='seconds')} {'dry run' if dry_run else 'launch'}\n$ {shown} {shlex.join(cmd)}\n"
+    with open(cell_dir / "train.log", "a") as log:
+        log.write(header)
+    print(header, end="", flush=True)
+    if dry_run:
+        return 0
+
+    kept = metrics.rotate(cell_dir)
+    if kept is not None:
+        print(f"kept the earlier metrics as {kept.name}", flush=True)
+    # The driver gets the same variables as the workers (a local Ray cluster inherits them).
+    env = {**os.environ, **env_vars}
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    with open(cell_dir / "train.log", "a") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=cell_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        try:
+            _tee(proc, log)
+            status = proc.wait()
+        except (Interrupted, KeyboardInterrupt):
+            proc.terminate()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            status = 143
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        log.write(f"=== exit status {status}\n")
+    if status == 0:
+        merged = metrics.merge(cell_dir)
+        if merged is None:
+            print("verl finished but logged no metrics", file=sys.stderr)
+            return 1
+        return 0
+    # A failed run keeps its steps as a part: the workflow removes a failed job's metrics.jsonl,
+    # and the next launch resumes from the checkpoint and merges everything.
+    kept = metrics.rotate(cell_dir)
+    if kept is not None:
+        print(f"verl exited with status {status}; its metrics are kept as {kept.name}", file=sys.stderr)
+    return status

@@ -1,0 +1,228 @@
+"""The Hydra override list that turns one grid cell into a `verl.trainer.main_ppo` run.
+
+Everything a cell needs is an explicit override (nothing left to verl's defaults where the
+experiment depends on it), so the list in a cell's `config.yaml` is the whole story of the run.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+from verlrun.config import cell_rl, experiment_name, model_spec, regions_of
+
+# verl imports this module in every worker before `from_pretrained`; it applies the alignment
+# patches named by RLA_REGIONS (nothing for the `none` ablation).
+PLUGIN_MODULE = "patches.verl_plugin"
+ENV_PREFIX = "+ray_kwargs.ray_init.runtime_env.env_vars"
+
+# Defaults for RL settings a config may leave out (FACTS.md section 6 gives the choices).
+RL_DEFAULTS = {
+    "prompts_per_step": 64,
+    "samples_per_prompt": 8,
+    "ppo_mini_batch_size": 16,
+    "micro_batch_size_per_gpu": 4,
+    "max_prompt_length": 1024,
+    "max_response_length": 4096,
+    "temperature": 1.0,
+    "lr": 1.0e-6,
+    "betas": [0.9, 0.999],
+    "weight_decay": 0.0,
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "kl_coef": 0.0,
+    "entropy_coeff": 0.0,
+    "grad_clip": 1.0,
+    "loss_agg_mode": "token-mean",
+    "dtype": "bfloat16",
+    "checkpoint_every": 50,
+    "test_every": -1,
+    "total_epochs": 1000,
+    "val_temperature": 0.0,
+    "val_n": 1,
+}
+VERL_DEFAULTS = {
+    "nnodes": 1,
+    "n_gpus_per_node": 8,
+    "rollout_tp": 1,
+    "gpu_memory_utilization": 0.6,
+    "overrides": [],
+}
+
+
+def hydra_value(value) -> str:
+    """Format a Python value for a Hydra override; strings are quoted so commas, spaces and
+    dots stay literal (an unquoted `a,b` would be read as a sweep)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return "'" + value.replace("'", "\\'") + "'"
+    raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override")
+
+
+def _settings(cfg: dict, model: str) -> tuple[dict, dict]:
+    rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
+    verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
+    spec = model_spec(cfg, model)
+    # Per-model parallelism (a 7B needs tensor-parallel rollouts, a 1.5B does not).
+    for key in ("rollout_tp", "n_gpus_per_node", "nnodes", "gpu_memory_utilization"):
+        if key in spec:
+            verl[key] = spec[key]
+    return rl, verl
+
+
+def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]:
+    """Environment every Ray worker (and the trainer actor, which owns the file logger) needs."""
+    cell_dir = Path(cell_dir).resolve()
+    repo_root = Path(__file__).resolve().parent.parent
+    pythonpath = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {
+        "RLA_REGIONS": regions_of(ablation),
+        "VERL_FILE_LOGGER_PATH": str(cell_dir / "metrics.jsonl"),
+        # The patches package lives in this repository; workers on other nodes need it on the path.
+        "PYTHONPATH": pythonpath,
+    }
+    wandb = cfg.get("wandb") or {}
+    if wandb.get("enabled") and os.environ.get("WANDB_MODE", wandb.get("mode")):
+        env["WANDB_MODE"] = os.environ.get("WANDB_MODE", wandb.get("mode"))
+    return env
+
+
+def build_overrides(
+    cfg: dict,
+    model: str,
+    ablation: str,
+    seed: int,
+    cell_dir: str | Path,
+    data_dir: str | Path,
+    steps: int | None = None,
+) -> list[str]:
+    """All Hydra overrides for one cell. Paths are made absolute: Hydra changes the working
+    directory of `main_ppo` to `hydra.run.dir`."""
+    rl, verl = _settings(cfg, model)
+    spec = model_spec(cfg, model)
+    cell_dir = Path(cell_dir).resolve()
+    data_dir = Path(data_dir).resolve()
+    steps = int(steps if steps is not None else cfg["steps"])
+    seed = int(seed)
+    micro = rl["micro_batch_size_per_gpu"]
+    wandb = cfg.get("wandb") or {}
+    loggers = ["console", "file"] + (["wandb"] if wandb.get("enabled") else [])
+    kl_coef = float(rl["kl_coef"])
+
+    settings = {
+        # GRPO on rule-based rewards, no critic, no KL in the reward.
+        "algorithm.adv_estimator": "grpo",
+        "algorithm.use_kl_in_reward": False,
+        "data.train_files": str(data_dir / "train.parquet"),
+        "data.val_files": str(data_dir / "test.parquet"),
+        "data.train_batch_size": rl["prompts_per_step"],
+        "data.max_prompt_length": rl["max_prompt_length"],
+        "data.max_response_length": rl["max_response_length"],
+        "data.filter_overlong_prompts": True,
+        "data.seed": seed,
+        "actor_rollout_ref.model.path": str(spec["path"]),
+        "actor_rollout_ref.model.external_lib": PLUGIN_MODULE,
+        "actor_rollout_ref.model.use_remove_padding": True,
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True,
+        # Liger and fused kernels replace the very modules the patches align.
+        "actor_rollout_ref.model.use_liger": False,
+        "actor_rollout_ref.model.use_fused_kernels": False,
+        "actor_rollout_ref.actor.optim.lr": float(rl["lr"]),
+        "actor_rollout_ref.actor.optim.betas": [float(b) for b in rl["betas"]],
+        "actor_rollout_ref.actor.optim.weight_decay": float(rl["weight_decay"]),
+        "actor_rollout_ref.actor.optim.clip_grad": float(rl["grad_clip"]),
+        "actor_rollout_ref.actor.grad_clip": float(rl["grad_clip"]),
+        "actor_rollout_ref.actor.ppo_mini_batch_size": rl["ppo_mini_batch_size"],
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.actor.use_dynamic_bsz": False,
+        "actor_rollout_ref.actor.clip_ratio_low": float(rl["clip_ratio_low"]),
+        "actor_rollout_ref.actor.clip_ratio_high": float(rl["clip_ratio_high"]),
+        "actor_rollout_ref.actor.use_kl_loss": kl_coef > 0,
+        "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
+        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff": float(rl["entropy_coeff"]),
+        "actor_rollout_ref.actor.loss_agg_mode": rl["loss_agg_mode"],
+        "actor_rollout_ref.actor.data_loader_seed": seed,
+        # FSDP mixed precision: fp32 master weights, compute in the experiment's dtype.
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+        "actor_rollout_ref.actor.fsdp_config.dtype": rl["dtype"],
+        "actor_rollout_ref.actor.fsdp_config.seed": seed,
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.rollout.name": "vllm",
+        "actor_rollout_ref.rollout.dtype": rl["dtype"],
+        # The compiled engine path is the reference the training side is aligned to.
+        "actor_rollout_ref.rollout.enforce_eager": False,
+        "actor_rollout_ref.rollout.n": rl["samples_per_prompt"],
+        "actor_rollout_ref.rollout.temperature": float(rl["temperature"]),
+        # vLLM's processed logprobs include top-p/top-k, the trainer's do not: keep both off.
+        "actor_rollout_ref.rollout.top_p": 1.0,
+        "actor_rollout_ref.rollout.top_k": -1,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+        # Equal log-prob and update micro-batches (unequal ones add a mismatch of their own).
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size": verl["rollout_tp"],
+        "actor_rollout_ref.rollout.gpu_memory_utilization": float(verl["gpu_memory_utilization"]),
+        "actor_rollout_ref.rollout.seed": seed,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": float(rl["val_temperature"]),
+        "actor_rollout_ref.rollout.val_kwargs.n": rl["val_n"],
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": float(rl["val_temperature"]) > 0,
+        "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
+        "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
+        "trainer.project_name": wandb.get("project", "rounding-alignment"),
+        "trainer.experiment_name": experiment_name(model, ablation, seed),
+        "trainer.logger": loggers,
+        "trainer.default_local_dir": str(cell_dir / "checkpoints"),
+        "trainer.resume_mode": "auto",
+        "trainer.total_training_steps": steps,
+        "trainer.total_epochs": rl["total_epochs"],
+        "trainer.save_freq": rl["checkpoint_every"],
+        "trainer.test_freq": rl["test_every"],
+        "trainer.val_before_train": rl["test_every"] > 0,
+        "trainer.nnodes": verl["nnodes"],
+        "trainer.n_gpus_per_node": verl["n_gpus_per_node"],
+    }
+    overrides = [f"{key}={hydra_value(value)}" for key, value in settings.items()]
+    env = worker_env(cfg, ablation, cell_dir)
+    overrides += [f"{ENV_PREFIX}.{name}={hydra_value(value)}" for name, value in env.items()]
+    # Escape hatches, applied last: experiment-wide, then per model.
+    overrides += [str(o) for o in verl["overrides"]]
+    overrides += [str(o) for o in spec.get("overrides") or []]
+    return overrides
+
+
+def run_dir_override(cell_dir: str | Path) -> str:
+    """Where Hydra puts its own outputs (and chdirs to): inside the cell, not the repository."""
+    return f"hydra.run.dir={hydra_value(str(Path(cell_dir).resolve() / 'hydra'))}"
+
+
+def verl_config_dir() -> str:
+    """verl's installed trainer config directory (the one `main_ppo` composes from)."""
+    import verl
+
+    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+
+def compose(overrides: list[str]):
+    """Compose verl's `ppo_trainer` config with the overrides, as `main_ppo` would, and run
+    verl's own `validate_config` on it. Raises on an unknown or mistyped key or an
+    inconsistent batch setup; needs verl and Hydra, not a GPU."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+        config = hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
+    with warnings.catch_warnings():
+        # GRPO runs without a critic on purpose; verl warns about that on every check.
+        warnings.filterwarnings("ignore", message="Disabled critic")
+        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    return config

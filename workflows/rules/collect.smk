@@ -1,0 +1,33 @@
+# Tables over all cells of the grid (analysis reads logs only, never a backend).
+
+
+rule collect:
+    input:
+        grid_metrics(),
+    output:
+        f"{TABLES}/metrics.parquet",
+    params:
+        runs=lambda wildcards, input: runs_root(input[0]),
+    log:
+        f"{LOGS}/collect.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m analysis collect --runs {params.runs} --out {output} > {log} 2>&1"
+
+
+rule stability:
+    input:
+        grid_metrics(),
+    output:
+        f"{TABLES}/stability.csv",
+    params:
+        runs=lambda wildcards, input: runs_root(input[0]),
+        config=CONFIG_FILE,
+        collapse=config.get("collapse"),
+    log:
+        f"{LOGS}/stability.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m analysis stability --runs {params.runs} --config {params.config} --out {output} > {log} 2>&1"

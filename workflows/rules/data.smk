@@ -1,0 +1,18 @@
+# Problems in verl's parquet schema: generated (local backend) or converted (verl backend).
+
+
+rule prepare_data:
+    output:
+        train=f"{DATA}/train.parquet",
+        test=f"{DATA}/test.parquet",
+    params:
+        module=BACKEND_MODULE,
+        config=CONFIG_FILE,
+        settings=data_settings(),
+        out=lambda wildcards, output: os.path.dirname(output.train),
+    log:
+        f"{LOGS}/prepare_data/{PROFILE}.log",
+    conda:
+        TRAIN_ENV
+    shell:
+        "python -m {params.module} prepare-data --config {params.config} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,48 @@
+# Figures (PNG + PDF in figures/<profile>/) and the model x ablation summary table.
+
+
+# Light jobs run where Snakemake runs (on a cluster: the login node, which can also download data).
+localrules:
+    prepare_data,
+    collect,
+    stability,
+    plots,
+    figures_only,
+
+
+rule plots:
+    input:
+        grid_metrics(),
+    output:
+        summary=f"{TABLES}/summary.csv",
+        summary_md=f"{TABLES}/summary.md",
+    params:
+        runs=lambda wildcards, input: runs_root(input[0]),
+        config=CONFIG_FILE,
+        figures=FIGURES,
+        tables=lambda wildcards, output: os.path.dirname(output.summary),
+        collapse=config.get("collapse"),
+    log:
+        f"{LOGS}/plots.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m analysis plots --runs {params.runs} --config {params.config}"
+        " --out {params.figures} --tables {params.tables} > {log} 2>&1"
+
+
+# Figures from whatever cells exist, e.g. logs copied from a cluster. No inputs, so no edit of code
+# or config can make it schedule training: `snakemake --cores 1 figures_only`.
+rule figures_only:
+    params:
+        runs=RUNS,
+        config=CONFIG_FILE,
+        figures=FIGURES,
+        tables=TABLES,
+    log:
+        f"{LOGS}/figures_only.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m analysis all --runs {params.runs} --config {params.config}"
+        " --tables {params.tables} --figures {params.figures} 2>&1 | tee {log}"

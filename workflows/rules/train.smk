@@ -1,0 +1,30 @@
+# One grid cell per job; the only place that chooses a backend (localrl or verlrun).
+
+
+rule train:
+    input:
+        unpack(train_inputs),
+    output:
+        f"{RUNS}/{{model}}/{{ablation}}/seed{{seed}}/metrics.jsonl",
+    params:
+        module=BACKEND_MODULE,
+        config=CONFIG_FILE,
+        steps=config["steps"],
+        settings=lambda wildcards: cell_settings(wildcards.model),
+        out=lambda wildcards, output: os.path.dirname(output[0]),
+        data=lambda wildcards, input: f"--data {os.path.dirname(input.train)}" if BACKEND == "verl" else "",
+    log:
+        f"{LOGS}/train/{{model}}/{{ablation}}/seed{{seed}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train/{{model}}/{{ablation}}/seed{{seed}}.tsv"
+    threads: train_resources()["threads"]
+    resources:
+        gpu=train_gpus,
+        runtime=train_resources()["runtime"],
+        mem_mb=train_resources()["mem_mb"],
+    conda:
+        TRAIN_ENV
+    shell:
+        "python -m {params.module} train --config {params.config} --model {wildcards.model}"
+        " --ablation {wildcards.ablation} --seed {wildcards.seed} --out {params.out}"
+        " --steps {params.steps} {params.data} > {log} 2>&1"

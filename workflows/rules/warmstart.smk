@@ -1,0 +1,22 @@
+# Local backend only: a short supervised warm start gives each tiny model a non-trivial policy.
+
+
+rule warmstart:
+    input:
+        train=f"{DATA}/train.parquet",
+        test=f"{DATA}/test.parquet",
+    output:
+        directory(f"{RESULTS}/models/{{model}}"),
+    params:
+        config=CONFIG_FILE,
+        spec=lambda wildcards: config["model_specs"][wildcards.model],
+        settings=config.get("warmstart"),
+        data=lambda wildcards, input: os.path.dirname(input.train),
+    log:
+        f"{LOGS}/warmstart/{{model}}.log",
+    threads: 1
+    conda:
+        CPU_ENV
+    shell:
+        "python -m localrl warmstart --config {params.config} --model {wildcards.model}"
+        " --data {params.data} --out {output} > {log} 2>&1"
