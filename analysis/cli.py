@@ -1,4 +1,5 @@
-"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...``."""
+"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...``;
+``python -m analysis probe --probe DIR --out FIGURES`` (see :mod:`analysis.probe`)."""
 
 from __future__ import annotations
 
@@ -123,11 +124,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", help="tables directory (default: <runs>/../tables)")
     p.add_argument("--figures", required=True, help="figures directory")
     p.add_argument("--max-points", **plot_args)
+
+    from analysis.probe import add_parser as add_probe_parser
+
+    add_probe_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "probe":  # reads probe CSV files, not runs
+        from analysis.probe import main as probe_main
+
+        return probe_main(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     # Data warnings name the file and line themselves: print them without the source-code echo.

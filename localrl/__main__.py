@@ -3,6 +3,7 @@
     python -m localrl prepare-data --config CFG --out results/data/tiny
     python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/models/NAME
     python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
+    python -m localrl probe --config CFG --model NAME --out results/probe/NAME
 """
 
 from __future__ import annotations
@@ -12,22 +13,24 @@ import sys
 
 
 def _prepare_data(args, cfg):
+    from localrl.config import ConfigError
     from localrl.data import write_splits
     from localrl.task import TaskSettings
 
     try:
         settings = TaskSettings.from_config(cfg.get("task") or {})
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"error: bad task config: {e}")
+        raise ConfigError(f"bad task config: {e}") from None
     write_splits(settings, args.out)
 
 
 def _warmstart(args, cfg):
     from localrl.config import model_spec
     from localrl.run import default_paths
-    from localrl.warmstart import warmstart
+    from localrl.warmstart import warmstart, warmstart_settings
 
-    model_spec(cfg, args.model)  # fail on an unknown model before any work
+    model_spec(cfg, args.model)  # fail on an unknown model or setting before any work
+    warmstart_settings(cfg)
     data = args.data or default_paths(cfg, args.model)[0]
     warmstart(cfg, args.model, data, args.out)
 
@@ -39,6 +42,12 @@ def _train(args, cfg):
     cell = resolve_cell(cfg, args.model, args.ablation, args.seed, args.steps)
     data, model_dir = default_paths(cfg, args.model)
     train_cell(cell, args.out, args.model_dir or model_dir, args.data or data, progress=not args.no_progress)
+
+
+def _probe(args, cfg):
+    from localrl.probe import main as probe
+
+    probe(args, cfg)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,6 +74,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--data", help="data dir (default: {results_dir}/data/{profile})")
     t.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from localrl.probe import add_parser as add_probe_parser
+
+    pr = add_probe_parser(sub)
+    for sp in (d, w, t, pr):
+        sp.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     return p
 
 
@@ -72,9 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     from localrl.config import ConfigError, load_config
 
     args = parser().parse_args(argv)
+    import torch
+
+    # One thread per process: small ops with a second thread waiting on a busy core run many
+    # times slower; run cells side by side instead (snakemake --cores N).
+    torch.set_num_threads(args.threads)
     try:
         cfg = load_config(args.config)
-        {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train}[args.command](args, cfg)
+        {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train, "probe": _probe}[args.command](args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -33,12 +33,17 @@ def default_paths(cfg: dict, model: str) -> tuple[Path, Path]:
     return root / "data" / cfg.get("profile", "tiny"), root / "models" / model
 
 
-def _setup_logging(path: Path) -> logging.Handler:
-    handler = logging.FileHandler(path, mode="a")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(handler)
+def _setup_logging(path: Path, echo: bool) -> list[logging.Handler]:
+    """train.log in the cell (appended across resumes); echoed to stderr when there is no bar."""
+    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a")]
+    if echo:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    for h in handlers:
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(h)
     log.setLevel(logging.INFO)
-    return handler
+    log.propagate = False
+    return handlers
 
 
 class PromptSampler:
@@ -63,6 +68,19 @@ class PromptSampler:
 
     def load_state_dict(self, state: dict) -> None:
         self.perm, self.cursor = state["perm"], state["cursor"]
+
+
+def _wandb_run(cell: dict, out_dir: Path):
+    """wandb in offline mode (sync later) when `wandb.enabled`; WANDB_MODE in the environment wins."""
+    settings = cell.get("wandb") or {}
+    if not settings.get("enabled"):
+        return None
+    import wandb
+
+    name = f"{cell['model']}/{cell['ablation']}/seed{cell['seed']}"
+    return wandb.init(project=settings.get("project", "rounding-alignment"), name=name, config=cell,
+                      dir=str(out_dir), mode=os.environ.get("WANDB_MODE", "offline"), resume="allow",
+                      id=name.replace("/", "-"))
 
 
 def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -98,13 +116,14 @@ def train_cell(cell: dict, out_dir: str | Path, model_dir: str | Path, data_dir:
     tmp = out_dir / "config.yaml.tmp"
     tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
     os.replace(tmp, out_dir / "config.yaml")
-    handler = _setup_logging(out_dir / "train.log")
+    handlers = _setup_logging(out_dir / "train.log", echo=not progress)
     try:
         return _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, progress,
                      AutoTokenizer, Engine, Trainer, Batch)
     finally:
-        log.removeHandler(handler)
-        handler.close()
+        for h in handlers:
+            log.removeHandler(h)
+            h.close()
 
 
 def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, progress,
@@ -149,6 +168,7 @@ def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, pr
         checkpoint.save(ckpt_dir, step, {"trainer": trainer.state_dict(), "sampler": sampler.state_dict(),
                                          "rng": checkpoint.rng_state(gens)})
 
+    run = _wandb_run(cell, out_dir)
     n, G = rl["prompts_per_step"], rl["samples_per_prompt"]
     bar = tqdm(total=steps, initial=start, desc=f"{cell['model']}/{cell['ablation']}", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
@@ -193,6 +213,8 @@ def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, pr
             metrics.update(data_metrics(scores, batch.advantages, batch.response_mask, rl["max_new_tokens"]))
             metrics["timing_s/step"] = time.perf_counter() - t_step
             metrics_file.log(metrics, step)
+            if run is not None:
+                run.log(metrics, step=step)
 
             bar.update(1)
             bar.set_postfix(score=f"{metrics['critic/score/mean']:.2f}",
@@ -213,5 +235,7 @@ def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, pr
             if preempted:
                 break
     bar.close()
+    if run is not None:
+        run.finish()
     log.info(f"done: step {step}/{steps}")
     return step

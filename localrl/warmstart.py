@@ -27,12 +27,17 @@ WARMSTART_DEFAULTS = {"steps": 300, "batch_size": 64, "lr": 3.0e-3, "warmup": 20
 
 
 def warmstart_settings(cfg: dict) -> dict:
+    from localrl.config import ConfigError
+
     ws = dict(WARMSTART_DEFAULTS)
     given = cfg.get("warmstart") or {}
     unknown = sorted(set(given) - set(ws))
     if unknown:
-        raise ValueError(f"unknown warmstart setting(s) {unknown}; allowed: {sorted(ws)}")
+        raise ConfigError(f"unknown warmstart setting(s) {unknown}; allowed: {sorted(ws)}")
     ws.update(given)
+    for key in ("steps", "batch_size", "eval_size", "max_new_tokens"):
+        if not isinstance(ws[key], int) or ws[key] <= 0:
+            raise ConfigError(f"warmstart.{key} must be a positive integer, got {ws[key]!r}")
     return ws
 
 
@@ -65,29 +70,31 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
 
 @torch.no_grad()
 def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: int = 100) -> float:
-    """Fraction of problems whose greedy answer verl's gsm8k scorer accepts (no KV cache: simple)."""
+    """Fraction of problems whose greedy answer verl's gsm8k scorer accepts (HF forward, KV cache)."""
+    from transformers import DynamicCache
+
     model.eval()
     prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
     truths = [rm["ground_truth"] for rm in frame["reward_model"]]
-    total = 0.0
+    eos, total = tokenizer.eos_token_id, 0.0
     for start in range(0, len(prompts), batch_size):
         ids, mask = left_pad(prompts[start:start + batch_size], tokenizer.pad_token_id)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
         done = torch.zeros(len(ids), dtype=torch.bool)
         out = []
         for _ in range(max_new_tokens):
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
-            nxt = logits.argmax(-1)
-            nxt = torch.where(done, tokenizer.pad_token_id, nxt)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                           use_cache=True).logits[:, -1]
+            nxt = torch.where(done, eos, logits.argmax(-1))
             out.append(nxt)
-            done |= nxt == tokenizer.eos_token_id
-            ids = torch.cat([ids, nxt[:, None]], 1)
-            mask = torch.cat([mask, (~done | (nxt == tokenizer.eos_token_id)).long()[:, None]], 1)
+            done |= nxt == eos
             if done.all():
                 break
-        gen = torch.stack(out, 1)
-        for row, truth in zip(gen.tolist(), truths[start:start + batch_size]):
-            row = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+            ids, pos = nxt[:, None], pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        for row, truth in zip(torch.stack(out, 1).tolist(), truths[start:start + batch_size]):
+            row = row[: row.index(eos)] if eos in row else row
             total += score(tokenizer.decode(row), truth)
     model.train()
     return total / len(prompts)

@@ -7,6 +7,7 @@ where the compiled inference engine rounds, in three regions (RoPE, SwiGLU, resi
     with patches.aligned("rope"): ...
     patches.remove()              # stock transformers again, bit for bit
     patches.apply("all", reduction="inductor_cpu")  # + a CPU-compiled engine's summation order
+    patches.apply("all", impl="fused")  # compiled region kernels (the default on CUDA: impl="auto")
 
 GEMMs, attention, embeddings, the engine and the loss are untouched.
 """
@@ -17,7 +18,7 @@ import contextlib
 from collections.abc import Iterable
 
 from patches import _precision
-from patches._precision import REDUCTIONS
+from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES
 
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -69,6 +70,7 @@ def remove() -> None:
     """Restore stock transformers."""
     global _active
     _precision.set_reduction("eager")
+    _precision.set_impl("auto")
     while _saved:
         owner, attr, stock = _saved.pop()
         if stock is _MISSING:
@@ -78,16 +80,21 @@ def remove() -> None:
     _active = frozenset()
 
 
-def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager") -> frozenset[str]:
+def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: str = "auto") -> frozenset[str]:
     """Align the given regions for every supported family in this process; returns the active set.
     Idempotent; a new spec replaces the previous one. `reduction` is the RMSNorm variance's summation
-    order (see patches/_precision.py): "eager" (torch's) or "inductor_cpu"."""
+    order (see patches/_precision.py): "eager" (torch's) or "inductor_cpu". `impl` runs the regions
+    "eager" (op by op), "fused" (compiled kernels, same rounding locations) or "auto" (fused on CUDA
+    tensors, eager on others)."""
     global _active
     regions = resolve(spec)
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction order {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
+    if impl not in IMPLS:
+        raise ValueError(f"unknown implementation {impl!r}; allowed: {', '.join(IMPLS)}")
     remove()
     _precision.set_reduction(reduction)
+    _precision.set_impl(impl)
     for family in FAMILIES.values():
         try:
             replacements = family.replacements(regions)
@@ -105,13 +112,13 @@ def active() -> frozenset[str]:
 
 
 @contextlib.contextmanager
-def aligned(spec: str | Iterable[str] | None, *, reduction: str = "eager"):
+def aligned(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: str = "auto"):
     """Apply `spec` inside the block; restore the previous state on exit."""
-    previous = (_active, _precision.reduction())
+    previous = (_active, _precision.reduction(), _precision.impl())
     try:
-        yield apply(spec, reduction=reduction)
+        yield apply(spec, reduction=reduction, impl=impl)
     finally:
-        apply(previous[0], reduction=previous[1])
+        apply(previous[0], reduction=previous[1], impl=previous[2])
 
 
 def check_model(model) -> str:
@@ -143,5 +150,5 @@ def check_model(model) -> str:
     return families.pop() if len(families) == 1 else ",".join(sorted(families))
 
 
-__all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "apply", "remove", "active", "aligned", "resolve", "check_model",
+__all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "IMPLS", "apply", "remove", "active", "aligned", "resolve", "check_model",
            "UnsupportedModelError"]

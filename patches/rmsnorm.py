@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from patches._precision import mean_square, wide
+from patches._precision import column_sum, kernel, mean_square, row_mean, wide
 
 
 def _norm_backward(g_out: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor):
     g_hat = g_out * wide(weight)
-    d_sum = rstd * (g_hat - x_hat * (g_hat * x_hat).mean(dim=-1, keepdim=True))
-    d_weight = (g_out * x_hat).reshape(-1, weight.shape[-1]).sum(0)
+    d_sum = rstd * (g_hat - x_hat * row_mean(g_hat * x_hat))
+    d_weight = column_sum(g_out * x_hat)
     return d_sum, d_weight.to(weight.dtype)
 
 
@@ -31,20 +31,45 @@ def _normalize(s: Tensor, weight: Tensor, eps: float):
     return (s * rstd) * wide(weight), rstd
 
 
+def rms_norm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    out, rstd = _normalize(wide(x), weight, eps)
+    return out.to(x.dtype), rstd
+
+
+def rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+    dx, dw = _norm_backward(wide(grad), wide(x) * rstd, rstd, weight)
+    return dx.to(x.dtype), dw
+
+
+def add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    s = wide(x) + wide(residual)
+    out, rstd = _normalize(s, weight, eps)
+    return out.to(x.dtype), s.to(residual.dtype), rstd
+
+
+def add_rms_norm_backward(g_out: Tensor, g_residual: Tensor | None, x: Tensor, residual: Tensor, weight: Tensor,
+                          rstd: Tensor) -> tuple[Tensor, Tensor]:
+    s = wide(x) + wide(residual)
+    d_sum, dw = _norm_backward(wide(g_out), s * rstd, rstd, weight)
+    if g_residual is not None:
+        d_sum = d_sum + wide(g_residual)
+    return d_sum.to(x.dtype), dw
+
+
 class RMSNorm(torch.autograd.Function):
     """bf16((x * rstd) * w) with x, rstd in fp32."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        out, rstd = _normalize(wide(x), weight, eps)
+        out, rstd = kernel(rms_norm_forward, x)(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return out.to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = _norm_backward(wide(grad), wide(x) * rstd, rstd, weight)
-        return dx.to(x.dtype), dw, None
+        dx, dw = kernel(rms_norm_backward, grad)(grad, x, weight, rstd)
+        return dx, dw, None
 
 
 class AddRMSNorm(torch.autograd.Function):
@@ -52,19 +77,14 @@ class AddRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float):
-        s = wide(x) + wide(residual)
-        out, rstd = _normalize(s, weight, eps)
+        out, residual_out, rstd = kernel(add_rms_norm_forward, x)(x, residual, weight, eps)
         ctx.save_for_backward(x, residual, weight, rstd)
-        return out.to(x.dtype), s.to(residual.dtype)
+        return out, residual_out
 
     @staticmethod
     def backward(ctx, g_out: Tensor, g_residual: Tensor):
         x, residual, weight, rstd = ctx.saved_tensors
-        s = wide(x) + wide(residual)
-        d_sum, dw = _norm_backward(wide(g_out), s * rstd, rstd, weight)
-        if g_residual is not None:
-            d_sum = d_sum + wide(g_residual)
-        d = d_sum.to(x.dtype)
+        d, dw = kernel(add_rms_norm_backward, g_out)(g_out, g_residual, x, residual, weight, rstd)
         return d, d, dw, None
 
 

@@ -14,37 +14,74 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from patches._precision import mean_square, wide
+from patches._precision import column_sum, kernel, mean_square, row_mean, wide
+
+
+def _halves(x: Tensor, cos: Tensor, sin: Tensor):
+    # cos/sin in HF layout: full head_dim with duplicated halves; the engine uses one half.
+    x1, x2 = x.chunk(2, dim=-1)
+    return x1, x2, cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # cos/sin in HF layout: full head_dim with duplicated halves; the engine uses one half.
-    x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    """cat(x1*c - x2*s, x2*c + x1*s). Eager writes each half into one output buffer (fewer full-size
+    temporaries); compiled, the plain formula fuses into one kernel (Dynamo rejects `out=` views)."""
+    x1, x2, c, s = _halves(x, cos, sin)
+    if torch.compiler.is_compiling():
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    out = torch.empty_like(x)
+    o1, o2 = out.chunk(2, dim=-1)
+    torch.mul(x1, c, out=o1).sub_(x2 * s)
+    torch.mul(x2, c, out=o2).add_(x1 * s)
+    return out
 
 
 def _rotate_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    g1, g2 = g.chunk(2, dim=-1)
-    c, s = cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
-    return torch.cat((g1 * c + g2 * s, g2 * c - g1 * s), dim=-1)
+    """cat(g1*c + g2*s, g2*c - g1*s): the transpose of the rotation (same two forms as _rotate)."""
+    g1, g2, c, s = _halves(g, cos, sin)
+    if torch.compiler.is_compiling():
+        return torch.cat((g1 * c + g2 * s, g2 * c - g1 * s), dim=-1)
+    out = torch.empty_like(g)
+    o1, o2 = out.chunk(2, dim=-1)
+    torch.mul(g1, c, out=o1).add_(g2 * s)
+    torch.mul(g2, c, out=o2).sub_(g1 * s)
+    return out
 
 
-def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
-    """Reduce a broadcast gradient back to `shape` (here: the norm weight's (head_dim,))."""
-    return grad.reshape(-1, shape[-1]).sum(0)
+def rope_forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return _rotate(wide(x), wide(cos), wide(sin)).to(x.dtype)
+
+
+def rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    return _rotate_backward(wide(grad), wide(cos), wide(sin)).to(grad.dtype)
+
+
+def norm_rope_forward(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    xf = wide(x)
+    rstd = torch.rsqrt(mean_square(xf) + eps)
+    normed = (xf * rstd) * wide(weight)
+    return _rotate(normed, wide(cos), wide(sin)).to(x.dtype), rstd
+
+
+def norm_rope_backward(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, rstd: Tensor):
+    g_normed = _rotate_backward(wide(grad), wide(cos), wide(sin))
+    x_hat = wide(x) * rstd
+    g_hat = g_normed * wide(weight)
+    dx = rstd * (g_hat - x_hat * row_mean(g_hat * x_hat))
+    dw = column_sum(g_normed * x_hat)  # the broadcast weight's gradient: (head_dim,)
+    return dx.to(x.dtype), dw.to(weight.dtype)
 
 
 class Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        return _rotate(wide(x), wide(cos), wide(sin)).to(x.dtype)
+        return kernel(rope_forward, x)(x, cos, sin)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         cos, sin = ctx.saved_tensors
-        return _rotate_backward(wide(grad), wide(cos), wide(sin)).to(grad.dtype), None, None
+        return kernel(rope_backward, grad)(grad, cos, sin), None, None
 
 
 class NormRope(torch.autograd.Function):
@@ -52,21 +89,15 @@ class NormRope(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
-        xf = wide(x)
-        rstd = torch.rsqrt(mean_square(xf) + eps)
-        normed = (xf * rstd) * wide(weight)
+        out, rstd = kernel(norm_rope_forward, x)(x, weight, cos, sin, eps)
         ctx.save_for_backward(x, weight, cos, sin, rstd)
-        return _rotate(normed, wide(cos), wide(sin)).to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, cos, sin, rstd = ctx.saved_tensors
-        g_normed = _rotate_backward(wide(grad), wide(cos), wide(sin))
-        x_hat = wide(x) * rstd
-        g_hat = g_normed * wide(weight)
-        dx = rstd * (g_hat - x_hat * (g_hat * x_hat).mean(dim=-1, keepdim=True))
-        dw = _sum_to(g_normed * x_hat, weight.shape)
-        return dx.to(x.dtype), dw.to(weight.dtype), None, None, None
+        dx, dw = kernel(norm_rope_backward, grad)(grad, x, weight, cos, sin, rstd)
+        return dx, dw, None, None, None
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):

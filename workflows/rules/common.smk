@@ -109,12 +109,16 @@ def probe_targets():
     return []
 
 
+def probe_figure_targets():
+    return [f"{TABLES}/probe_subsets.csv"] if probe_targets() else []
+
+
 def all_targets():
     return grid_metrics() + [
         f"{TABLES}/metrics.parquet",
         f"{TABLES}/stability.csv",
         f"{TABLES}/summary.csv",
-    ] + probe_targets()
+    ] + probe_targets() + probe_figure_targets()
 
 
 def data_settings():

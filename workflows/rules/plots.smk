@@ -7,6 +7,7 @@ localrules:
     collect,
     stability,
     plots,
+    probe_figures,
     figures_only,
 
 

@@ -4,6 +4,7 @@
 rule probe:
     input:
         model=f"{RESULTS}/models/{{model}}",
+        test=f"{DATA}/test.parquet",
     output:
         directory(f"{RESULTS}/probe/{{model}}"),
     params:
@@ -15,3 +16,21 @@ rule probe:
         CPU_ENV
     shell:
         "python -m localrl probe --config {params.config} --model {wildcards.model} --out {output} > {log} 2>&1"
+
+
+# The probe's tables across models and its figures (reads the probe CSV files only).
+rule probe_figures:
+    input:
+        lambda wildcards: probe_targets(),
+    output:
+        f"{TABLES}/probe_subsets.csv",
+    params:
+        probe=f"{RESULTS}/probe",
+        figures=FIGURES,
+        tables=lambda wildcards, output: os.path.dirname(output[0]),
+    log:
+        f"{LOGS}/probe_figures.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m analysis probe --probe {params.probe} --out {params.figures} --tables {params.tables} > {log} 2>&1"

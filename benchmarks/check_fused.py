@@ -1,0 +1,146 @@
+"""Check the fused aligned regions against the engine's compiled formulations, bit for bit, on a device.
+
+Reference: localrl/engine/ops.py (vLLM's native formulations) under torch.compile - on a GPU that is
+Inductor's Triton output, the mechanism of vLLM's default path. The fused implementation must match
+it on every element of every forward output. Also counted, for the record: the eager-aligned
+implementation against the same reference (on a GPU it may differ in a last bit: eager CUDA kernels
+evaluate sigmoid/rsqrt and a*b+c differently from Triton), the stock HF formulas (must differ), and
+fused vs eager-aligned backward gradients. Imports only torch (and this repository).
+
+    python3 benchmarks/check_fused.py --device cuda --out $OUT/fused-check-gpu.json
+    .venv/bin/python benchmarks/check_fused.py --device cpu --quick      # a dry run
+Exit status 1 when a fused forward output differs from the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_regions import stock_rms_norm, stock_rope  # noqa: E402
+from localrl.engine import ops  # noqa: E402
+from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
+
+BF16 = torch.bfloat16
+EPS, THETA, MAX_POS = 1e-6, 1e6, 32768
+# (name, hidden, heads, kv_heads, head_dim, intermediate)
+SHAPES = [("qwen2.5-7b", 3584, 28, 4, 128, 18944), ("qwen3-8b", 4096, 32, 8, 128, 12288)]
+QUICK = [("quick", 256, 4, 2, 64, 512)]
+
+
+def compare(got: torch.Tensor, want: torch.Tensor) -> dict:
+    differ = got != want
+    ulps = (got[differ].view(torch.int16).int() - want[differ].view(torch.int16).int()).abs()
+    return {"differing": int(differ.sum()), "of": want.numel(), "max_ulp": int(ulps.max()) if ulps.numel() else 0}
+
+
+def with_impl(impl: str, fn, *args):
+    _precision.set_impl(impl)
+    try:
+        return fn(*args)
+    finally:
+        _precision.set_impl("auto")
+
+
+def regions(shape, tokens: int, device):
+    """name -> (inputs, reference fn, aligned fn, stock fn): all return tuples of forward outputs."""
+    _, hidden, heads, kv_heads, head_dim, inter = shape
+    gen = torch.Generator().manual_seed(0)
+
+    def randn(*s, scale=1.0):
+        return (scale * torch.randn(*s, generator=gen)).to(device=device, dtype=BF16)
+
+    half = tokens // 2  # packed sequences restarting at 0, then far positions
+    pos = torch.cat([torch.arange(half), torch.randint(0, MAX_POS, (tokens - half,), generator=gen)]).to(device)
+    cache = ops.rope_cos_sin_cache(head_dim, THETA, MAX_POS, BF16).to(device)
+    c, s = cache[pos].chunk(2, dim=-1)
+    cos, sin = torch.cat((c, c), -1)[None], torch.cat((s, s), -1)[None]  # HF layout (1, T, D)
+    ref = {name: ops.compiled(getattr(ops, name)) for name in
+           ("apply_rope", "qk_norm_rope", "silu_and_mul", "fused_add_rms_norm", "rms_norm")}
+    q, xq = randn(tokens, heads, head_dim), randn(tokens, heads, head_dim, scale=3.0)
+    wq = randn(head_dim, scale=0.3) + 1
+    gate, up = randn(tokens, inter, scale=2.0), randn(tokens, inter)
+    x, res, w = randn(tokens, hidden), randn(tokens, hidden, scale=4.0), randn(hidden, scale=0.3) + 1
+    c3, s3 = cos[:, :, None], sin[:, :, None]
+
+    def hf_rope(q):  # (T, H, D) -> HF's (1, H, T, D) and back
+        return stock_rope(q.transpose(0, 1)[None], q.transpose(0, 1)[None], cos, sin)[0][0].transpose(0, 1)
+
+    return {
+        "rope": ((q,), lambda q: (ref["apply_rope"](pos, q, cache),),
+                 lambda q: (rope.Rope.apply(q[None], c3, s3)[0],), lambda q: (hf_rope(q),)),
+        "qk_norm_rope": ((xq, wq), lambda x, w: (ref["qk_norm_rope"](pos, x, w, EPS, cache),),
+                         lambda x, w: (rope.NormRope.apply(x[None], w, c3, s3, EPS)[0],),
+                         lambda x, w: (hf_rope(stock_rms_norm(x, w)),)),
+        "swiglu": ((gate, up), lambda g, u: (ref["silu_and_mul"](torch.cat((g, u), -1)),),
+                   lambda g, u: (swiglu.swiglu(g, u),), lambda g, u: (F.silu(g) * u,)),
+        "add_rmsnorm": ((x, res, w), lambda x, r, w: ref["fused_add_rms_norm"](x, r, w, EPS),
+                        lambda x, r, w: rmsnorm.add_rms_norm(x, r, w, EPS),
+                        lambda x, r, w: (stock_rms_norm(r + x, w), r + x)),
+        "rmsnorm": ((x, w), lambda x, w: (ref["rms_norm"](x, w, EPS),),
+                    lambda x, w: (rmsnorm.rms_norm(x, w, EPS),), lambda x, w: (stock_rms_norm(x, w),)),
+    }
+
+
+def gradients(fn, inputs, seed=1):
+    xs = tuple(t.detach().requires_grad_() for t in inputs)
+    outs = fn(*xs)
+    gen = torch.Generator().manual_seed(seed)
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=gen).to(o.device, o.dtype) for o in outs])
+    return [t.grad for t in xs]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="a small shape: a dry run")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/fused-check-{cpu,gpu}.json)")
+    args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device visible to torch")
+    device = torch.device(args.device)
+    tokens = 48 if args.quick else args.tokens
+    out = args.out or ROOT / "benchmarks" / "results" / f"fused-check-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
+    report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
+              "tokens": tokens, "rows": []}
+    ok = True
+    start = time.perf_counter()
+    for shape in QUICK if args.quick else SHAPES:
+        for name, (inputs, reference, aligned, stock) in regions(shape, tokens, device).items():
+            want = reference(*inputs)
+            fused_out = with_impl("fused", aligned, *inputs)
+            eager_out = with_impl("eager", aligned, *inputs)
+            stock_out = stock(*inputs)
+            row = {"model": shape[0], "region": name,
+                   "fused_vs_engine": [compare(g, w) for g, w in zip(fused_out, want)],
+                   "eager_vs_engine": [compare(g, w) for g, w in zip(eager_out, want)],
+                   "stock_vs_engine": [compare(g, w) for g, w in zip(stock_out, want)],
+                   "fused_vs_eager_grads": [compare(g, w) for g, w in zip(
+                       with_impl("fused", gradients, aligned, inputs), with_impl("eager", gradients, aligned, inputs))]}
+            passed = all(r["differing"] == 0 for r in row["fused_vs_engine"])
+            row["passed"] = passed
+            ok &= passed
+            report["rows"].append(row)
+            fmt = lambda rs: ", ".join(f"{r['differing']}/{r['of']}" for r in rs)  # noqa: E731
+            print(f"[{time.perf_counter() - start:5.0f} s] {shape[0]} {name:13s} {'ok  ' if passed else 'FAIL'} "
+                  f"fused-engine {fmt(row['fused_vs_engine'])} | eager-engine {fmt(row['eager_vs_engine'])} | "
+                  f"stock-engine {fmt(row['stock_vs_engine'])} | fused-eager grads {fmt(row['fused_vs_eager_grads'])}")
+    report["passed"] = ok
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1))
+    print(f"{'PASSED' if ok else 'FAILED'}: fused forward == compiled engine formulation on every element; wrote {out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

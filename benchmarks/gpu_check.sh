@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU check of the fused aligned regions, in one call (about 5-8 minutes on one H200):
+#   1. check_fused.py: fused forward == the engine's compiled formulations (Inductor/Triton), bit for
+#      bit, at Qwen2.5-7B and Qwen3-8B shapes; eager-aligned and stock counted against the same reference
+#   2. bench_regions.py: forward+backward time and activation memory, stock vs aligned-eager vs
+#      aligned-fused (vs Liger if installed), per region and per decoder layer, plus a copy bandwidth
+# Needs torch with Triton; transformers only for the decoder-layer rows (skipped, with a note, without).
+# Results (JSON, log, environment) go to $OUT, else benchmarks/results.
+#
+#   benchmarks/gpu_check.sh                           # on the GPU machine
+#   benchmarks/gpu_check.sh --device cpu --quick      # dry run on a CPU (a minute or two)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-benchmarks/results}
+PYTHON=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+
+device=cuda; prev=""
+for arg in "$@"; do [ "$prev" = "--device" ] 2>/dev/null && device=$arg; prev=$arg; done
+tag=$([ "$device" = cuda ] && echo gpu || echo cpu)
+case " $* " in *" --quick "*) tag=$tag-quick ;; esac
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv 2>/dev/null || echo "no nvidia-smi"
+  "$PYTHON" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+  "$PYTHON" -c 'import triton; print("triton", triton.__version__)' 2>/dev/null || echo "triton missing"
+  "$PYTHON" -c 'import transformers; print("transformers", transformers.__version__)' 2>/dev/null || echo "transformers missing"
+} > "$OUT/env-$tag.txt" 2>&1
+cat "$OUT/env-$tag.txt"
+
+status=0
+timeout 240 "$PYTHON" benchmarks/check_fused.py "$@" --out "$OUT/fused-check-$tag.json" 2>&1 | tee "$OUT/check-$tag.log" \
+  || status=1
+timeout 420 "$PYTHON" benchmarks/bench_regions.py "$@" --min-run-time 0.3 --out "$OUT/regions-$tag.json" 2>&1 \
+  | tee "$OUT/bench-$tag.log" || status=1
+echo "gpu_check: exit status $status (results in $OUT)"
+exit $status

@@ -1,0 +1,427 @@
+"""The mismatch probe: how much of the training-inference mismatch each alignment region removes.
+
+For one model, a fixed set of test prompts and responses sampled once from the engine (temperature 1,
+seeded), the training side (transformers + patches, bf16 weights, fp32 buffers, shared GEMM and
+attention kernels: `localrl.trainer.Trainer`'s model) scores the responses under every subset of
+{rope, swiglu, rmsnorm}, plus "all" with the compiled engine's summation order for the RMSNorm
+variance (`reduction="inductor_cpu"`). Each setting is compared with the inference side:
+
+- reference `engine_forward` (the main one): the engine's full forward of prompt + response, in the
+  same batch layout as the trainer. Both sides then see the same tokens, positions and masks, and share
+  the GEMM/attention kernels, so every difference comes from the three regions and the summation order.
+  It also gives the engine's per-layer residual stream.
+- reference `engine_sampling`: the logprobs the engine returned while sampling (KV-cache decode), which
+  is what verl compares with. On top of the regions it holds the engine's own prefill-vs-decode
+  difference, which no training-side alignment can remove; the row `engine_forward` under this
+  reference measures that part alone.
+
+Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; then
+`analysis.probe` writes subsets.md and the figures from those CSV files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+import patches
+from localrl.engine.engine import Engine, Rollout, prefill_mask
+from localrl.trainer import Batch, sequence_inputs
+
+MAIN_REFERENCE = "engine_forward"
+SAMPLING_REFERENCE = "engine_sampling"
+ENGINE_ORDER = "all+engine_order"  # all three regions + the compiled engine's summation order
+# Bins of the engine's probability of the scored token (prior work: low-probability tokens carry the
+# largest errors); the last bin closes at 1.
+PROBABILITY_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
+DEFAULT_POSITION_BIN = 16
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One training-side configuration: the aligned regions and the RMSNorm summation order."""
+
+    name: str
+    regions: tuple[str, ...]
+    reduction: str = "eager"
+
+
+def subset_name(regions: tuple[str, ...]) -> str:
+    if not regions:
+        return "none"
+    if set(regions) == set(patches.REGIONS):
+        return "all"
+    return "+".join(regions)
+
+
+def probe_settings() -> list[Setting]:
+    """Every subset of the regions (by size, in `patches.REGIONS` order), then all + engine order."""
+    regions = patches.REGIONS
+    subsets = [c for k in range(len(regions) + 1) for c in itertools.combinations(regions, k)]
+    settings = [Setting(subset_name(c), c) for c in subsets]
+    return settings + [Setting(ENGINE_ORDER, tuple(regions), "inductor_cpu")]
+
+
+# ---------------------------------------------------------------------------------------------
+# One forward per side
+
+
+@dataclass
+class Forward:
+    logprobs: Tensor         # (B, T-1) fp32: logprob of token t+1 given tokens <= t
+    residuals: list[Tensor]  # bf16 residual stream (B, T, hidden): embedding output, then each layer's
+    logits: Tensor           # (B, T, vocab) bf16
+
+
+def next_token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
+    """Raw logprobs (temperature 1) as both sides compute them: fp32 log-softmax of bf16 logits."""
+    return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -> Forward:
+    """The engine's full forward (prefill layout) of prompt + response."""
+    engine_model.layer_outputs = []
+    try:
+        logits = engine_model(ids, positions, prefill_mask(mask.bool()))
+        layers = engine_model.layer_outputs
+    finally:
+        engine_model.layer_outputs = None
+    embed = engine_model.weights["embed"][ids]
+    # The engine records each layer's fp32 sum; its residual stream stores that sum in bf16.
+    return Forward(next_token_logprobs(logits, ids), [embed] + [h.to(embed.dtype) for h in layers], logits)
+
+
+def _decoder_layers(model):
+    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no decoder layers to record")
+    return layers
+
+
+@torch.no_grad()
+def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: Setting) -> Forward:
+    """The training side's forward under `setting`. Layer outputs come from hooks, not from HF's
+    `hidden_states` (whose last entry is the final norm's output, not the last layer's)."""
+    from patches.rmsnorm import unpack_hidden
+
+    hidden = model.config.hidden_size
+    recorded: list[Tensor] = []
+
+    def record(module, args, output):
+        out = output[0] if isinstance(output, tuple) else output
+        # With the rmsnorm region a layer returns the pending pair cat(residual, delta): the stream
+        # value is their fp32 sum, stored in bf16 by the next fused add + norm.
+        recorded.append(unpack_hidden(out, hidden).to(torch.bfloat16))
+
+    handles = [layer.register_forward_hook(record) for layer in _decoder_layers(model)]
+    handles.append(model.get_input_embeddings().register_forward_hook(record))
+    try:
+        with patches.aligned(setting.regions, reduction=setting.reduction):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+    finally:
+        for h in handles:
+            h.remove()
+    # hooks fire in execution order: the embedding first, then each decoder layer
+    if len(recorded) != len(handles):
+        raise RuntimeError(f"recorded {len(recorded)} residual-stream values, expected {len(handles)}")
+    return Forward(next_token_logprobs(logits, ids), recorded, logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which tokens are scored, in the (B, T-1) coordinates of `next_token_logprobs`
+
+
+@dataclass
+class Layout:
+    ids: Tensor          # (B, T) prompt + response, prompts left-padded
+    mask: Tensor         # (B, T) long, 1 = real token
+    positions: Tensor    # (B, T) RoPE positions, 0 at each prompt's first real token
+    response: Tensor     # (B, T-1) bool: the scored token is a response token
+    sequence: Tensor     # (B, T-1) bool: input and scored token are both real (prompt or response)
+    sampling: Tensor     # (B, T-1) fp32: the engine's sampling logprobs at response tokens, 0 elsewhere
+    responses: Tensor    # (B, R), for verl's debug metrics
+    response_cols: slice  # the response tokens' columns in (B, T-1): all prompts are padded to one width
+
+    @classmethod
+    def from_rollout(cls, rollout: Rollout) -> "Layout":
+        ids, mask, positions = sequence_inputs(Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
+                                                     rollout.response_mask))
+        P, R = rollout.prompt_ids.shape[1], rollout.responses.shape[1]
+        response = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        response[:, P - 1:P - 1 + R] = rollout.response_mask
+        sampling = torch.zeros(response.shape)
+        sampling[:, P - 1:P - 1 + R] = torch.where(rollout.response_mask, rollout.logprobs, 0.0)
+        sequence = mask[:, :-1].bool() & mask[:, 1:].bool()
+        return cls(ids, mask, positions, response, sequence, sampling, rollout.responses, slice(P - 1, P - 1 + R))
+
+    @property
+    def scored_positions(self) -> Tensor:
+        """RoPE position of each scored token."""
+        return self.positions[:, 1:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def mismatch_summary(train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> dict[str, float]:
+    """verl's mismatch metrics over the response tokens (d = logp_train - logp_rollout; k3 = mean(exp(d)
+    - 1 - d), an estimate of KL(rollout || train)), plus |d logprob| and the bit-identical fraction."""
+    from localrl.metrics import mismatch_metrics
+
+    sel, cols = layout.response, layout.response_cols
+    # verl's masked means multiply by the mask: masked entries must be finite, so zero them; verl
+    # holds response-aligned (B, R) tensors.
+    # float64 copies (exact): in fp32, exp(d) - 1 - d cancels to 0 for |d| below ~1e-4.
+    train_r, ref_r = (torch.where(sel, lp, 0.0)[:, cols].double() for lp in (train_lp, ref_lp))
+    verl = mismatch_metrics(train_r, ref_r, sel[:, cols], layout.responses)
+    d = (train_lp - ref_lp)[sel].double()
+    return {
+        "n_tokens": int(sel.sum()),
+        "mean_abs_dlogprob": d.abs().mean().item(),
+        "max_abs_dlogprob": d.abs().max().item(),
+        "k3_kl": verl["rollout_corr/k3_kl"],
+        "kl": verl["rollout_corr/kl"],
+        "log_ppl_abs_diff": verl["rollout_corr/log_ppl_abs_diff"],
+        "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
+        "probs_diff_max": verl["training/rollout_probs_diff_max"],
+        "probs_pearson": verl["training/rollout_actor_probs_pearson_corr"],
+        "frac_identical": (d == 0).double().mean().item(),
+    }
+
+
+def layer_rows(train: Forward, ref: Forward, mask: Tensor) -> list[dict]:
+    """Divergence of the bf16 residual stream at the embedding and every layer output, and of the
+    logits, over real tokens. Row `layer` 0 = embedding output (= first layer's input)."""
+    real = mask.bool()
+    stages = [("embedding", 0)] + [("layer", i + 1) for i in range(len(ref.residuals) - 1)]
+    pairs = list(zip(train.residuals, ref.residuals)) + [(train.logits, ref.logits)]
+    stages.append(("logits", len(ref.residuals)))
+    rows = []
+    for (stage, index), (a, b) in zip(stages, pairs):
+        a, b = a[real].double(), b[real].double()
+        rows.append({"layer": index, "stage": stage,
+                     "rel_l2": ((a - b).norm() / b.norm()).item(),
+                     "max_abs": (a - b).abs().max().item(),
+                     "frac_identical": (a == b).double().mean().item(),
+                     "n_values": a.numel()})
+    return rows
+
+
+def _binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    g = frame.groupby(key, observed=True, sort=True)
+    out = g.agg(n_tokens=("abs_d", "size"), mean_abs_dlogprob=("abs_d", "mean"),
+                max_abs_dlogprob=("abs_d", "max"), mean_abs_dprob=("abs_dp", "mean"),
+                frac_identical=("identical", "mean"), sum_abs=("abs_d", "sum"))
+    total = out["sum_abs"].sum()
+    out["share_of_abs_dlogprob"] = out["sum_abs"] / total if total > 0 else 0.0
+    return out.drop(columns="sum_abs").reset_index()
+
+
+def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) -> pd.DataFrame:
+    sel = {"response": layout.response, "sequence": layout.sequence}[scope]
+    d = (train_lp - ref_lp)[sel].double()
+    p_ref = ref_lp[sel].double().exp()
+    return pd.DataFrame({"abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+                         "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
+                         "position": layout.scored_positions[sel].numpy()})
+
+
+def by_probability(tokens: pd.DataFrame) -> pd.DataFrame:
+    edges = np.asarray(PROBABILITY_EDGES)
+    index = np.clip(np.searchsorted(edges, tokens["p_ref"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
+    out = _binned(tokens.assign(bin=index), "bin")
+    out.insert(1, "p_low", edges[out["bin"]])
+    out.insert(2, "p_high", edges[out["bin"] + 1])
+    return out.drop(columns="bin")
+
+
+def by_position(tokens: pd.DataFrame, width: int) -> pd.DataFrame:
+    out = _binned(tokens.assign(bin=tokens["position"] // width), "bin")
+    out.insert(1, "position_low", out["bin"] * width)
+    out.insert(2, "position_high", out["bin"] * width + width - 1)
+    return out.drop(columns="bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+
+
+@dataclass
+class ProbeResult:
+    subsets: pd.DataFrame
+    layers: pd.DataFrame
+    by_probability: pd.DataFrame
+    by_position: pd.DataFrame
+
+    FILES = ("subsets", "layers", "by_probability", "by_position")
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        from analysis.output import write_csv
+
+        out_dir = Path(out_dir)
+        paths = []
+        for name in self.FILES:
+            path = out_dir / f"{name}.csv"
+            write_csv(getattr(self, name), path)
+            paths.append(path)
+        return paths
+
+
+def _describe(setting: Setting) -> dict:
+    return {"setting": setting.name, "regions": ",".join(setting.regions) or "none",
+            "n_regions": len(setting.regions), "reduction": setting.reduction,
+            **{region: region in setting.regions for region in patches.REGIONS}}
+
+
+def sample_rollout(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:
+    """The fixed responses: sampled once from the engine at temperature 1 (raw logprobs)."""
+    return engine.generate(prompts, max_new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
+
+def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int = DEFAULT_POSITION_BIN,
+              settings: list[Setting] | None = None, log=print) -> ProbeResult:
+    """Score `rollout` on the training model under every setting and compare with the engine."""
+    settings = settings or probe_settings()
+    layout = Layout.from_rollout(rollout)
+    ref = engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
+    subsets, layers, prob_rows, pos_rows = [], [], [], []
+
+    # The engine's own prefill-vs-decode part, which no training-side alignment can remove.
+    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "",
+                  **{region: np.nan for region in patches.REGIONS}}
+    subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
+                    **mismatch_summary(ref.logprobs, layout.sampling, layout)})
+
+    for i, setting in enumerate(settings, 1):
+        start = time.perf_counter()
+        train = train_forward(train_model, layout.ids, layout.mask, layout.positions, setting)
+        if not torch.isfinite(train.logprobs[layout.sequence]).all():
+            raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
+        described = _describe(setting)
+        for reference, ref_lp in ((MAIN_REFERENCE, ref.logprobs), (SAMPLING_REFERENCE, layout.sampling)):
+            subsets.append({**described, "reference": reference, **mismatch_summary(train.logprobs, ref_lp, layout)})
+        layers += [{"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask)]
+        response_tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
+        prob_rows.append(by_probability(response_tokens).assign(setting=setting.name))
+        for scope in ("response", "sequence"):
+            tokens = response_tokens if scope == "response" else token_frame(train.logprobs, ref.logprobs, layout, scope)
+            pos_rows.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
+        main = subsets[-2]
+        log(f"[{i}/{len(settings)}] {setting.name:18s} mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
+            f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%}  "
+            f"({time.perf_counter() - start:.1f} s)")
+
+    def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
+        return frame[first + [c for c in frame.columns if c not in first]]
+
+    return ProbeResult(
+        subsets=pd.DataFrame(subsets),
+        layers=pd.DataFrame(layers),
+        by_probability=front(pd.concat(prob_rows, ignore_index=True), ["setting"]),
+        by_position=front(pd.concat(pos_rows, ignore_index=True), ["setting", "scope"]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: python -m localrl probe --config CFG --model NAME --out DIR
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("probe", help="per-region training-inference mismatch of one model")
+    p.add_argument("--config", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--out", required=True, help="output dir, e.g. results/probe/NAME")
+    p.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
+    p.add_argument("--data", help="data dir with test.parquet (default: {results_dir}/data/{profile})")
+    p.add_argument("--n-prompts", type=int, default=128, help="test prompts to probe (default 128)")
+    p.add_argument("--max-new-tokens", type=int, help="response length (default: the config's rl.max_new_tokens)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt choice and the sampling (default 0)")
+    p.add_argument("--position-bin", type=int, default=DEFAULT_POSITION_BIN,
+                   help=f"width of the position bins (default {DEFAULT_POSITION_BIN})")
+    p.add_argument("--no-figures", action="store_true", help="CSV files only")
+    return p
+
+
+def _positive(name: str, value) -> int:
+    from localrl.config import ConfigError
+
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def choose_prompts(test: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    from localrl.config import ConfigError
+
+    if n > len(test):
+        raise ConfigError(f"--n-prompts {n} exceeds the {len(test)} prompts of the test split; allowed: 1..{len(test)}")
+    index = np.sort(np.random.default_rng(seed).choice(len(test), size=n, replace=False))
+    return test.iloc[index]
+
+
+def main(args, cfg: dict | None = None) -> int:
+    from transformers import AutoTokenizer
+
+    from localrl.config import ConfigError, load_config, model_spec, rl_settings
+    from localrl.data import load_split
+    from localrl.run import default_paths
+    from localrl.task import render_prompt
+    from localrl.trainer import Trainer
+
+    cfg = load_config(args.config) if cfg is None else cfg
+    model_spec(cfg, args.model)  # an unknown model fails before any work
+    rl = rl_settings(cfg)
+    n_prompts = _positive("--n-prompts", args.n_prompts)
+    max_new_tokens = _positive("--max-new-tokens", rl["max_new_tokens"] if args.max_new_tokens is None
+                               else args.max_new_tokens)
+    position_bin = _positive("--position-bin", args.position_bin)
+    data_dir, model_dir = default_paths(cfg, args.model)
+    data_dir, model_dir = Path(args.data or data_dir), Path(args.model_dir or model_dir)
+    if not (model_dir / "config.json").exists():
+        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
+                          f"--out {model_dir}` first, or pass --model-dir")
+    try:
+        test = load_split(data_dir, "test")
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    frame = choose_prompts(test, n_prompts, args.seed)
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
+    # The training model exactly as the RL loop builds it (bf16 compute copy, fp32 buffers, shared
+    # kernels); "all" makes the trainer check that the patches cover every layer of this model.
+    trainer = Trainer(str(model_dir), {**rl, "temperature": 1.0}, "all")
+    try:
+        engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        longest = max(map(len, prompts)) + max_new_tokens
+        if longest > engine.max_positions:
+            raise ConfigError(f"prompts of up to {max(map(len, prompts))} tokens + --max-new-tokens {max_new_tokens} "
+                              f"exceed the model's {engine.max_positions} positions")
+        engine.load_weights(trainer.weights_for_engine())
+        log(f"probe {args.model}: {n_prompts} prompts, responses of up to {max_new_tokens} tokens "
+            f"(sampling compiles the engine on first use)")
+        start = time.perf_counter()
+        rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
+        log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
+        result = run_probe(trainer.model, engine, rollout, position_bin, log=log)
+    finally:
+        patches.remove()
+    out = Path(args.out)
+    for path in result.write(out):
+        log(f"wrote {path}")
+    if not args.no_figures:
+        from analysis.probe import write_model_report
+
+        for path in write_model_report(out, title=args.model):
+            log(f"wrote {path}")
+    return 0

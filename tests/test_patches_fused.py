@@ -1,0 +1,140 @@
+"""The fused (compiled) implementation of the aligned regions against the eager one, on this CPU.
+
+Claim: same rounding locations, so the two agree bit for bit - forward outputs and every input
+gradient - once the eager side adds in Inductor's order (reduction="inductor_cpu": the RMSNorm
+variance, the backward's row sums, and the weight gradient's sum over tokens). With torch's own
+order only the reductions may differ, by one bf16 ulp on a few elements (counted and bounded).
+Every comparison also shows that the stock HF path differs, so a test that passes is not comparing
+a function with itself.
+"""
+
+import pytest
+import torch
+
+import patches
+from patches import _precision, fused
+from tests.model_factory import tiny_model, to_bf16_fsdp_style
+from tests.test_patches_backward import CASES, saved_bytes
+
+# Two sizes per region (small first: 0/1-free dynamic shapes, so one compiled kernel serves both).
+SIZES = {
+    "rope": [dict(tokens=7, heads=4, head_dim=64), dict(tokens=96, heads=12, head_dim=128)],
+    "qk_norm_rope": [dict(tokens=7, heads=4, head_dim=64), dict(tokens=96, heads=12, head_dim=128)],
+    "swiglu": [dict(tokens=7, inter=512), dict(tokens=96, inter=4864)],
+    "add_rmsnorm": [dict(tokens=7, hidden=256), dict(tokens=96, hidden=1536)],
+    "rmsnorm": [dict(tokens=7, hidden=256), dict(tokens=96, hidden=1536)],
+}
+CASE_IDS = [(region, i) for region in SIZES for i in range(len(SIZES[region]))]
+
+
+def run(fn, inputs, upstream):
+    """Outputs and input gradients of `fn` for the given upstream gradients."""
+    inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    outs = fn(*inputs)
+    torch.autograd.backward(outs, upstream)
+    return [o.detach() for o in outs], [t.grad for t in inputs]
+
+
+def case(region, i):
+    inputs, stock, aligned = CASES[region](torch.bfloat16, **SIZES[region][i])
+    gen = torch.Generator().manual_seed(11 + i)
+    upstream = [torch.randn(o.shape, generator=gen).to(torch.bfloat16) for o in stock(*inputs)]
+    return inputs, stock, aligned, upstream
+
+
+def with_impl(impl, reduction, fn, *args):
+    _precision.set_impl(impl)
+    _precision.set_reduction(reduction)
+    try:
+        return fn(*args)
+    finally:
+        _precision.set_impl("auto")
+        _precision.set_reduction("eager")
+
+
+def share_differing(a, b):
+    return (a != b).float().mean().item()
+
+
+@pytest.mark.parametrize("region, size", CASE_IDS)
+def test_fused_equals_eager_bitwise(region, size):
+    inputs, stock, aligned, upstream = case(region, size)
+    eager_outs, eager_grads = with_impl("eager", "inductor_cpu", run, aligned, inputs, upstream)
+    fused_outs, fused_grads = with_impl("fused", "inductor_cpu", run, aligned, inputs, upstream)
+    stock_outs, stock_grads = run(stock, inputs, upstream)
+    assert fused.compiled(fused.region_functions()[region][0]) is fused._compiled[fused.region_functions()[region][0]]
+    for e, f in zip(eager_outs + eager_grads, fused_outs + fused_grads):
+        assert f.dtype == e.dtype and f.shape == e.shape
+        assert torch.equal(f, e), f"{int((f != e).sum())} of {f.numel()} elements differ"
+    out_diff = share_differing(stock_outs[0], fused_outs[0])
+    grad_diff = share_differing(stock_grads[0], fused_grads[0])
+    print(f"{region} {SIZES[region][size]}: fused == eager; stock differs on {out_diff:.1%} of outputs, "
+          f"{grad_diff:.1%} of input gradients")
+    assert out_diff > 0.01 and grad_diff > 0.01
+
+
+@pytest.mark.parametrize("region", ["add_rmsnorm", "rmsnorm", "qk_norm_rope"])
+def test_fused_vs_eager_with_torch_summation_order(region):
+    """torch's own order: a reduction may flip a rounding. Per-row results (outputs, input gradients)
+    stay within 1 bf16 ulp; the weight gradient - a sum over all tokens, with cancellation - within 4."""
+    inputs, _, aligned, upstream = case(region, 1)
+    eager = with_impl("eager", "eager", run, aligned, inputs, upstream)
+    fusd = with_impl("fused", "eager", run, aligned, inputs, upstream)
+    tensors = list(zip(eager[0] + eager[1], fusd[0] + fusd[1]))
+    for k, (e, f) in enumerate(tensors):
+        differ = e != f
+        ulps = (e[differ].view(torch.int16).int() - f[differ].view(torch.int16).int()).abs()
+        worst = int(ulps.max()) if ulps.numel() else 0
+        print(f"{region} tensor {k}: {int(differ.sum())} of {e.numel()} differ, max {worst} ulp")
+        assert differ.float().mean() <= 0.01
+        assert worst <= (4 if k == len(tensors) - 1 else 1)  # the last one is the weight gradient
+
+
+@pytest.mark.parametrize("region", SIZES)
+def test_fused_saves_what_eager_saves(region):
+    inputs, _, aligned, _ = case(region, 1)
+    eager = with_impl("eager", "eager", saved_bytes, aligned, inputs)
+    fusd = with_impl("fused", "eager", saved_bytes, aligned, inputs)
+    assert fusd == eager > 0
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_whole_model_fused_equals_eager(arch):
+    """A tiny bf16 model (fp32 buffers) with all regions aligned: logits and every parameter gradient."""
+    model = to_bf16_fsdp_style(tiny_model(arch))
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(3))
+
+    def step(impl):
+        model.zero_grad(set_to_none=True)
+        with patches.aligned("all", reduction="inductor_cpu", impl=impl):
+            logits = model(ids).logits
+        torch.log_softmax(logits.float(), -1).mean().backward()
+        return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    stock_logits = model(ids).logits.detach()
+    eager_logits, eager_grads = step("eager")
+    fused_logits, fused_grads = step("fused")
+    assert torch.equal(fused_logits, eager_logits)
+    differing = [n for n in eager_grads if not torch.equal(eager_grads[n], fused_grads[n])]
+    assert not differing, differing
+    assert share_differing(stock_logits, fused_logits) > 0.01
+
+
+def test_impl_selection():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")  # a device object needs no GPU
+    assert _precision.impl() == "auto"
+    assert not _precision.uses_fused(cpu) and _precision.uses_fused(cuda)
+    patches.apply("all", impl="fused")
+    assert _precision.uses_fused(cpu)
+    with patches.aligned("rope", impl="eager"):
+        assert not _precision.uses_fused(cuda)
+    assert _precision.impl() == "fused" and patches.active() == {"rope", "swiglu", "rmsnorm"}
+    patches.remove()
+    assert _precision.impl() == "auto"
+
+
+def test_bad_impl_names_value_and_allowed():
+    patches.apply("rope", impl="eager")
+    with pytest.raises(ValueError, match="'triton'.*auto, eager, fused"):
+        patches.apply("all", impl="triton")
+    assert patches.active() == {"rope"} and _precision.impl() == "eager"  # a bad value changes nothing
