@@ -11,9 +11,10 @@ in prior work: reward falls after an initial rise; a NaN/inf loss is collapse; t
    maximum up to step t and ``rise_t = peak_t - start``. Once ``rise_t >= min_rise`` the run has
    "risen"; from then on a smoothed value is *below* when it is lower than
    ``peak_t - drop_frac * rise_t`` (it gave back more than [drop_frac] of the gained rise). The run
-   collapsed when [patience] consecutive logged steps are below; ``collapse_step`` is the first
-   step of that window. A fall still in progress at the end of the run (fewer than [patience]
-   steps below) is not a collapse. The trailing average lags the raw score by about
+   collapsed when [patience] consecutive logged steps are below and the smoothed score never climbs
+   back to that window's threshold later in the run (a collapse does not heal; a dip that recovers
+   is not one); ``collapse_step`` is the first step of that window. A fall still in progress at the
+   end of the run (fewer than [patience] steps below) is not a collapse. The trailing average lags the raw score by about
    ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much.
 2. **Non-finite training signal** (reason ``nonfinite:<metric>``). The first step at which
    ``actor/pg_loss`` or ``actor/grad_norm`` [nonfinite_metrics] is logged as NaN or +-inf (verl's
@@ -72,8 +73,10 @@ def score_collapse(score: pd.Series, cfg: CollapseConfig) -> dict:
     below = risen & (values < peak - cfg.drop_frac * rise)
     # A window of `patience` consecutive below-points: count them with a sliding sum.
     window_sums = np.convolve(below.astype(np.int64), np.ones(cfg.patience, dtype=np.int64), "valid")
-    starts = np.flatnonzero(window_sums == cfg.patience)
-    if starts.size:
+    threshold = peak - cfg.drop_frac * rise
+    starts = [t for t in np.flatnonzero(window_sums == cfg.patience)
+              if not (values[t + cfg.patience:] >= threshold[t]).any()]  # no recovery afterwards
+    if starts:
         out["score_collapse_step"] = int(steps[starts[0]])
         out["score_status"] = "score_fall"
     else:

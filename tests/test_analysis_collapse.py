@@ -105,9 +105,13 @@ def test_fall_shorter_than_patience_is_not_collapse(tmp_path):
     dip[39:43] = 0.0  # steps 40..43: four steps below, then back up
     row = verdict(make_run(tmp_path, dip, name="seed0"), CollapseConfig(smooth_window=1))
     assert not row["collapsed"] and row["reason"] == "stable"
-    # the same dip lasting the patience is a collapse
+    # a dip lasting the patience that then recovers is still not a collapse: collapses do not heal
     dip[39:45] = 0.0
     row = verdict(make_run(tmp_path, dip, name="seed1"), CollapseConfig(smooth_window=1))
+    assert not row["collapsed"] and row["reason"] == "stable"
+    # the same fall without recovery is a collapse at its first step
+    dip[39:] = 0.0
+    row = verdict(make_run(tmp_path, dip, name="seed3"), CollapseConfig(smooth_window=1))
     assert row["collapsed"] and row["collapse_step"] == 40
 
     ends_falling = step_score(high_until=77, steps=80)  # only 3 steps down when the run ends
