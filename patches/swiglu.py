@@ -30,16 +30,37 @@ def swiglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Ten
     return d_gate.to(gate.dtype), d_up.to(up.dtype)
 
 
+CHUNK_ELEMENTS = 1 << 18  # eager: fp32 temporaries of ~1 MiB stay in cache instead of streaming memory
+
+
+def _in_row_blocks(fn, *tensors):
+    """Apply an elementwise `fn` block of rows by block (same values; eager only)."""
+    shape = tensors[0].shape
+    flat = [t.reshape(-1, shape[-1]) for t in tensors]
+    rows = max(1, CHUNK_ELEMENTS // shape[-1])
+    if flat[0].shape[0] <= rows:
+        return fn(*tensors)
+    blocks = [fn(*(t[i:i + rows] for t in flat)) for i in range(0, flat[0].shape[0], rows)]
+    if isinstance(blocks[0], tuple):
+        return tuple(torch.cat(parts).view(shape) for parts in zip(*blocks))
+    return torch.cat(blocks).view(shape)
+
+
+def _run(fn, *tensors):
+    compiled = kernel(fn, tensors[0])
+    return compiled(*tensors) if compiled is not fn else _in_row_blocks(fn, *tensors)
+
+
 class SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
         ctx.save_for_backward(gate, up)
-        return kernel(swiglu_forward, gate)(gate, up)
+        return _run(swiglu_forward, gate, up)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         gate, up = ctx.saved_tensors
-        return kernel(swiglu_backward, grad)(grad, gate, up)
+        return _run(swiglu_backward, grad, gate, up)
 
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
