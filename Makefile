@@ -27,6 +27,8 @@ figures: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_regions.py
+	$(PY) benchmarks/bench_localrl.py step
+	$(PY) benchmarks/bench_figures.py
 
 clean:
 	rm -rf .snakemake results
