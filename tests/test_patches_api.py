@@ -147,3 +147,13 @@ def test_verl_plugin_bad_value_fails_loudly(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("RLA_REGIONS", "rope,swigloo")
     with pytest.raises(ValueError, match="RLA_REGIONS='rope,swigloo'.*'swigloo'"):
         _hf_model_config(tiny_model_dir)
+
+
+def test_verl_plugin_impl(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("RLA_REGIONS", "all")
+    monkeypatch.setenv("RLA_IMPL", "eager")
+    _hf_model_config(tiny_model_dir)
+    assert patches.active() == set(patches.REGIONS) and patches._precision.impl() == "eager"
+    monkeypatch.setenv("RLA_IMPL", "turbo")
+    with pytest.raises(ValueError, match="RLA_IMPL='turbo'.*'turbo'.*auto, eager, fused"):
+        _hf_model_config(tiny_model_dir)
