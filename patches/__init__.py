@@ -88,10 +88,9 @@ def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: s
     tensors, eager on others)."""
     global _active
     regions = resolve(spec)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction order {reduction!r}; allowed: {', '.join(REDUCTIONS)}")
-    if impl not in IMPLS:
-        raise ValueError(f"unknown implementation {impl!r}; allowed: {', '.join(IMPLS)}")
+    # checked before anything changes: a bad value leaves the current state in place
+    _precision.check(reduction, REDUCTIONS, "reduction order")
+    _precision.check(impl, IMPLS, "implementation")
     remove()
     _precision.set_reduction(reduction)
     _precision.set_impl(impl)

@@ -36,11 +36,16 @@ def wide_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32, copy=True)
 
 
+def check(value: str, allowed: tuple[str, ...], what: str) -> str:
+    """`value` if allowed, else a ValueError naming it and the allowed ones."""
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed: {', '.join(allowed)}")
+    return value
+
+
 def set_reduction(name: str) -> None:
     global _reduction
-    if name not in REDUCTIONS:
-        raise ValueError(f"unknown reduction order {name!r}; allowed: {', '.join(REDUCTIONS)}")
-    _reduction = name
+    _reduction = check(name, REDUCTIONS, "reduction order")
 
 
 def reduction() -> str:
@@ -49,9 +54,7 @@ def reduction() -> str:
 
 def set_impl(name: str) -> None:
     global _impl
-    if name not in IMPLS:
-        raise ValueError(f"unknown implementation {name!r}; allowed: {', '.join(IMPLS)}")
-    _impl = name
+    _impl = check(name, IMPLS, "implementation")
 
 
 def impl() -> str:

@@ -1,8 +1,6 @@
 """The ``python -m analysis`` commands end to end on small synthetic grids."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +10,7 @@ from analysis.cli import main
 from analysis.collapse import STABILITY_COLUMNS
 from analysis.figures import FigureWarning
 from analysis.synthetic import run_records, score_curve, write_grid, write_metrics
+from tests.standalone import run_analysis_alone
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "experiments" / "tiny.yaml"
@@ -126,16 +125,7 @@ def test_bad_input_is_a_clear_error_and_keeps_existing_output(tmp_path, capsys):
 def test_module_runs_alone_without_any_backend(tmp_path):
     """`python -m analysis` works as a program and never imports a training backend."""
     write_grid(tmp_path / "runs", ["m"], ["none", "rope"], [0], 40)
-    probe = (
-        "import runpy, sys\n"
-        "sys.argv = ['analysis', 'all', '--runs', sys.argv[1], '--figures', sys.argv[2], '-q']\n"
-        "try:\n    runpy.run_module('analysis', run_name='__main__')\n"
-        "except SystemExit as stop:\n    assert stop.code == 0, stop.code\n"
-        "loaded = sorted(m for m in ('torch', 'verl', 'localrl', 'patches', 'transformers') if m in sys.modules)\n"
-        "print('LOADED', loaded)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "runs"), str(tmp_path / "figures")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_analysis_alone("all", "--runs", tmp_path / "runs", "--figures", tmp_path / "figures", "-q")
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
     assert (tmp_path / "tables" / "stability.csv").exists()  # default tables dir: <runs>/../tables

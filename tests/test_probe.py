@@ -12,7 +12,7 @@ import torch
 import patches
 from localrl import probe
 from localrl.__main__ import main as localrl_main
-from localrl.config import ConfigError, rl_settings
+from localrl.config import rl_settings
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
 from tests.model_factory import tiny_model

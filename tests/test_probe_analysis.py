@@ -1,16 +1,13 @@
 """analysis.probe on hand-made probe tables: Shapley shares, errors, and no backend import."""
 
 import itertools
-import subprocess
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from analysis.probe import ENGINE_ORDER, REGIONS, region_shares, run, subset_name_of
+from tests.standalone import run_analysis_alone
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def synthetic_subsets(value_of) -> pd.DataFrame:
@@ -76,15 +73,7 @@ def test_analysis_probe_runs_without_any_backend(tmp_path):
     pd.DataFrame([{"setting": s, "scope": sc, "position_low": p, "n_tokens": 5, "mean_abs_dlogprob": 0.01}
                   for s in settings for sc in ("response", "sequence") for p in (0, 16)]
                  ).to_csv(probe_dir / "by_position.csv", index=False)
-    code = (
-        "import runpy, sys\n"
-        "sys.argv = ['analysis', 'probe', '--probe', sys.argv[1], '--out', sys.argv[2], '-q']\n"
-        "try:\n    runpy.run_module('analysis', run_name='__main__')\n"
-        "except SystemExit as stop:\n    assert stop.code == 0, stop.code\n"
-        "print('LOADED', sorted(m for m in ('torch', 'localrl', 'patches', 'transformers') if m in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "probe"), str(tmp_path / "fig")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = run_analysis_alone("probe", "--probe", tmp_path / "probe", "--out", tmp_path / "fig", "-q")
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
     assert (tmp_path / "fig" / "probe_m_subsets.pdf").exists()
