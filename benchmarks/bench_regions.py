@@ -1,8 +1,9 @@
 """Time and activation memory of the aligned regions: stock HF eager vs aligned-eager vs aligned-fused
 (and Liger's Triton kernels where installed), per region and for a whole Qwen2 / Qwen3 decoder layer.
 
-Per case: forward+backward time (torch.utils.benchmark, blocked_autorange, median over --repeats
-runs; compiled paths warmed up first), bytes autograd saves for backward (distinct storages, weights
+Per case: forward+backward time (torch.utils.benchmark, blocked_autorange; compiled paths warmed up
+first; --repeats rounds that each time every implementation in turn, the median reported, and the
+ratio to stock as the median of per-round ratios, so that drift in machine speed cancels), bytes autograd saves for backward (distinct storages, weights
 excluded), and on CUDA the max_memory_allocated peak and the memory still held after the forward,
 both as deltas over the inputs. Memory-bound cases also get an effective bandwidth (interface bytes
 / time) against a measured device copy. Writes JSON and prints a markdown table with ratios vs stock.
@@ -272,7 +273,8 @@ def nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
-def measure(case: Case, impl: str, args, device) -> dict:
+def prepare(case: Case, impl: str, args, device) -> tuple[Callable[[], None], dict]:
+    """A forward+backward step of `impl` (warmed up: fused kernels compiled) and its untimed facts."""
     select(impl)
     fn = case.impls[impl]
     params = list(case.module.parameters()) if case.module is not None else []
@@ -289,12 +291,7 @@ def measure(case: Case, impl: str, args, device) -> dict:
 
     for _ in range(args.warmup):  # compiles the fused kernels (first call) and settles allocators
         step()
-    runs = []
-    for _ in range(args.repeats):
-        timer = benchmark.Timer(stmt="step()", globals={"step": step}, num_threads=torch.get_num_threads())
-        runs.append(timer.blocked_autorange(min_run_time=args.min_run_time).median * 1e3)
     row = {"model": case.shape.model, "arch": case.shape.arch, "case": case.name, "impl": impl,
-           "time_ms": statistics.median(runs), "time_ms_runs": runs,
            "saved_bytes": saved_bytes(fn, inputs, exclude)}
     if device.type == "cuda":
         row.update(cuda_memory(fn, inputs, upstream, params))
@@ -303,9 +300,37 @@ def measure(case: Case, impl: str, args, device) -> dict:
         # interface bytes: inputs read by the forward and again by the backward, outputs written,
         # upstream gradients read, input gradients written - a lower bound on the traffic
         row["interface_bytes"] = 2 * nbytes(inputs) + 2 * nbytes(upstream) + nbytes(used)
-        row["GBps"] = row["interface_bytes"] / (row["time_ms"] * 1e-3) / 1e9
     select("stock")
-    return row
+    return step, row
+
+
+def time_interleaved(steps: dict[str, Callable[[], None]], args) -> dict[str, list[float]]:
+    """ms per step, --repeats rounds; each round times every implementation once, in turn, so that
+    drift in the machine's speed (other tenants, clocks) falls on all of them alike."""
+    runs = {impl: [] for impl in steps}
+    for _ in range(args.repeats):
+        for impl, step in steps.items():
+            select(impl)
+            timer = benchmark.Timer(stmt="step()", globals={"step": step}, num_threads=torch.get_num_threads())
+            runs[impl].append(timer.blocked_autorange(min_run_time=args.min_run_time).median * 1e3)
+    select("stock")
+    return runs
+
+
+def measure(case: Case, impls: list[str], args, device, failed: Callable[[str, Exception], None]) -> list[dict]:
+    """One row per implementation of `case`; one that fails to run is reported and left out."""
+    steps, rows = {}, {}
+    for impl in impls:
+        try:
+            steps[impl], rows[impl] = prepare(case, impl, args, device)
+        except Exception as err:  # a failing optional kernel must not lose the other numbers
+            failed(impl, err)
+    for impl, runs in time_interleaved(steps, args).items():
+        row = rows[impl]
+        row["time_ms"], row["time_ms_runs"] = statistics.median(runs), runs
+        if "interface_bytes" in row:
+            row["GBps"] = row["interface_bytes"] / (row["time_ms"] * 1e-3) / 1e9
+    return list(rows.values())
 
 
 def cuda_memory(fn, inputs, upstream, params) -> dict:
@@ -348,7 +373,8 @@ def ratios(rows: list[dict]) -> None:
         base = stock.get((r["model"], r["arch"], r["case"]))
         if base is None:
             continue
-        r["time_x_stock"] = r["time_ms"] / base["time_ms"]
+        # paired: the median over rounds of this round's time over stock's in the same round
+        r["time_x_stock"] = statistics.median(t / b for t, b in zip(r["time_ms_runs"], base["time_ms_runs"]))
         for key in ("saved_bytes", "peak_bytes", "held_after_forward_bytes"):
             if key in r and base.get(key):
                 r[key.replace("_bytes", "_x_stock")] = r[key] / base[key]
@@ -436,18 +462,14 @@ def main(argv=None) -> int:
                 continue  # same shape as the other architecture's: measured once
             seen.add(key)
             report["notes"] += [f"{case.name} {shape.arch}: {n}" for n in case.notes]
-            for impl in args.impls:
-                if impl not in case.impls:
-                    continue
-                try:
-                    row = measure(case, impl, args, device)
-                except Exception as err:  # a failing optional kernel must not lose the other numbers
-                    report["notes"].append(f"{case.name} {shape.arch} {impl}: failed: {type(err).__name__}: {err}")
-                    print(f"  {case.name} {impl}: FAILED {err}", file=sys.stderr)
-                    continue
+            def failed(impl, err, case=case):
+                report["notes"].append(f"{case.name} {shape.arch} {impl}: failed: {type(err).__name__}: {err}")
+                print(f"  {case.name} {impl}: FAILED {err}", file=sys.stderr)
+
+            for row in measure(case, [i for i in args.impls if i in case.impls], args, device, failed):
                 report["rows"].append(row)
                 print(f"[{time.perf_counter() - start:6.0f} s] {shape.model}/{shape.arch} {case.name:14s} "
-                      f"{impl:14s} {row['time_ms']:9.3f} ms  saved {row['saved_bytes'] / 2**20:8.1f} MiB",
+                      f"{row['impl']:14s} {row['time_ms']:9.3f} ms  saved {row['saved_bytes'] / 2**20:8.1f} MiB",
                       file=sys.stderr)
             out.parent.mkdir(parents=True, exist_ok=True)  # partial results survive a timeout
             ratios(report["rows"])

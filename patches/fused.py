@@ -24,9 +24,24 @@ _compiled: dict[Callable, Callable] = {}
 
 
 def compiled(fn: Callable) -> Callable:
-    """`fn` compiled once for all shapes (dynamic), as a single graph (a graph break is an error)."""
+    """`fn` compiled as a single graph (a graph break is an error), once per feature width: the last
+    dim of every tensor argument (hidden, intermediate or head size) is static, so the kernels
+    vectorize over it with no symbolic tails (with a symbolic head_dim, RoPE's concat of two halves
+    became a serial loop through an fp32 buffer, 2x slower); every leading dim (tokens, heads, batch)
+    is dynamic, so varying sequence lengths reuse one kernel. vLLM too marks only tokens dynamic."""
     if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True, fullgraph=True)
+        graph = torch.compile(fn, dynamic=None, fullgraph=True)
+
+        def run(*args):
+            for a in args:
+                if isinstance(a, torch.Tensor):
+                    for dim in range(a.dim() - 1):
+                        torch._dynamo.maybe_mark_dynamic(a, dim)
+                    if a.dim():  # static even after a new width (automatic dynamic would relax it)
+                        torch._dynamo.mark_static(a, a.dim() - 1)
+            return graph(*args)
+
+        _compiled[fn] = run
     return _compiled[fn]
 
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import patches
-from patches import _precision, fused
+from patches import _precision, fused, rope
 from tests.model_factory import tiny_model, to_bf16_fsdp_style
 from tests.test_patches_backward import CASES, saved_bytes
 
-# Two sizes per region (small first: 0/1-free dynamic shapes, so one compiled kernel serves both).
+# Two sizes per region; each width (last dim) is a separate compiled kernel, tokens and heads vary freely.
 SIZES = {
     "rope": [dict(tokens=7, heads=4, head_dim=64), dict(tokens=96, heads=12, head_dim=128)],
     "qk_norm_rope": [dict(tokens=7, heads=4, head_dim=64), dict(tokens=96, heads=12, head_dim=128)],
@@ -88,6 +88,24 @@ def test_fused_vs_eager_with_torch_summation_order(region):
         print(f"{region} tensor {k}: {int(differ.sum())} of {e.numel()} differ, max {worst} ulp")
         assert differ.float().mean() <= 0.01
         assert worst <= (4 if k == len(tensors) - 1 else 1)  # the last one is the weight gradient
+
+
+def test_one_kernel_per_width():
+    """Token and head counts are dynamic (a new sequence length reuses the kernel); the width is static
+    (a new head_dim compiles a new one, vectorized with no symbolic tail)."""
+    forward = fused.compiled(rope.rope_forward)
+
+    def call(heads, tokens, head_dim):
+        x = torch.randn(1, heads, tokens, head_dim).to(torch.bfloat16)
+        cos, sin = torch.randn(2, 1, 1, tokens, head_dim).to(torch.bfloat16)
+        assert torch.equal(forward(x, cos, sin), rope.rope_forward(x, cos, sin))
+
+    call(3, 5, 48)  # head_dim 48: used by no other test
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        call(4, 9, 48)
+        call(2, 130, 48)
+        with pytest.raises(torch._dynamo.exc.RecompileError):
+            call(4, 9, 80)
 
 
 @pytest.mark.parametrize("region", SIZES)
