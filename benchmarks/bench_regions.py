@@ -374,7 +374,8 @@ def ratios(rows: list[dict]) -> None:
         if base is None:
             continue
         # paired: the median over rounds of this round's time over stock's in the same round
-        r["time_x_stock"] = statistics.median(t / b for t, b in zip(r["time_ms_runs"], base["time_ms_runs"]))
+        r["time_x_stock_runs"] = [t / b for t, b in zip(r["time_ms_runs"], base["time_ms_runs"])]
+        r["time_x_stock"] = statistics.median(r["time_x_stock_runs"])
         for key in ("saved_bytes", "peak_bytes", "held_after_forward_bytes"):
             if key in r and base.get(key):
                 r[key.replace("_bytes", "_x_stock")] = r[key] / base[key]

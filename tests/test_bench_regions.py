@@ -43,6 +43,7 @@ def test_quick_benchmark_writes_rows_and_ratios(tmp_path):
         assert row["time_ms"] > 0 and row["saved_bytes"] > 0 and row["GBps"] > 0
         assert row["saved_x_stock"] <= 1.0  # aligned regions save no more than stock
     assert rows[("swiglu", "stock")]["time_x_stock"] == 1.0
+    assert len(rows[("swiglu", "aligned-fused")]["time_x_stock_runs"]) == report["settings"]["repeats"]
 
 
 @pytest.mark.slow
