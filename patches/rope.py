@@ -37,15 +37,9 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _rotate_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """cat(g1*c + g2*s, g2*c - g1*s): the transpose of the rotation (same two forms as _rotate)."""
-    g1, g2, c, s = _halves(g, cos, sin)
-    if torch.compiler.is_compiling():
-        return torch.cat((g1 * c + g2 * s, g2 * c - g1 * s), dim=-1)
-    out = torch.empty_like(g)
-    o1, o2 = out.chunk(2, dim=-1)
-    torch.mul(g1, c, out=o1).add_(g2 * s)
-    torch.mul(g2, c, out=o2).sub_(g1 * s)
-    return out
+    """cat(g1*c + g2*s, g2*c - g1*s): the transpose of the rotation, i.e. the rotation by -sin
+    (exact: negation is exact and a - (-b) == a + b in IEEE arithmetic)."""
+    return _rotate(g, cos, -sin)
 
 
 def rope_forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
