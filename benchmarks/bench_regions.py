@@ -317,20 +317,20 @@ def time_interleaved(steps: dict[str, Callable[[], None]], args) -> dict[str, li
     return runs
 
 
-def measure(case: Case, impls: list[str], args, device, failed: Callable[[str, Exception], None]) -> list[dict]:
-    """One row per implementation of `case`; one that fails to run is reported and left out."""
-    steps, rows = {}, {}
+def measure(case: Case, impls: list[str], args, device) -> tuple[list[dict], list[str]]:
+    """One row per implementation of `case`, and a note for each that failed to run (left out)."""
+    steps, rows, failures = {}, {}, []
     for impl in impls:
         try:
             steps[impl], rows[impl] = prepare(case, impl, args, device)
         except Exception as err:  # a failing optional kernel must not lose the other numbers
-            failed(impl, err)
+            failures.append(f"{impl}: failed: {type(err).__name__}: {err}")
     for impl, runs in time_interleaved(steps, args).items():
         row = rows[impl]
         row["time_ms"], row["time_ms_runs"] = statistics.median(runs), runs
         if "interface_bytes" in row:
             row["GBps"] = row["interface_bytes"] / (row["time_ms"] * 1e-3) / 1e9
-    return list(rows.values())
+    return list(rows.values()), failures
 
 
 def cuda_memory(fn, inputs, upstream, params) -> dict:
@@ -463,11 +463,11 @@ def main(argv=None) -> int:
                 continue  # same shape as the other architecture's: measured once
             seen.add(key)
             report["notes"] += [f"{case.name} {shape.arch}: {n}" for n in case.notes]
-            def failed(impl, err, case=case):
-                report["notes"].append(f"{case.name} {shape.arch} {impl}: failed: {type(err).__name__}: {err}")
-                print(f"  {case.name} {impl}: FAILED {err}", file=sys.stderr)
-
-            for row in measure(case, [i for i in args.impls if i in case.impls], args, device, failed):
+            rows, failures = measure(case, [i for i in args.impls if i in case.impls], args, device)
+            for failure in failures:
+                report["notes"].append(f"{case.name} {shape.arch} {failure}")
+                print(f"  {case.name} {failure}", file=sys.stderr)
+            for row in rows:
                 report["rows"].append(row)
                 print(f"[{time.perf_counter() - start:6.0f} s] {shape.model}/{shape.arch} {case.name:14s} "
                       f"{row['impl']:14s} {row['time_ms']:9.3f} ms  saved {row['saved_bytes'] / 2**20:8.1f} MiB",
