@@ -67,16 +67,22 @@ def model_spec(cfg: dict, model: str) -> dict:
     return dict(specs[model])
 
 
-def rl_settings(cfg: dict) -> dict:
-    rl = dict(RL_DEFAULTS)
-    given = cfg.get("rl") or {}
-    unknown = sorted(set(given) - set(RL_DEFAULTS))
+def section_settings(cfg: dict, section: str, defaults: dict, positive_ints: tuple[str, ...]) -> dict:
+    """`defaults` updated from `cfg[section]`; an unknown key or a non-positive count is a ConfigError."""
+    settings = dict(defaults)
+    given = cfg.get(section) or {}
+    unknown = sorted(set(given) - set(defaults))
     if unknown:
-        raise ConfigError(f"unknown rl setting(s) {unknown}; allowed: {sorted(RL_DEFAULTS)}")
-    rl.update(given)
-    for key in POSITIVE_INTS:
-        if not isinstance(rl[key], int) or rl[key] <= 0:
-            raise ConfigError(f"rl.{key} must be a positive integer, got {rl[key]!r}")
+        raise ConfigError(f"unknown {section} setting(s) {unknown}; allowed: {sorted(defaults)}")
+    settings.update(given)
+    for key in positive_ints:
+        if not isinstance(settings[key], int) or settings[key] <= 0:
+            raise ConfigError(f"{section}.{key} must be a positive integer, got {settings[key]!r}")
+    return settings
+
+
+def rl_settings(cfg: dict) -> dict:
+    rl = section_settings(cfg, "rl", RL_DEFAULTS, POSITIVE_INTS)
     if rl["samples_per_prompt"] < 2:
         raise ConfigError(f"rl.samples_per_prompt must be >= 2 for GRPO groups, got {rl['samples_per_prompt']}")
     if not rl["temperature"] > 0:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from localrl.config import section_settings
 from localrl.data import load_split
 from localrl.models import build_model, num_parameters
 from localrl.task import render_prompt, score
@@ -27,18 +28,7 @@ WARMSTART_DEFAULTS = {"steps": 300, "batch_size": 64, "lr": 3.0e-3, "warmup": 20
 
 
 def warmstart_settings(cfg: dict) -> dict:
-    from localrl.config import ConfigError
-
-    ws = dict(WARMSTART_DEFAULTS)
-    given = cfg.get("warmstart") or {}
-    unknown = sorted(set(given) - set(ws))
-    if unknown:
-        raise ConfigError(f"unknown warmstart setting(s) {unknown}; allowed: {sorted(ws)}")
-    ws.update(given)
-    for key in ("steps", "batch_size", "eval_size", "max_new_tokens"):
-        if not isinstance(ws[key], int) or ws[key] <= 0:
-            raise ConfigError(f"warmstart.{key} must be a positive integer, got {ws[key]!r}")
-    return ws
+    return section_settings(cfg, "warmstart", WARMSTART_DEFAULTS, ("steps", "batch_size", "eval_size", "max_new_tokens"))
 
 
 def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
