@@ -36,8 +36,8 @@ def _qkv_norm_rope(qkv, positions, cache, sizes: tuple[int, int, int], head_dim:
     return q, k, v.unflatten(-1, (-1, head_dim))
 
 
-_qkv_rope_c = ops.compiled(_qkv_rope)
-_qkv_norm_rope_c = ops.compiled(_qkv_norm_rope)
+_qkv_rope_c = ops.compiled(_qkv_rope, (0, 1))
+_qkv_norm_rope_c = ops.compiled(_qkv_norm_rope, (0, 1))
 
 
 @dataclass

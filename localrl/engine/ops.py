@@ -64,6 +64,22 @@ def qk_norm_rope(positions: Tensor, q: Tensor, weight: Tensor, eps: float, cos_s
     return apply_rope(positions, rms_norm(q, weight, eps), cos_sin_cache)
 
 
-def compiled(fn):
-    """Compile a formulation the way vLLM's default path does (Inductor, dynamic shapes)."""
-    return torch.compile(fn, dynamic=True, fullgraph=True)
+# The arguments of each formulation whose dim 0 is the token count.
+TOKEN_ARGS = {apply_rope: (0, 1), rms_norm: (0,), fused_add_rms_norm: (0, 1), silu_and_mul: (0,), qk_norm_rope: (0, 1)}
+
+
+def compiled(fn, token_args: tuple[int, ...] | None = None):
+    """Compile a formulation the way vLLM's default path does: Inductor, with the token count (dim 0
+    of the arguments in `token_args`, default `TOKEN_ARGS[fn]`) dynamic and every other dimension
+    static. vLLM marks only the token dimension of the model's inputs dynamic
+    (`vllm/compilation/decorators.py`, `_mark_dynamic_inputs`); widths come from the weights and are
+    constants of the graph. A batch of one token gets its own graph (Dynamo specializes size 1)."""
+    token_args = TOKEN_ARGS[fn] if token_args is None else token_args
+    graph = torch.compile(fn, dynamic=False, fullgraph=True)
+
+    def run(*args):
+        for i in token_args:
+            torch._dynamo.maybe_mark_dynamic(args[i], 0)
+        return graph(*args)
+
+    return run
