@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
 
-.PHONY: run test test-fast figures bench clean
+.PHONY: run test test-fast test-isa figures bench clean
 
 $(STAMP): envs/requirements-cpu.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -18,6 +18,14 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
+# what another x86-64 machine would run.
+NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test_patches_model.py \
+            tests/test_patches_backward.py tests/test_probe.py
+test-isa: $(STAMP)
+	$(PY) -m pytest -q $(NUMERICS)
+	ATEN_CPU_CAPABILITY=avx2 TEST_INDUCTOR_SIMDLEN=256 $(PY) -m pytest -q $(NUMERICS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

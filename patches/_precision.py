@@ -3,13 +3,14 @@
 Compute dtype: fp32 for bf16/fp16/fp32 inputs (what the engine's fused kernels use); float64 is kept
 as is so that torch.autograd.gradcheck can check the backward passes.
 
-Reduction order: the RMSNorm variance (and the backward's row sums) are sums, and two correct kernels
-may add in different orders (a 1-ulp fp32 difference in a few rows, which sometimes flips a bf16
-rounding). Rounding locations are what the patches align; the order is a kernel detail. "eager" uses
-torch's own mean and sum, as HF eager does on any device. "inductor_cpu" reproduces the order of
-Inductor's C++ reductions on x86 CPUs (a row: 16 lane-wise partial sums, then a halving tree; a
-column over tokens, for weight gradients: row after row), so that on a CPU the aligned training side
-can be compared with a compiled engine, and the eager implementation with the fused one, bit for bit.
+Reduction order: the RMSNorm variance (and the backward's row and column sums) are sums, and two
+correct kernels may add in different orders (a 1-ulp fp32 difference in a few rows, which sometimes
+flips a bf16 rounding). Rounding locations are what the patches align; the order is a kernel detail.
+"eager" uses torch's own mean and sum, as HF eager does on any device. "inductor_cpu" runs each sum
+as its own small Inductor kernel over the same bf16 inputs (`reduced`), so it adds in whatever order
+Inductor generates on the machine running it (the order depends on the CPU's vector ISA and on
+Inductor's tiling: 16 fp32 lanes per bf16 tile with AVX2, 32 with AVX-512). With it, the aligned
+eager side equals a CPU-compiled engine, and the fused implementation, bit for bit.
 
 Implementation: every region is a pair of pure functions (forward, backward) wrapped in an autograd
 Function. "eager" runs them op by op; "fused" runs them compiled (patches/fused.py: one or a few
@@ -74,33 +75,21 @@ def kernel(fn: Callable, like: torch.Tensor) -> Callable:
     return fused.compiled(fn)
 
 
-def row_mean(x: torch.Tensor) -> torch.Tensor:
-    """mean over the last dim, keepdim, in the configured order (a compiled kernel: its own order)."""
-    lanes = 16
-    width = x.shape[-1]
-    if torch.compiler.is_compiling() or _reduction == "eager" or width % lanes:
-        return x.mean(dim=-1, keepdim=True)
-    blocks = x.unflatten(-1, (width // lanes, lanes))
-    acc = blocks[..., 0, :]
-    for j in range(1, width // lanes):  # each lane accumulates its column in row order
-        acc = acc + blocks[..., j, :]
-    while acc.shape[-1] > 1:  # horizontal reduction: fold halves
-        half = acc.shape[-1] // 2
-        acc = acc[..., :half] + acc[..., half:]
-    return acc / width
+def sums_by_inductor() -> bool:
+    """Whether sums run as their own Inductor kernels: reduction="inductor_cpu", outside a compiled
+    region (inside one, Inductor already sums in its own order)."""
+    return _reduction == "inductor_cpu" and not torch.compiler.is_compiling()
 
 
-def column_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over every dim but the last (a weight gradient over tokens), in the configured order."""
-    rows = x.reshape(-1, x.shape[-1])
-    if torch.compiler.is_compiling() or _reduction == "eager":
-        return rows.sum(0)
-    acc = rows[0].clone()
-    for row in rows[1:]:  # Inductor's C++ column reduction adds the rows in order (a slow, test-only mode)
-        acc += row
-    return acc
+def inductor_sums(fn: Callable, *args):
+    """`fn(*args)` compiled on its own, where `fn` computes sums from a region's bf16 inputs with the
+    region's own expression: Inductor then tiles and orders them as inside the region's kernel (the
+    tiling follows the inputs' dtypes, so the inputs must be the kernel's, not fp32 copies)."""
+    from patches import fused
+
+    return fused.compiled(fn)(*args)
 
 
-def mean_square(x: torch.Tensor) -> torch.Tensor:
-    """mean(x**2) over the last dim, keepdim, in the configured order."""
-    return row_mean(x.pow(2))
+def rows_total(x: torch.Tensor) -> torch.Tensor:
+    """Sum over every dim but the last: a weight's gradient over all tokens (and heads)."""
+    return x.reshape(-1, x.shape[-1]).sum(0)

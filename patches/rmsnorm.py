@@ -16,41 +16,66 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from patches._precision import column_sum, kernel, mean_square, row_mean, wide
+from patches._precision import inductor_sums, kernel, rows_total, sums_by_inductor, wide
 
 
-def _norm_backward(g_out: Tensor, x_hat: Tensor, rstd: Tensor, weight: Tensor):
-    g_hat = g_out * wide(weight)
-    d_sum = rstd * (g_hat - x_hat * row_mean(g_hat * x_hat))
-    d_weight = column_sum(g_out * x_hat)
-    return d_sum, d_weight.to(weight.dtype)
+def _stream(x: Tensor, residual: Tensor | None) -> Tensor:
+    """The fp32 value the norm reads: the input, or the unrounded sum of input and residual."""
+    return wide(x) if residual is None else wide(x) + wide(residual)
 
 
-def _normalize(s: Tensor, weight: Tensor, eps: float):
-    rstd = torch.rsqrt(mean_square(s) + eps)
-    return (s * rstd) * wide(weight), rstd
+def _mean_square(s: Tensor) -> Tensor:
+    return s.pow(2).mean(dim=-1, keepdim=True)
+
+
+def _sums(g: Tensor, w: Tensor, x_hat: Tensor) -> tuple[Tensor, Tensor]:
+    """The backward's sums: row mean of g_hat * x_hat (g_hat = g * w) and the weight gradient."""
+    return ((g * w) * x_hat).mean(dim=-1, keepdim=True), rows_total(g * x_hat)
+
+
+# The same sums from the kernel's bf16 inputs (reduction="inductor_cpu" compiles these on their own).
+def _variance(x: Tensor, residual: Tensor | None) -> Tensor:
+    return _mean_square(_stream(x, residual))
+
+
+def _backward_sums(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None):
+    return _sums(wide(g_out), wide(weight), _stream(x, residual) * rstd)
+
+
+def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float):
+    s = _stream(x, residual)
+    variance = inductor_sums(_variance, x, residual) if sums_by_inductor() else _mean_square(s)
+    rstd = torch.rsqrt(variance + eps)
+    return (s * rstd) * wide(weight), s, rstd
+
+
+def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None):
+    g, w, x_hat = wide(g_out), wide(weight), _stream(x, residual) * rstd
+    if sums_by_inductor():
+        mean, d_weight = inductor_sums(_backward_sums, g_out, weight, rstd, x, residual)
+    else:
+        mean, d_weight = _sums(g, w, x_hat)
+    return rstd * ((g * w) - x_hat * mean), d_weight.to(weight.dtype)
 
 
 def rms_norm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    out, rstd = _normalize(wide(x), weight, eps)
+    out, _, rstd = _normalize(x, None, weight, eps)
     return out.to(x.dtype), rstd
 
 
 def rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-    dx, dw = _norm_backward(wide(grad), wide(x) * rstd, rstd, weight)
+    dx, dw = _normalize_backward(grad, weight, rstd, x, None)
     return dx.to(x.dtype), dw
 
 
 def add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    s = wide(x) + wide(residual)
-    out, rstd = _normalize(s, weight, eps)
+    out, s, rstd = _normalize(x, residual, weight, eps)
     return out.to(x.dtype), s.to(residual.dtype), rstd
 
 
 def add_rms_norm_backward(g_out: Tensor, g_residual: Tensor | None, x: Tensor, residual: Tensor, weight: Tensor,
                           rstd: Tensor) -> tuple[Tensor, Tensor]:
-    s = wide(x) + wide(residual)
-    d_sum, dw = _norm_backward(wide(g_out), s * rstd, rstd, weight)
+    d_sum, dw = _normalize_backward(g_out, weight, rstd, x, residual)
     if g_residual is not None:
         d_sum = d_sum + wide(g_residual)
     return d_sum.to(x.dtype), dw

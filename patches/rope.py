@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from patches._precision import column_sum, kernel, mean_square, row_mean, wide
+from patches._precision import inductor_sums, kernel, rows_total, sums_by_inductor, wide
 
 
 def _halves(x: Tensor, cos: Tensor, sin: Tensor):
@@ -50,20 +50,35 @@ def rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return _rotate_backward(wide(grad), wide(cos), wide(sin)).to(grad.dtype)
 
 
+def _norm_sums(g_normed: Tensor, w: Tensor, x_hat: Tensor) -> tuple[Tensor, Tensor]:
+    """The backward's sums: row mean of g_hat * x_hat (g_hat = g_normed * w) and the weight gradient."""
+    return ((g_normed * w) * x_hat).mean(dim=-1, keepdim=True), rows_total(g_normed * x_hat)
+
+
+# The same sums from the kernel's bf16 inputs (reduction="inductor_cpu" compiles these on their own).
+def _variance(x: Tensor) -> Tensor:
+    return wide(x).pow(2).mean(dim=-1, keepdim=True)
+
+
+def _backward_sums(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, rstd: Tensor):
+    return _norm_sums(_rotate_backward(wide(grad), wide(cos), wide(sin)), wide(weight), wide(x) * rstd)
+
+
 def norm_rope_forward(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     xf = wide(x)
-    rstd = torch.rsqrt(mean_square(xf) + eps)
-    normed = (xf * rstd) * wide(weight)
-    return _rotate(normed, wide(cos), wide(sin)).to(x.dtype), rstd
+    variance = inductor_sums(_variance, x) if sums_by_inductor() else xf.pow(2).mean(dim=-1, keepdim=True)
+    rstd = torch.rsqrt(variance + eps)
+    return _rotate((xf * rstd) * wide(weight), wide(cos), wide(sin)).to(x.dtype), rstd
 
 
 def norm_rope_backward(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, rstd: Tensor):
-    g_normed = _rotate_backward(wide(grad), wide(cos), wide(sin))
-    x_hat = wide(x) * rstd
-    g_hat = g_normed * wide(weight)
-    dx = rstd * (g_hat - x_hat * row_mean(g_hat * x_hat))
-    dw = column_sum(g_normed * x_hat)  # the broadcast weight's gradient: (head_dim,)
-    return dx.to(x.dtype), dw.to(weight.dtype)
+    g_normed, w, x_hat = _rotate_backward(wide(grad), wide(cos), wide(sin)), wide(weight), wide(x) * rstd
+    if sums_by_inductor():
+        mean, dw = inductor_sums(_backward_sums, grad, x, weight, cos, sin, rstd)
+    else:
+        mean, dw = _norm_sums(g_normed, w, x_hat)
+    dx = rstd * ((g_normed * w) - x_hat * mean)
+    return dx.to(x.dtype), dw.to(weight.dtype)  # dw: the broadcast weight's gradient, (head_dim,)
 
 
 class Rope(torch.autograd.Function):

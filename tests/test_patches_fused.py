@@ -14,6 +14,7 @@ import torch
 import patches
 from patches import _precision, fused, rope
 from tests.model_factory import tiny_model, to_bf16_fsdp_style
+from tests.numerics import max_ulp
 from tests.test_patches_backward import CASES, saved_bytes
 
 # Two sizes per region; each width (last dim) is a separate compiled kernel, tokens and heads vary freely.
@@ -83,9 +84,8 @@ def test_fused_vs_eager_with_torch_summation_order(region):
     tensors = list(zip(eager[0] + eager[1], fusd[0] + fusd[1]))
     for k, (e, f) in enumerate(tensors):
         differ = e != f
-        ulps = (e[differ].view(torch.int16).int() - f[differ].view(torch.int16).int()).abs()
-        worst = int(ulps.max()) if ulps.numel() else 0
-        print(f"{region} tensor {k}: {int(differ.sum())} of {e.numel()} differ, max {worst} ulp")
+        worst = max_ulp(f, e)
+        print(f"{region} tensor {k}: {int(differ.sum())} of {e.numel()} differ, max {worst:.2g} ulp")
         assert differ.float().mean() <= 0.01
         assert worst <= (4 if k == len(tensors) - 1 else 1)  # the last one is the weight gradient
 

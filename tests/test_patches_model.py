@@ -9,6 +9,7 @@ from localrl import kernels
 from localrl.engine.model import EngineModel
 from patches.rmsnorm import unpack_hidden
 from tests.model_factory import tiny_model, to_bf16_fsdp_style
+from tests.numerics import inductor_isa
 
 ARCHS = ["qwen2", "qwen3"]
 
@@ -29,9 +30,12 @@ def pair(request):
 
 
 # Largest share of the stock mismatch that `all` may leave with torch's own summation order. What is
-# left is the RMSNorm variance summed in another order than Inductor's (1-ulp fp32 rstd differences
-# that sometimes flip a bf16 rounding and then spread); Qwen3 has many short per-head q/k-norm rows.
+# left is the RMSNorm variance summed in another order than the engine's Inductor kernels (1-ulp fp32
+# rstd differences that sometimes flip a bf16 rounding and then spread); Qwen3 has many short per-head
+# q/k-norm rows. How far the two orders are apart depends on the code Inductor generates: measured
+# 0.7% / 20% (AVX2), 2.5% / 20% (AVX-512), 18% / 33% (no vectorization) of `none` for Qwen2 / Qwen3.
 EAGER_ORDER_SHARE = {"qwen2": 0.05, "qwen3": 0.30}
+SCALAR_EAGER_ORDER_SHARE = {"qwen2": 0.25, "qwen3": 0.45}
 
 
 def mismatch_per_ablation(train, engine, ids, reduction):
@@ -51,12 +55,13 @@ def test_mismatch_per_ablation(pair, reduction):
     arch, train, engine, ids = pair
     err, same = mismatch_per_ablation(train, engine, ids, reduction)
     for ablation in err:
-        print(f"{arch} {reduction:12s} {ablation:8s} mean |d logprob| {err[ablation]:.2e}  "
+        print(f"{arch} {inductor_isa()} {reduction:12s} {ablation:8s} mean |d logprob| {err[ablation]:.2e}  "
               f"bit-identical {same[ablation]:.1%}")
     assert err["none"] > 0 and same["none"] < 0.5
     assert all(err["all"] < err[r] for r in patches.REGIONS)
     if reduction == "eager":
-        assert err["all"] <= EAGER_ORDER_SHARE[arch] * err["none"]
+        share = (SCALAR_EAGER_ORDER_SHARE if inductor_isa() == "scalar" else EAGER_ORDER_SHARE)[arch]
+        assert err["all"] <= share * err["none"]
     else:  # same rounding locations and the same summation order as the compiled engine: bitwise
         assert same["all"] == 1.0
 

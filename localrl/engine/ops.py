@@ -64,6 +64,12 @@ def qk_norm_rope(positions: Tensor, q: Tensor, weight: Tensor, eps: float, cos_s
     return apply_rope(positions, rms_norm(q, weight, eps), cos_sin_cache)
 
 
+# Every width (hidden, head_dim, intermediate) is its own graph. Past Dynamo's recompile limit a
+# compiled function silently runs eagerly - an engine that rounds like the trainer: allow many widths
+# (a scaling study sweeps them in one process) and make the limit an error, never a fallback.
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+torch._dynamo.config.fail_on_recompile_limit_hit = True
+
 # The arguments of each formulation whose dim 0 is the token count.
 TOKEN_ARGS = {apply_rope: (0, 1), rms_norm: (0,), fused_add_rms_norm: (0, 1), silu_and_mul: (0,), qk_norm_rope: (0, 1)}
 

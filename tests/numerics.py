@@ -1,0 +1,24 @@
+"""Comparing bf16 tensors: counts of differing elements and distances in units in the last place."""
+
+import torch
+
+
+def max_ulp(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Largest |got - want| in bf16 ulps of max(|want|, RMS of `want`). The floor at the tensor's RMS makes
+    the unit scale with the magnitude of the computation: a value that cancels to near zero (a rotation
+    output, a gradient summed over tokens) is measured in ulps of the values it was computed from, not of
+    its own tiny exponent, where one flipped fp32 bit upstream spans thousands of its ulps."""
+    if not got.numel():
+        return 0.0
+    g, w = got.double(), want.double()
+    scale = torch.maximum(w.abs(), w.pow(2).mean().sqrt())
+    ulp = torch.exp2(torch.floor(torch.log2(scale)) - 7)  # bf16: 8 significant bits
+    return float(((g - w).abs() / ulp).max())
+
+
+def inductor_isa() -> str:
+    """The vector ISA Inductor generates CPU code for here ("scalar" when it does not vectorize)."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    return str(isa) if isa else "scalar"
