@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 PANEL_SIZE = (3.4, 2.5)  # inches per panel
 MAX_COLUMNS = 4
 FORMATS = ("png", "pdf")
+# No creation date (PDF) and no version stamp: the same logs give the same bytes.
+REPRODUCIBLE_METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}
 
 
 class FigureWarning(UserWarning):
@@ -190,13 +192,13 @@ def _legend(fig, layout: Layout, with_collapse: bool = False) -> None:
 
 
 def _save(fig, out_dir: Path, name: str) -> list[Path]:
-    from analysis.output import atomic_path
+    from rla.files import atomic_path
 
     written = []
     for fmt in FORMATS:
         target = out_dir / f"{name}.{fmt}"
         with atomic_path(target) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=150)
+            fig.savefig(tmp, format=fmt, dpi=150, metadata=REPRODUCIBLE_METADATA[fmt])
         written.append(target)
     plt.close(fig)
     log.info("wrote %s.{%s}", out_dir / name, ",".join(FORMATS))

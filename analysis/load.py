@@ -95,8 +95,9 @@ def metrics_files(run_dir: Path) -> list[Path]:
     return files
 
 
-def _read_records(path: Path, records: dict[int, dict]) -> None:
-    """Parse one metrics file into ``records`` (step -> data); later lines replace earlier ones."""
+def _read_records(path: Path, records: dict[int, dict], origins: dict[int, str]) -> None:
+    """Parse one metrics file into ``records`` (step -> data) and ``origins`` (step -> "file:line");
+    later lines replace earlier ones."""
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -136,6 +137,7 @@ def _read_records(path: Path, records: dict[int, dict]) -> None:
             )
             continue
         records[step] = data
+        origins[step] = f"{path}:{number}"
 
 
 def _to_floats(values: list) -> tuple[np.ndarray, np.ndarray | None]:
@@ -181,9 +183,10 @@ def load_run(run_dir: str | Path) -> Run:
     model, ablation, seed = run_dir.parent.parent.name, run_dir.parent.name, int(match.group(1))
 
     records: dict[int, dict] = {}
+    origins: dict[int, str] = {}
     files = metrics_files(run_dir)
     for path in files:
-        _read_records(path, records)
+        _read_records(path, records, origins)
 
     steps_list, codes_list, values, names = _flatten(records)
     floats, keep = _to_floats(values)
@@ -197,7 +200,7 @@ def load_run(run_dir: str | Path) -> Run:
 
     long = pd.DataFrame({
         "step": steps,
-        "metric": pd.Categorical.from_codes(codes, categories=names),
+        "metric": pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=str)),
         "value": floats,
     })
     if keep is not None:
@@ -205,14 +208,21 @@ def load_run(run_dir: str | Path) -> Run:
     wide = _widen(steps, codes, names, floats, sorted(records))
 
     if not records:
-        why = "no metrics file" if not files else "no readable step in " + ", ".join(p.name for p in files)
-        warnings.warn(f"{run_dir}: run has no data ({why}); reported with steps=0", LogWarning, stacklevel=2)
+        if not files:
+            where, why = run_dir, "no metrics file"
+        else:
+            where = ", ".join(str(p) for p in files)
+            why = "empty file" if all(p.stat().st_size == 0 for p in files) else "no readable step"
+        warnings.warn(f"{where}: run has no data ({why}); reported with steps=0 (no_data)", LogWarning,
+                      stacklevel=2)
     else:
         bad = ~np.isfinite(floats)
         if bad.any():
             bad_names = sorted({names[c] for c in codes[bad]})
+            first = origins[int(steps[bad].min())]
             warnings.warn(
-                f"{run_dir}: {int(bad.sum())} non-finite value(s) kept and flagged, in: {', '.join(bad_names)}",
+                f"{first}: {int(bad.sum())} non-finite value(s) kept and flagged, in: {', '.join(bad_names)} "
+                "(first at this line)",
                 LogWarning,
                 stacklevel=2,
             )

@@ -1,30 +1,13 @@
-"""Writing outputs without losing what was there: write to a temporary file, then rename."""
+"""Writing tables: atomically (`rla.files`), so a crash never leaves half a file."""
 
 from __future__ import annotations
 
-import os
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pandas as pd
 
-
-@contextmanager
-def atomic_path(target: str | Path) -> Iterator[Path]:
-    """Yield a temporary path next to ``target``; it replaces ``target`` only if the block succeeds."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=target.suffix, dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, target)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+from rla import files
+from rla.files import atomic_path
 
 
 def write_csv(frame: pd.DataFrame, target: str | Path) -> None:
@@ -38,8 +21,7 @@ def write_parquet(frame: pd.DataFrame, target: str | Path) -> None:
 
 
 def write_text(text: str, target: str | Path) -> None:
-    with atomic_path(target) as tmp:
-        tmp.write_text(text)
+    files.write_text(target, text)
 
 
 def to_markdown(frame: pd.DataFrame, float_format: str = "{:.4g}") -> str:

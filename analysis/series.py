@@ -22,6 +22,8 @@ def trailing_mean(values: np.ndarray, window: int, full_windows_only: bool = Fal
     fewer points.
     """
     values = np.asarray(values, dtype=np.float64)
+    if not len(values):
+        return values
     sums = np.convolve(values, np.ones(window), "full")[: len(values)]
     means = sums / np.minimum(np.arange(1, len(values) + 1), window)
     return means[window - 1:] if full_windows_only else means

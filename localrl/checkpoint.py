@@ -6,7 +6,6 @@ save leaves the previous checkpoint intact; older ones are pruned after a succes
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import signal
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from rla.files import atomic_path
 
 _NAME = re.compile(r"step_(\d+)\.pt$")
 
@@ -35,9 +36,8 @@ def save(ckpt_dir: str | Path, step: int, state: dict, keep: int = 1) -> Path:
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     path = ckpt_dir / f"step_{step:06d}.pt"
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save({"step": step, **state}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({"step": step, **state}, tmp)
     for old in list_checkpoints(ckpt_dir)[:-keep]:
         old.unlink()
     return path

@@ -6,11 +6,11 @@ Both backends read these files: verl through its RLHF dataset, the local backend
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pandas as pd
 
+from rla.files import atomic_path
 from localrl.task import ABILITY, DATA_SOURCE, TaskSettings, chat_messages, make_split
 
 COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
@@ -36,9 +36,8 @@ def write_splits(settings: TaskSettings, out_dir: str | Path) -> dict[str, Path]
     paths = {}
     for split in ("train", "test"):
         path = out_dir / f"{split}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        split_frame(settings, split).to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            split_frame(settings, split).to_parquet(tmp, index=False)
         paths[split] = path
         print(f"wrote {path}")
     return paths

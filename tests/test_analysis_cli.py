@@ -129,3 +129,55 @@ def test_module_runs_alone_without_any_backend(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
     assert (tmp_path / "tables" / "stability.csv").exists()  # default tables dir: <runs>/../tables
+
+
+def test_damaged_logs_never_stop_the_analysis(grid, recwarn):
+    """Empty, all-garbage, NaN-only and truncated logs: each named (file:line) in a warning and given a
+    no_data / flagged row; every other run's tables and figures are still written."""
+    runs = grid / "runs"
+    damaged = {"empty": b"", "garbage": b"not json\n{also not\n",
+               "nan_only": b'{"step": 1, "data": {"critic/score/mean": null, "actor/grad_norm": null}}\n'
+                           b'{"step": 2, "data": {"critic/score/mean": null, "actor/grad_norm": null}}\n',
+               "truncated": b'{"step": 1, "data": {"critic/score/mean": 0.5}}\n{"step": 2, "da'}
+    for model, content in damaged.items():
+        cell = runs / model / "none" / "seed0"
+        cell.mkdir(parents=True)
+        (cell / "metrics.jsonl").write_bytes(content)
+    tables, figures = grid / "tables", grid / "figures"
+    assert main(["all", "--runs", str(runs), "--config", str(CONFIG), "--tables", str(tables),
+                 "--figures", str(figures)]) == 0
+    err = "\n".join(str(w.message) for w in recwarn)
+    for model, where in [("empty", "metrics.jsonl: run has no data (empty file)"),
+                         ("garbage", "metrics.jsonl:1: malformed line"),
+                         ("nan_only", "metrics.jsonl:1: 4 non-finite value(s)"),
+                         ("truncated", "metrics.jsonl:2: truncated last line")]:
+        assert f"{model}/none/seed0/{where}" in err, (model, err)
+    stability = pd.read_csv(tables / "stability.csv").set_index("model")
+    assert stability.loc["empty", "reason"] == stability.loc["garbage", "reason"] == "no_data"
+    assert stability.loc["nan_only", "collapsed"] and stability.loc["nan_only", "n_nonfinite"] == 4
+    assert stability.loc["truncated", "steps"] == 1
+    assert len(stability) == 12 + 4
+    metrics = pd.read_parquet(tables / "metrics.parquet")
+    assert metrics["run"].nunique() == 12 + 2  # the two runs with readable steps
+    assert_all_figures(figures)
+
+
+def test_figures_and_tables_are_byte_reproducible_and_readable(grid, tmp_path):
+    """The same logs give the same bytes (no dates in PDF or PNG metadata); files honour the umask."""
+    import os
+
+    outputs = []
+    previous = os.umask(0o022)
+    try:
+        for name in ("a", "b"):
+            tables, figures = tmp_path / name / "tables", tmp_path / name / "figures"
+            assert main(["all", "--runs", str(grid / "runs"), "--config", str(CONFIG), "--tables", str(tables),
+                         "--figures", str(figures), "-q"]) == 0
+            outputs.append({p.relative_to(tmp_path / name): p for p in (tmp_path / name).rglob("*") if p.is_file()})
+    finally:
+        os.umask(previous)
+    first, second = outputs
+    assert sorted(first) == sorted(second) and len(first) >= 2 * len(FIGURES) + 4
+    for rel in first:
+        assert first[rel].read_bytes() == second[rel].read_bytes(), rel
+        assert first[rel].stat().st_mode & 0o777 == 0o644, rel

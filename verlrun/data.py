@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from rla.files import atomic_path
+
 
 @dataclass(frozen=True)
 class Format:
@@ -123,9 +125,8 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
             frame = frame.head(int(limit))
         rows = to_verl_rows(frame, fmt, split, data_cfg.get("instruction"))
         path = out_dir / f"{split}.parquet"
-        tmp = out_dir / f".{split}.parquet.tmp"
-        rows.to_parquet(tmp, index=False)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            rows.to_parquet(tmp, index=False)
         written[split] = path
         print(f"{split}: {len(rows)} rows from {part['source']} -> {path}", flush=True)
     return written
