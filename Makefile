@@ -25,7 +25,7 @@ NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test
             tests/test_patches_backward.py tests/test_probe.py
 test-isa: $(STAMP)
 	$(PY) -m pytest -q $(NUMERICS)
-	ATEN_CPU_CAPABILITY=avx2 TEST_INDUCTOR_SIMDLEN=256 $(PY) -m pytest -q $(NUMERICS)
+	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest -q $(NUMERICS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -1,16 +1,17 @@
 """Read run logs (verl file-logger format) into tidy tables.
 
 Layout: ``{runs}/{model}/{ablation}/seed{seed}/`` holds ``metrics.jsonl`` (one JSON line per step,
-``{"step": N, "data": {metric: value}}``) and, after a resumed run, earlier parts
-``metrics.part-*.jsonl``. Parts are read in name order, then ``metrics.jsonl``; when a step appears
+``{"step": N, "data": {metric: value}}``), or ``metrics.running.jsonl`` for a cell that has not
+finished, and, after a resumed verl run, earlier parts ``metrics.part-*.jsonl``
+(:mod:`rla.metricslog`). Parts are read in name order, then the main file; when a step appears
 twice the later record replaces the earlier one as a whole (a resumed run re-logs whole steps).
+Earlier runs moved aside by a rerun (``seed0.replaced-<time>``) are not read.
 
 What real runs leave behind, and what happens to it (each announced with a :class:`LogWarning`
 that names the file and line, so nothing is dropped silently):
 
-- a truncated last line (crash mid-write): dropped;
-- a malformed line elsewhere, or a line without an integer ``step`` and a ``data`` mapping: skipped;
-- an unreadable file: skipped;
+- a truncated last line (crash mid-write), a malformed line, a line without an integer ``step``
+  and a ``data`` mapping, an unreadable file: skipped (:func:`rla.metricslog.read`);
 - a run directory without any metrics: kept as a run with no steps (stability reports steps=0);
 - non-numeric values (strings, lists): dropped;
 - NaN / inf values are kept. verl's file logger writes them with orjson, which turns NaN and
@@ -23,7 +24,6 @@ numpy once per run, never row by row through pandas.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -35,15 +35,13 @@ import numpy as np
 import pandas as pd
 from pandas.api.types import union_categoricals
 
+from rla import metricslog
+from rla.cells import REPLACED
+from rla.metricslog import LogWarning
+
 log = logging.getLogger(__name__)
 
 SEED_DIR = re.compile(r"^seed(\d+)$")
-METRICS_FILE = "metrics.jsonl"
-PART_GLOB = "metrics.part-*.jsonl"
-
-
-class LogWarning(UserWarning):
-    """A problem found in a run's log files (the message names the file, and the line if any)."""
 
 
 @dataclass
@@ -77,9 +75,11 @@ def find_run_dirs(runs_dir: str | Path) -> list[Path]:
             continue
         if SEED_DIR.match(cell.name):
             found.append(cell)
-        elif (cell / METRICS_FILE).exists():
+        elif REPLACED in cell.name:  # a cell's earlier run, moved aside by a rerun (rla.cells)
+            log.info("%s: an earlier run moved aside; not read", cell)
+        elif (cell / metricslog.METRICS).exists():
             warnings.warn(
-                f"{cell}: has a {METRICS_FILE} but its name is not seed<N>; skipped "
+                f"{cell}: has a {metricslog.METRICS} but its name is not seed<N>; skipped "
                 "(expected {model}/{ablation}/seed<N>/)",
                 LogWarning,
                 stacklevel=2,
@@ -87,55 +87,10 @@ def find_run_dirs(runs_dir: str | Path) -> list[Path]:
     return found
 
 
-def metrics_files(run_dir: Path) -> list[Path]:
-    """The run's metrics files in reading order: parts by name, then ``metrics.jsonl``."""
-    files = sorted(run_dir.glob(PART_GLOB))
-    if (run_dir / METRICS_FILE).exists():
-        files.append(run_dir / METRICS_FILE)
-    return files
-
-
 def _read_records(path: Path, records: dict[int, dict], origins: dict[int, str]) -> None:
     """Parse one metrics file into ``records`` (step -> data) and ``origins`` (step -> "file:line");
     later lines replace earlier ones."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        warnings.warn(f"{path}: unreadable, skipped ({err})", LogWarning, stacklevel=3)
-        return
-    try:
-        lines = raw.decode("utf-8").splitlines()  # str parses faster than bytes
-    except UnicodeDecodeError:
-        lines = raw.splitlines()  # json.loads then reports the bad line itself
-    while lines and not lines[-1].strip():
-        lines.pop()
-    last = len(lines)
-    for number, line in enumerate(lines, start=1):
-        try:
-            entry = json.loads(line)
-        except ValueError as err:  # JSONDecodeError and bad UTF-8 alike
-            if not line.strip():
-                continue
-            if number == last:
-                warnings.warn(
-                    f"{path}:{number}: truncated last line dropped (a crash mid-write?)",
-                    LogWarning,
-                    stacklevel=3,
-                )
-            else:
-                warnings.warn(f"{path}:{number}: malformed line skipped ({err})", LogWarning, stacklevel=3)
-            continue
-        step = entry.get("step") if isinstance(entry, dict) else None
-        data = entry.get("data") if isinstance(entry, dict) else None
-        if isinstance(step, float) and step.is_integer():
-            step = int(step)
-        if not isinstance(step, int) or isinstance(step, bool) or not isinstance(data, dict):
-            warnings.warn(
-                f'{path}:{number}: line is not {{"step": <int>, "data": {{...}}}}; skipped',
-                LogWarning,
-                stacklevel=3,
-            )
-            continue
+    for number, step, data in metricslog.read(path, stacklevel=4):
         records[step] = data
         origins[step] = f"{path}:{number}"
 
@@ -184,7 +139,7 @@ def load_run(run_dir: str | Path) -> Run:
 
     records: dict[int, dict] = {}
     origins: dict[int, str] = {}
-    files = metrics_files(run_dir)
+    files = metricslog.cell_files(run_dir)
     for path in files:
         _read_records(path, records, origins)
 
@@ -246,7 +201,7 @@ def load_runs(runs_dir: str | Path) -> list[Run]:
     run_dirs = find_run_dirs(runs_dir)
     if not run_dirs:
         raise FileNotFoundError(
-            f"no runs found under {runs_dir} (expected {{model}}/{{ablation}}/seed<N>/{METRICS_FILE})"
+            f"no runs found under {runs_dir} (expected {{model}}/{{ablation}}/seed<N>/{metricslog.METRICS})"
         )
     runs = []
     for i, run_dir in enumerate(run_dirs, start=1):

@@ -1,9 +1,9 @@
 """Command line of the local backend.
 
-    python -m localrl prepare-data --config CFG --out results/data/tiny
-    python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/models/NAME
+    python -m localrl prepare-data --config CFG --out results/tiny/data
+    python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/tiny/models/NAME
     python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
-    python -m localrl probe --config CFG --model NAME --out results/probe/NAME
+    python -m localrl probe --config CFG --model NAME --out results/tiny/probe/NAME
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _prepare_data(args, cfg):
 
 def _warmstart(args, cfg):
     from localrl.config import model_spec
-    from localrl.run import default_paths
+    from localrl.config import default_paths
     from localrl.warmstart import warmstart, warmstart_settings
 
     model_spec(cfg, args.model)  # fail on an unknown model or setting before any work
@@ -37,11 +37,12 @@ def _warmstart(args, cfg):
 
 def _train(args, cfg):
     from localrl.config import resolve_cell
-    from localrl.run import default_paths, train_cell
+    from localrl.config import default_paths
+    from localrl.run import train_cell
 
     cell = resolve_cell(cfg, args.model, args.ablation, args.seed, args.steps)
     data, model_dir = default_paths(cfg, args.model)
-    train_cell(cell, args.out, args.model_dir or model_dir, args.data or data, progress=not args.no_progress)
+    train_cell(cell, args.out, args.model_dir or model_dir, args.data or data)
 
 
 def _probe(args, cfg):
@@ -61,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warmstart", help="supervised warm start of one tiny model")
     w.add_argument("--config", required=True)
     w.add_argument("--model", required=True)
-    w.add_argument("--data", help="data dir (default: {results_dir}/data/{profile})")
+    w.add_argument("--data", help="data dir (default: {results_dir}/data)")
     w.add_argument("--out", required=True)
 
     t = sub.add_parser("train", help="run (or resume) one grid cell")
@@ -71,9 +72,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, help="override the config's steps")
-    t.add_argument("--data", help="data dir (default: {results_dir}/data/{profile})")
+    t.add_argument("--data", help="data dir (default: {results_dir}/data)")
     t.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     from localrl.probe import add_parser as add_probe_parser
 
     pr = add_probe_parser(sub)

@@ -1,7 +1,8 @@
 """Checkpoints of a cell (weights, optimizer, RNG and data-order state) and stop-on-signal.
 
 Layout: `checkpoints/step_NNNNNN.pt`, written to a temporary file and renamed, so a kill during a
-save leaves the previous checkpoint intact; older ones are pruned after a successful save.
+save leaves the previous checkpoint intact; older ones are pruned after a successful save. A
+checkpoint also holds the cell's identity, its `steps` and its metric lines so far (`localrl.run`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,10 +61,13 @@ def load_latest(ckpt_dir: str | Path) -> dict | None:
 
 
 class StopFlag:
-    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits non-zero."""
+    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits non-zero. The
+    signal is acknowledged at once on stderr with `describe()` (what happens before the exit: a step
+    can take long, the first one compiles)."""
 
-    def __init__(self):
+    def __init__(self, describe=lambda: "finishing the current step"):
         self.signum: int | None = None
+        self.describe = describe
         self._previous = {}
 
     def __enter__(self):
@@ -72,6 +77,7 @@ class StopFlag:
 
     def _handle(self, signum, frame):
         self.signum = signum
+        print(f"received {signal.Signals(signum).name}: {self.describe()}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from rla import layout
+
 # The contract's ablation names (patches.ABLATIONS holds the same keys once patches is importable).
 CONTRACT_ABLATIONS = ("none", "rope", "swiglu", "rmsnorm", "all")
 
@@ -39,6 +41,11 @@ POSITIVE_INTS = ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "mi
 
 class ConfigError(ValueError):
     """A bad configuration value; the message names the value and the allowed ones."""
+
+
+def default_paths(cfg: dict, model: str) -> tuple[Path, Path]:
+    """(data dir, warm-started model dir) as the workflow lays them out (`rla.layout`)."""
+    return layout.data_dir(cfg), layout.model_dir(cfg, model)
 
 
 def load_config(path: str | Path) -> dict:

@@ -6,7 +6,7 @@ The mismatch metrics come from verl's own helpers: `rollout_corr/*` from
 
 verl's FileLogger opens its file with "wb" (a resumed run would truncate it), so the file is written
 here in the same format - one `{"step": N, "data": {...}}` line per step, serialized with orjson
-as verl does - but appended, and truncated to the checkpointed step on resume.
+as verl does - but appended, and rewritten from the checkpoint on resume (`rla.metricslog`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from pathlib import Path
 
 import orjson
 import torch
+
+from rla import files
+from rla.metricslog import METRICS, RUNNING
 
 REQUIRED = (
     "rollout_corr/k3_kl", "rollout_corr/kl", "rollout_corr/log_ppl_abs_diff",
@@ -58,34 +61,29 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
     }
 
 
-class MetricsFile:
-    """Append-only metrics.jsonl in verl's file-logger format."""
+class MetricsLog:
+    """A cell's metric lines in verl's file-logger format: appended to `metrics.running.jsonl` as the
+    steps go, kept in memory too (they go into every checkpoint, so a resumed cell rewrites exactly
+    its checkpoint's lines), and written as `metrics.jsonl` when the cell has finished its steps."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, cell_dir: str | Path, lines: list[bytes] = ()):
+        self.cell_dir, self.lines = Path(cell_dir), list(lines)
+        (self.cell_dir / METRICS).unlink(missing_ok=True)  # only a finished cell has one
+        files.write_bytes(self.running, b"".join(self.lines))
+
+    @property
+    def running(self) -> Path:
+        return self.cell_dir / RUNNING
 
     def log(self, data: dict, step: int) -> None:
         line = orjson.dumps({"step": step, "data": data}, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
-        with open(self.path, "ab") as fp:
+        with open(self.running, "ab") as fp:
             fp.write(line)
             fp.flush()
             os.fsync(fp.fileno())
+        self.lines.append(line)
 
-    def read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        rows = []
-        for raw in self.path.read_bytes().splitlines():
-            try:
-                rows.append(orjson.loads(raw))
-            except orjson.JSONDecodeError:  # a line cut by a kill: never part of a checkpoint
-                continue
-        return rows
-
-    def truncate_to(self, step: int) -> int:
-        """Keep the lines of steps <= `step` (the checkpoint); rewrite atomically. Returns lines kept."""
-        keep = [r for r in self.read() if r["step"] <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_bytes(b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for r in keep))
-        os.replace(tmp, self.path)
-        return len(keep)
+    def finish(self) -> Path:
+        target = files.write_bytes(self.cell_dir / METRICS, b"".join(self.lines))
+        self.running.unlink()
+        return target

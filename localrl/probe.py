@@ -341,7 +341,7 @@ def add_parser(subparsers):
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True, help="output dir, e.g. results/probe/NAME")
     p.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
-    p.add_argument("--data", help="data dir with test.parquet (default: {results_dir}/data/{profile})")
+    p.add_argument("--data", help="data dir with test.parquet (default: {results_dir}/data)")
     p.add_argument("--n-prompts", type=int, default=128, help="test prompts to probe (default 128)")
     p.add_argument("--max-new-tokens", type=int, help="response length (default: the config's rl.max_new_tokens)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt choice and the sampling (default 0)")
@@ -373,7 +373,7 @@ def main(args, cfg: dict | None = None) -> int:
 
     from localrl.config import ConfigError, load_config, model_spec, rl_settings
     from localrl.data import load_split
-    from localrl.run import default_paths
+    from localrl.config import default_paths
     from localrl.task import render_prompt
     from localrl.trainer import Trainer
 
@@ -400,8 +400,7 @@ def main(args, cfg: dict | None = None) -> int:
     prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
     # The training model exactly as the RL loop builds it (bf16 compute copy, fp32 buffers, shared
     # kernels); "all" makes the trainer check that the patches cover every layer of this model.
-    trainer = Trainer(str(model_dir), {**rl, "temperature": 1.0}, "all")
-    try:
+    with Trainer(str(model_dir), {**rl, "temperature": 1.0}, "all") as trainer:
         engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
         longest = max(map(len, prompts)) + max_new_tokens
         if longest > engine.max_positions:
@@ -414,8 +413,6 @@ def main(args, cfg: dict | None = None) -> int:
         rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
         log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
         result = run_probe(trainer.model, engine, rollout, position_bin, log=log)
-    finally:
-        patches.remove()
     out = Path(args.out)
     for path in result.write(out):
         log(f"wrote {path}")

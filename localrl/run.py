@@ -1,9 +1,13 @@
 """One grid cell: the RL loop (rollout on the engine, update on the trainer), logged as verl logs.
 
+    rig = build_rig(cell, model_dir, data_dir)       # trainer, engine, prompts, sampler, generators
+    metrics = rl_step(rig, step)                     # one RL step -> verl-named metrics
+    train_cell(cell, out_dir, model_dir, data_dir)  # the loop: identity check, resume, log, checkpoint
+
 Per step: sample prompts -> engine generates `samples_per_prompt` responses each (with processed
 logprobs) -> verl's gsm8k scorer -> trainer recomputes old log-probs -> GRPO advantages -> one PPO
-epoch -> bf16 weights to the engine -> one metrics line. Checkpoints every `checkpoint_every`
-steps and on SIGTERM/SIGINT; a restarted cell resumes from its last checkpoint.
+epoch -> bf16 weights to the engine -> one metrics line. Checkpoints every `checkpoint_every` steps
+and on SIGTERM/SIGINT. A rerun resumes only from a checkpoint of the same cell (`rla.cells`).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,29 +26,14 @@ import yaml
 
 from localrl import checkpoint
 from localrl.config import ConfigError
-from localrl.metrics import MetricsFile, data_metrics, mismatch_metrics
+from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
 from localrl.task import render_prompt, score
+from rla import cells, files
 
 log = logging.getLogger("localrl")
 
-
-def default_paths(cfg: dict, model: str) -> tuple[Path, Path]:
-    """(data dir, warm-started model dir) as the workflow lays them out under results_dir."""
-    root = Path(cfg.get("results_dir", "results"))
-    return root / "data" / cfg.get("profile", "tiny"), root / "models" / model
-
-
-def _setup_logging(path: Path, echo: bool) -> list[logging.Handler]:
-    """train.log in the cell (appended across resumes); echoed to stderr when there is no bar."""
-    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a")]
-    if echo:
-        handlers.append(logging.StreamHandler(sys.stderr))
-    for h in handlers:
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        log.addHandler(h)
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    return handlers
+# rl settings that change how a cell is run, not what it computes: not part of its identity.
+OPERATIONAL_RL_KEYS = ("checkpoint_every",)
 
 
 class PromptSampler:
@@ -70,6 +60,155 @@ class PromptSampler:
         self.perm, self.cursor = state["perm"], state["cursor"]
 
 
+@dataclass
+class Rig:
+    """Everything one cell's RL loop holds. A context manager: leaving it removes the patches."""
+
+    cell: dict
+    trainer: object
+    engine: object
+    tokenizer: object
+    prompts: list[list[int]]
+    truths: list[str]
+    val_prompts: list[list[int]]
+    val_truths: list[str]
+    sampler: PromptSampler
+    gens: dict[str, torch.Generator]
+
+    def __enter__(self) -> "Rig":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.trainer.close()
+
+    def state_dict(self) -> dict:
+        return {"trainer": self.trainer.state_dict(), "sampler": self.sampler.state_dict(),
+                "rng": checkpoint.rng_state(self.gens)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trainer.load_state_dict(state["trainer"])
+        self.sampler.load_state_dict(state["sampler"])
+        checkpoint.set_rng_state(state["rng"], self.gens)
+        self.engine.load_weights(self.trainer.weights_for_engine())
+
+
+def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path) -> Rig:
+    """Trainer (patched for the cell's ablation), engine, tokenized prompts and seeded generators."""
+    from transformers import AutoTokenizer
+
+    from localrl.data import load_split
+    from localrl.engine.engine import Engine
+    from localrl.trainer import Trainer
+
+    seed, rl = cell["seed"], cell["rl"]
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    gens = {"data": torch.Generator().manual_seed(seed), "sampling": torch.Generator().manual_seed(seed + 1)}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def encode(frame):
+        return ([tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]],
+                [rm["ground_truth"] for rm in frame["reward_model"]])
+
+    prompts, truths = encode(load_split(data_dir, "train"))
+    val_prompts, val_truths = encode(load_split(data_dir, "test").iloc[: rl["val_size"]])
+    trainer = Trainer(str(model_dir), rl, cell["ablation"])
+    engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine.load_weights(trainer.weights_for_engine())
+    return Rig(cell, trainer, engine, tokenizer, prompts, truths, val_prompts, val_truths,
+               PromptSampler(len(prompts), gens["data"]), gens)
+
+
+def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+    return [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask)]
+
+
+def validate(rig: Rig) -> float:
+    """Greedy score on the test prompts (verl's validation default: do_sample=False)."""
+    out = rig.engine.generate(rig.val_prompts, rig.cell["rl"]["max_new_tokens"], greedy=True)
+    texts = _decode(rig.tokenizer, out.responses, out.response_mask)
+    return float(np.mean([score(t, g) for t, g in zip(texts, rig.val_truths)]))
+
+
+def rl_step(rig: Rig, step: int) -> dict[str, float]:
+    """One RL step; returns its metrics under verl's names."""
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    from localrl.trainer import Batch
+
+    rl, trainer = rig.cell["rl"], rig.trainer
+    t_step, metrics = time.perf_counter(), {}
+    if rl["val_every"] and (step == 1 or step % rl["val_every"] == 0 or step == rig.cell["steps"]):
+        metrics["val/score/mean"] = validate(rig)
+
+    n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
+    idx = rig.sampler.take(n)
+    t0 = time.perf_counter()
+    out = rig.engine.generate([rig.prompts[i] for i in idx for _ in range(group)],  # a prompt's samples together
+                              rl["max_new_tokens"], rl["temperature"], rig.gens["sampling"])
+    metrics["timing_s/gen"] = time.perf_counter() - t0
+    texts = _decode(rig.tokenizer, out.responses, out.response_mask)
+    scores = torch.tensor([score(t, rig.truths[i]) for t, i in zip(texts, np.repeat(idx, group))])
+    batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask, rollout_log_probs=out.logprobs)
+
+    t0 = time.perf_counter()
+    batch.old_log_probs, entropy = trainer.compute_log_probs(batch)
+    if trainer.ref is not None:
+        batch.ref_log_probs, _ = trainer.compute_log_probs(batch, trainer.ref)
+    metrics["timing_s/old_log_prob"] = time.perf_counter() - t0
+    metrics["actor/entropy"] = agg_loss(entropy, batch.response_mask.float(), rl["loss_agg_mode"]).item()
+    batch.advantages = trainer.grpo_advantages(scores, batch.response_mask, np.repeat(np.arange(n), group))
+
+    t0 = time.perf_counter()
+    metrics.update(trainer.update(batch))
+    rig.engine.load_weights(trainer.weights_for_engine())
+    metrics["timing_s/update"] = time.perf_counter() - t0
+
+    metrics.update(mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask,
+                                    batch.responses))
+    metrics.update(data_metrics(scores, batch.advantages, batch.response_mask, rl["max_new_tokens"]))
+    metrics["timing_s/step"] = time.perf_counter() - t_step
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# One cell, start to end
+
+
+def cell_identity(cell: dict, model_dir: Path, data_dir: Path) -> dict:
+    """What the cell's results depend on (besides `steps`): see `rla.cells`."""
+    return cells.canonical({
+        "backend": "local", "model": cell["model"], "model_spec": cell["model_spec"],
+        "ablation": cell["ablation"], "seed": cell["seed"],
+        "rl": {k: v for k, v in cell["rl"].items() if k not in OPERATIONAL_RL_KEYS},
+        "data": cells.fingerprint(data_dir / "train.parquet", data_dir / "test.parquet"),
+        "initial_model": cells.fingerprint(model_dir / "model.safetensors"),
+    })
+
+
+def _previous(out_dir: Path) -> tuple[dict | None, int | None, dict | None, bool]:
+    """(identity, steps, last checkpoint, anything there?) of what the cell folder holds."""
+    state = checkpoint.load_latest(out_dir / "checkpoints")
+    if state is not None:
+        return state.get("identity"), state.get("steps"), state, True
+    config = out_dir / "config.yaml"
+    recorded = yaml.safe_load(config.read_text()) if config.exists() else None
+    has_results = config.exists() or (out_dir / "metrics.jsonl").exists()
+    return (recorded or {}).get("identity"), (recorded or {}).get("steps"), None, has_results
+
+
+def _setup_logging(path: Path) -> list[logging.Handler]:
+    """train.log in the cell (appended across resumes) and stderr (the workflow's log of the job)."""
+    handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a"), logging.StreamHandler(sys.stderr)]
+    for h in handlers:
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(h)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    return handlers
+
+
 def _wandb_run(cell: dict, out_dir: Path):
     """wandb in offline mode (sync later) when `wandb.enabled`; WANDB_MODE in the environment wins."""
     settings = cell.get("wandb") or {}
@@ -83,159 +222,74 @@ def _wandb_run(cell: dict, out_dir: Path):
                       id=name.replace("/", "-"))
 
 
-def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
-    return [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask)]
-
-
-def validate(engine, tokenizer, prompts: list[list[int]], truths: list[str], max_new_tokens: int) -> float:
-    """Greedy score on the test prompts (verl's validation default: do_sample=False)."""
-    out = engine.generate(prompts, max_new_tokens, greedy=True)
-    texts = _decode(tokenizer, out.responses, out.response_mask)
-    return float(np.mean([score(t, g) for t, g in zip(texts, truths)]))
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 100 else f"{seconds:.0f} s"
 
 
 def train_cell(cell: dict, out_dir: str | Path, model_dir: str | Path, data_dir: str | Path,
-               stop_after: int | None = None, progress: bool = True) -> int:
+               stop_after: int | None = None) -> int:
     """Run (or resume) one cell; returns the last completed step. `stop_after` stops like a
     preemption after that many steps of this call (checkpoint, return)."""
-    from transformers import AutoTokenizer
-
-    from localrl.data import load_split
-    from localrl.engine.engine import Engine
-    from localrl.trainer import Batch, Trainer
-
-    out_dir, model_dir = Path(out_dir), Path(model_dir)
-    if not (model_dir / "config.json").exists():
+    out_dir, model_dir, data_dir = Path(out_dir), Path(model_dir), Path(data_dir)
+    if not (model_dir / "model.safetensors").exists():
         raise ConfigError(f"warm-started model {model_dir} not found: run `python -m localrl warmstart "
                           f"--model {cell['model']} --out {model_dir}` first")
-    train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
-
-    rl, seed, steps = cell["rl"], cell["seed"], cell["steps"]
+    steps, identity = cell["steps"], cell_identity(cell, model_dir, data_dir)
+    old_identity, old_steps, state, has_results = _previous(out_dir)
+    plan = cells.plan(old_identity, old_steps, state["step"] if state else 0, has_results, identity, steps)
+    moved = cells.move_aside(out_dir) if plan.action == "replace" else None
     out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = {**cell, "model_dir": str(model_dir), "data_dir": str(data_dir)}
-    tmp = out_dir / "config.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
-    os.replace(tmp, out_dir / "config.yaml")
-    handlers = _setup_logging(out_dir / "train.log", echo=not progress)
+    files.write_text(out_dir / "config.yaml", yaml.safe_dump(
+        {**cell, "model_dir": str(model_dir), "data_dir": str(data_dir), "identity": identity}, sort_keys=False))
+    handlers = _setup_logging(out_dir / "train.log")
     try:
-        return _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, progress,
-                     AutoTokenizer, Engine, Trainer, Batch)
+        log.info(f"cell {cell['model']}/{cell['ablation']}/seed{cell['seed']}: {plan.message}"
+                 + (f"; the previous folder is now {moved}" if moved else ""))
+        with build_rig(cell, model_dir, data_dir) as rig:
+            return _loop(rig, out_dir, state if plan.restores else None, identity, stop_after)
     finally:
         for h in handlers:
             log.removeHandler(h)
             h.close()
 
 
-def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, progress,
-          AutoTokenizer, Engine, Trainer, Batch) -> int:
-    from tqdm import tqdm
-    from verl.trainer.ppo.core_algos import agg_loss
-
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-    gens = {"data": torch.Generator().manual_seed(seed), "sampling": torch.Generator().manual_seed(seed + 1)}
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in train["prompt"]]
-    truths = [rm["ground_truth"] for rm in train["reward_model"]]
-    val_frame = test.iloc[: rl["val_size"]]
-    val_prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in val_frame["prompt"]]
-    val_truths = [rm["ground_truth"] for rm in val_frame["reward_model"]]
-
-    trainer = Trainer(str(model_dir), rl, cell["ablation"])
-    engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
-    sampler = PromptSampler(len(prompts), gens["data"])
-    metrics_file = MetricsFile(out_dir / "metrics.jsonl")
-    ckpt_dir = out_dir / "checkpoints"
-
-    state = checkpoint.load_latest(ckpt_dir)
+def _loop(rig: Rig, out_dir: Path, state: dict | None, identity: dict, stop_after: int | None) -> int:
+    steps, every = rig.cell["steps"], rig.cell["rl"]["checkpoint_every"]
     start = 0
     if state is not None:
         start = state["step"]
-        trainer.load_state_dict(state["trainer"])
-        sampler.load_state_dict(state["sampler"])
-        checkpoint.set_rng_state(state["rng"], gens)
-        kept = metrics_file.truncate_to(start)
-        log.info(f"resumed from checkpoint step {start} ({kept} metric lines kept)")
-    elif metrics_file.path.exists():
-        metrics_file.truncate_to(0)  # a run that died before its first checkpoint starts over
-    log.info(f"cell {cell['model']}/{cell['ablation']}/seed{seed}: steps {start + 1}..{steps}, "
-             f"regions {sorted(trainer.regions) or 'none'}")
-    engine.load_weights(trainer.weights_for_engine())
+        rig.load_state_dict(state)
+    metrics_log = MetricsLog(out_dir, state["metrics"] if state else [])
+    log.info(f"steps {start + 1}..{steps}, regions {sorted(rig.trainer.regions) or 'none'}; "
+             f"progress in {out_dir / 'train.log'}")
+    if start < steps:
+        log.info(f"step {start + 1} first compiles the engine's kernels (Inductor, a one-off 10-60 s on a CPU)")
+    run, began, step = _wandb_run(rig.cell, out_dir), time.perf_counter(), start
 
-    def save(step):
-        checkpoint.save(ckpt_dir, step, {"trainer": trainer.state_dict(), "sampler": sampler.state_dict(),
-                                         "rng": checkpoint.rng_state(gens)})
+    def save(at: int) -> None:
+        checkpoint.save(out_dir / "checkpoints", at, {"identity": identity, "steps": steps,
+                                                      "metrics": metrics_log.lines, **rig.state_dict()})
 
-    run = _wandb_run(cell, out_dir)
-    n, G = rl["prompts_per_step"], rl["samples_per_prompt"]
-    bar = tqdm(total=steps, initial=start, desc=f"{cell['model']}/{cell['ablation']}", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
-    step = start
-    with checkpoint.StopFlag() as stop:
+    with checkpoint.StopFlag(lambda: f"finishing step {step}, then saving a checkpoint") as stop:
         for step in range(start + 1, steps + 1):
-            t_step = time.perf_counter()
-            metrics = {}
-            val_every = rl["val_every"]
-            if val_every and (step == 1 or step % val_every == 0 or step == steps):
-                metrics["val/score/mean"] = validate(engine, tokenizer, val_prompts, val_truths,
-                                                     rl["max_new_tokens"])
-
-            idx = sampler.take(n)
-            batch_prompts = [prompts[i] for i in idx for _ in range(G)]  # each prompt's samples together
-            group_ids = np.repeat(np.arange(n), G)
-            t0 = time.perf_counter()
-            out = engine.generate(batch_prompts, rl["max_new_tokens"], rl["temperature"], gens["sampling"])
-            metrics["timing_s/gen"] = time.perf_counter() - t0
-
-            texts = _decode(tokenizer, out.responses, out.response_mask)
-            scores = torch.tensor([score(t, truths[i]) for t, i in zip(texts, np.repeat(idx, G))])
-            batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask,
-                          rollout_log_probs=out.logprobs)
-
-            t0 = time.perf_counter()
-            batch.old_log_probs, entropy = trainer.compute_log_probs(batch)
-            if trainer.ref is not None:
-                batch.ref_log_probs, _ = trainer.compute_log_probs(batch, trainer.ref)
-            metrics["timing_s/old_log_prob"] = time.perf_counter() - t0
-            mask = batch.response_mask.float()
-            metrics["actor/entropy"] = agg_loss(entropy, mask, rl["loss_agg_mode"]).item()
-            batch.advantages = trainer.grpo_advantages(scores, batch.response_mask, group_ids)
-
-            t0 = time.perf_counter()
-            metrics.update(trainer.update(batch))
-            engine.load_weights(trainer.weights_for_engine())
-            metrics["timing_s/update"] = time.perf_counter() - t0
-
-            metrics.update(mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs,
-                                            batch.response_mask, batch.responses))
-            metrics.update(data_metrics(scores, batch.advantages, batch.response_mask, rl["max_new_tokens"]))
-            metrics["timing_s/step"] = time.perf_counter() - t_step
-            metrics_file.log(metrics, step)
+            metrics = rl_step(rig, step)
+            metrics_log.log(metrics, step)
             if run is not None:
                 run.log(metrics, step=step)
-
-            bar.update(1)
-            bar.set_postfix(score=f"{metrics['critic/score/mean']:.2f}",
-                            k3=f"{metrics['rollout_corr/k3_kl']:.1e}")
-            log.info(f"step {step}: score {metrics['critic/score/mean']:.3f} "
-                     f"k3_kl {metrics['rollout_corr/k3_kl']:.3e} grad_norm {metrics['actor/grad_norm']:.3f} "
-                     f"({metrics['timing_s/step']:.2f}s)")
-
+            elapsed = time.perf_counter() - began
+            log.info(f"step {step}/{steps} score {metrics['critic/score/mean']:.3f} "
+                     f"k3 {metrics['rollout_corr/k3_kl']:.2e} grad_norm {metrics['actor/grad_norm']:.3f} | "
+                     f"{_duration(elapsed)} elapsed, ETA {_duration(elapsed / (step - start) * (steps - step))}")
             preempted = stop_after is not None and step - start >= stop_after
-            if step % rl["checkpoint_every"] == 0 or step == steps or stop.requested or preempted:
+            if step % every == 0 or step == steps or stop.requested or preempted:
                 save(step)
             if stop.requested:
-                bar.close()
-                msg = f"stopped by signal {stop.signum} after step {step}; checkpoint saved, rerun to resume"
-                log.warning(msg)
-                print(msg, file=sys.stderr)
+                log.warning(f"stopped by signal {stop.signum} after step {step}; checkpoint saved, rerun to resume")
                 raise SystemExit(128 + stop.signum)
             if preempted:
                 break
-    bar.close()
     if run is not None:
         run.finish()
-    log.info(f"done: step {step}/{steps}")
+    if step == steps:
+        log.info(f"done: step {step}/{steps}; wrote {metrics_log.finish()}")
     return step

@@ -55,6 +55,9 @@ def policy_loss_config(rl: dict, batch_num_tokens: int | None = None):
 
 
 class Trainer:
+    """The policy under training. Patching is process-wide: `close()` (or leaving a `with Trainer(...)`
+    block) gives the process back stock transformers."""
+
     def __init__(self, model_dir: str, rl: dict, ablation: str):
         import patches
         from transformers import AutoModelForCausalLM
@@ -74,6 +77,17 @@ class Trainer:
             self.ref = use_local_kernels(self._compute_copy(self.master)).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl["lr"], betas=tuple(rl["betas"]),
                                            weight_decay=rl["weight_decay"])
+
+    def close(self) -> None:
+        import patches
+
+        patches.remove()
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @staticmethod
     def _compute_copy(master):

@@ -6,11 +6,8 @@ import torch
 os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 # Another vector ISA on this machine (`make test-isa`): ATEN_CPU_CAPABILITY=avx2 picks ATen's kernels,
-# TEST_INDUCTOR_SIMDLEN=256 Inductor's generated code (Inductor has no environment variable for it).
-if os.environ.get("TEST_INDUCTOR_SIMDLEN"):
-    import torch._inductor.config
-
-    torch._inductor.config.cpp.simdlen = int(os.environ["TEST_INDUCTOR_SIMDLEN"])
+# RLA_INDUCTOR_SIMDLEN=256 Inductor's generated code (applied by `import localrl`).
+import localrl  # noqa: E402,F401
 # Past its recompile limit a compiled function silently runs eagerly, and a fused-vs-eager comparison
 # would compare eager with itself: make that an error.
 torch._dynamo.config.fail_on_recompile_limit_hit = True

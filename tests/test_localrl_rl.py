@@ -147,7 +147,7 @@ def _train(setup, out, steps, stop_after=None, seed=0):
     from localrl.run import train_cell
 
     cell = resolve_cell(setup["cfg"], MODEL, "none", seed, steps)
-    return train_cell(cell, out, setup["model"], setup["data"], stop_after=stop_after, progress=False)
+    return train_cell(cell, out, setup["model"], setup["data"], stop_after=stop_after)
 
 
 def test_trainer_step_changes_weights_and_logs_every_metric(setup, tmp_path):
@@ -174,14 +174,16 @@ def test_resume_matches_uninterrupted_run_bit_for_bit(setup, tmp_path):
     full, parted = tmp_path / "full", tmp_path / "parted"
     _train(setup, full, 5)
     assert _train(setup, parted, 5, stop_after=3) == 3  # preempted after step 3 (checkpointed)
-    # a step logged after the checkpoint and a line cut by the kill must not survive the resume
-    with open(parted / "metrics.jsonl", "ab") as fp:
+    # a stopped cell has no metrics.jsonl, only its running file: a step logged after the checkpoint
+    # and a line cut by the kill must not survive the resume
+    assert not (parted / "metrics.jsonl").exists()
+    with open(parted / "metrics.running.jsonl", "ab") as fp:
         fp.write(b'{"step": 4, "data": {"critic/score/mean": 9.0}}\n{"step": 5, "da')
     _train(setup, parted, 5)
     a, b = _rows(full / "metrics.jsonl"), _rows(parted / "metrics.jsonl")
     assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
     assert _without_timings(a) == _without_timings(b)
-    assert "resumed from checkpoint step 3" in (parted / "train.log").read_text()
+    assert "resuming from the checkpoint at step 3 of 5" in (parted / "train.log").read_text()
     # a different seed gives a different run (the comparison above is not vacuous)
     other = tmp_path / "other"
     _train(setup, other, 2, seed=1)
@@ -200,11 +202,11 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes(setup, tmp_path):
     def cmd(steps):
         return [sys.executable, "-m", "localrl", "train", "--config", str(config), "--model", MODEL, "--ablation",
                 "none", "--seed", "0", "--out", str(out), "--steps", str(steps), "--data", str(setup["data"]),
-                "--model-dir", str(setup["model"]), "--no-progress"]
+                "--model-dir", str(setup["model"])]
 
     env = {**os.environ, "WANDB_MODE": "disabled"}
     proc = subprocess.Popen(cmd(30), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    metrics = out / "metrics.jsonl"
+    metrics = out / "metrics.running.jsonl"
     deadline = time.time() + 300
     while not (metrics.exists() and metrics.read_bytes().count(b"\n") >= 2):
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read().decode()[-2000:]
@@ -212,9 +214,10 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes(setup, tmp_path):
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=300)[0].decode()
     assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
-    assert "checkpoint saved" in output
+    assert "checkpoint saved" in output and "received SIGTERM: finishing step" in output
     stopped_at = _rows(metrics)[-1]["step"]
     assert 2 <= stopped_at < 30
     done = subprocess.run(cmd(stopped_at + 2), env=env, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
-    assert [r["step"] for r in _rows(metrics)] == list(range(1, stopped_at + 3))
+    assert [r["step"] for r in _rows(out / "metrics.jsonl")] == list(range(1, stopped_at + 3))
+    assert not metrics.exists()

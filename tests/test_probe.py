@@ -182,7 +182,7 @@ def tiny_setup(tmp_path_factory):
                                  "intermediate_size": 128}},
            "warmstart": {"steps": 2, "batch_size": 8, "eval_size": 2, "max_new_tokens": 2},
            "rl": {"max_new_tokens": 6}}
-    data = root / "results" / "data" / "t"
+    data = root / "results" / "data"
     write_splits(TaskSettings(n_train=32, n_test=12), data)
     warmstart(cfg, "m", data, root / "results" / "models" / "m")
     import yaml
@@ -220,3 +220,20 @@ def test_bad_input_is_a_clear_error_and_keeps_earlier_results(tiny_setup, tmp_pa
     assert (out / "subsets.csv").read_text() == "earlier,result\n"
     assert sorted(p.name for p in out.iterdir()) == ["subsets.csv"]
     shutil.rmtree(out)
+
+
+def test_figures_only_redraws_run_and_probe_figures_from_cached_files(probed, tmp_path):
+    """`snakemake figures_only`, for real: the runs' figures and the probe's, from files already there."""
+    from analysis.synthetic import write_grid
+    from tests.test_workflow import copy_workflow, snakemake
+
+    work = copy_workflow(tmp_path / "wf")
+    results = work / "results/tiny"
+    write_grid(results / "runs", ["qwen3-s"], ["none", "all"], [0], 40)
+    probed[3].write(results / "probe/qwen3-s")
+    figures = tmp_path / "figures"
+    result = snakemake(work, "figures_only", "--cores", "1", "--config", f"figures_dir={figures}")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    drawn = {p.name for p in (figures / "tiny").iterdir()}
+    assert {"score.png", "mismatch.pdf", "collapse_heatmap.png", "probe_qwen3-s_subsets.png"} <= drawn, drawn
+    assert (results / "tables/probe.md").exists()

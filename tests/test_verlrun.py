@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
         cfg = compose(build_overrides(paper, model, ablation, seed, cell, tmp_path / "data"))
         env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
         assert env.RLA_REGIONS == ",".join(ABLATION_REGIONS[ablation])
-        assert Path(env.VERL_FILE_LOGGER_PATH) == cell.resolve() / "metrics.jsonl"
+        assert Path(env.VERL_FILE_LOGGER_PATH) == cell.resolve() / "metrics.running.jsonl"
         assert Path(cfg.trainer.default_local_dir) == cell.resolve() / "checkpoints"
         assert cfg.trainer.resume_mode == "auto"
         assert all(part in cfg.trainer.experiment_name for part in (model, ablation, f"seed{seed}"))
@@ -125,30 +126,36 @@ def _steps(path: Path) -> list[tuple[int, str]]:
     return [(r["step"], r["data"]["run"]) for r in map(json.loads, path.read_text().splitlines())]
 
 
-def test_resumed_runs_merge_in_step_order_with_later_records_winning(tmp_path):
-    _log(tmp_path / "metrics.jsonl", range(1, 6), "first", torn=True)
-    assert metrics.rotate(tmp_path).name == "metrics.part-000.jsonl"
-    assert not (tmp_path / "metrics.jsonl").exists()
-    _log(tmp_path / "metrics.jsonl", range(4, 9), "second")  # resumed from the step-3 checkpoint
+def test_resumed_runs_merge_in_step_order_with_later_records_winning(tmp_path, recwarn):
+    _log(tmp_path / "metrics.running.jsonl", range(1, 6), "first", torn=True)
+    assert [p.name for p in metrics.rotate(tmp_path)] == ["metrics.part-000.jsonl"]
+    assert not (tmp_path / "metrics.running.jsonl").exists()
+    _log(tmp_path / "metrics.running.jsonl", range(4, 9), "second")  # resumed from the step-3 checkpoint
     merged = metrics.merge(tmp_path)
     assert _steps(merged) == [(1, "first"), (2, "first"), (3, "first")] + [(s, "second") for s in range(4, 9)]
-    # The merged part is archived, not deleted, and numbering continues past it.
+    assert "metrics.part-000.jsonl:6: truncated last line dropped" in str(recwarn.pop().message)
+    # The merged parts are archived, not deleted, and numbering continues past them.
     assert (tmp_path / "metrics.parts/metrics.part-000.jsonl").exists()
-    assert metrics.part_files(tmp_path) == []
-    assert metrics.rotate(tmp_path).name == "metrics.part-001.jsonl"
+    assert (tmp_path / "metrics.parts/metrics.part-001.jsonl").exists()
+    assert metrics.part_files(tmp_path) == [] and not (tmp_path / "metrics.running.jsonl").exists()
+    # A finished cell continued to more steps: its metrics.jsonl is the oldest part of the next merge.
+    _log(tmp_path / "metrics.running.jsonl", range(9, 11), "third")
+    assert [p.name for p in metrics.rotate(tmp_path)] == ["metrics.part-002.jsonl", "metrics.part-003.jsonl"]
+    assert _steps(metrics.merge(tmp_path))[-3:] == [(8, "second"), (9, "third"), (10, "third")]
 
 
 def test_an_abandoned_tail_is_dropped(tmp_path):
     # Run one logged to step 10 but checkpointed at 5; run two resumed there and stopped at 7.
     _log(tmp_path / "metrics.part-000.jsonl", range(1, 11), "first")
-    _log(tmp_path / "metrics.jsonl", range(6, 8), "second")
+    _log(tmp_path / "metrics.running.jsonl", range(6, 8), "second")
     assert _steps(metrics.merge(tmp_path)) == [(s, "first") for s in range(1, 6)] + [(6, "second"), (7, "second")]
 
 
-def test_a_broken_line_inside_a_file_is_an_error(tmp_path):
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "data": {}}\nnot json\n{"step": 2, "data": {}}\n')
-    with pytest.raises(ValueError, match="metrics.jsonl:2"):
-        metrics.merge(tmp_path)
+def test_a_broken_line_inside_a_file_is_skipped_with_a_warning(tmp_path):
+    (tmp_path / "metrics.running.jsonl").write_text('{"step": 1, "data": {}}\nnot json\n{"step": 2, "data": {}}\n')
+    with pytest.warns(UserWarning, match=r"metrics.part-000.jsonl:2: malformed line skipped"):
+        merged = metrics.merge(tmp_path)
+    assert [json.loads(line)["step"] for line in merged.read_text().splitlines()] == [1, 2]
 
 
 FAKE_VERL = """
@@ -177,7 +184,7 @@ def test_the_launcher_keeps_metrics_across_a_failure_and_a_resume(paper, tmp_pat
     cell = tmp_path / "runs/m/rope/seed0"
     model = paper["models"][0]
     assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 1
-    # The failed launch left no metrics.jsonl (a failed job's output is removed) but a part.
+    # The failed launch left no metrics.jsonl (it exists only for a finished cell) but a part.
     assert not (cell / "metrics.jsonl").exists()
     assert [p.name for p in metrics.part_files(cell)] == ["metrics.part-000.jsonl"]
     assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 0
@@ -273,3 +280,30 @@ def test_rows_without_an_answer_are_reported():
         to_verl_rows(frame, "gsm8k", "train")
     with pytest.raises(ValueError, match="'question'"):
         to_verl_rows(pd.DataFrame({"q": ["a"], "answer": ["#### 1"]}), "gsm8k", "train")
+
+
+def test_a_relaunch_resumes_only_the_same_cell(paper, tmp_path, monkeypatch):
+    """verl resumes from whatever checkpoint its folder holds: the launcher checks the cell's identity
+    first. A finished cell launched again, or a folder of another ablation, is moved aside."""
+    script = tmp_path / "fake_verl.py"
+    script.write_text(FAKE_VERL)
+    monkeypatch.setattr(launch, "command", lambda overrides, cell_dir: [sys.executable, str(script), "1", "3", "0"])
+    monkeypatch.setattr(launch, "compose", lambda overrides: None)
+    cell, model = tmp_path / "runs/m/rope/seed0", paper["models"][0]
+    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=3) == 0
+    (cell / "checkpoints").mkdir()
+    (cell / "checkpoints/latest_checkpointed_iteration.txt").write_text("3")
+    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=3) == 0
+    moved = [p for p in cell.parent.iterdir() if ".replaced-" in p.name]
+    assert len(moved) == 1 and (moved[0] / "metrics.jsonl").exists()
+    assert "already finished all 3 steps" in (cell / "train.log").read_text()
+    (cell / "checkpoints").mkdir()
+    (cell / "checkpoints/latest_checkpointed_iteration.txt").write_text("2")
+    other = cell.parent.parent / "all/seed0"
+    shutil.copytree(cell, other)
+    assert launch.train(paper, model, "all", 0, other, tmp_path / "data", steps=3) == 0
+    assert "ablation: 'rope' -> 'all'" in (other / "train.log").read_text()
+    # the same cell with more steps resumes from its checkpoint (nothing moved)
+    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=5) == 0
+    assert "resuming from the checkpoint at step 2 of 5" in (cell / "train.log").read_text()
+    assert len([p for p in cell.parent.iterdir() if ".replaced-" in p.name]) == 1

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW_FILES = ("Snakefile", "workflows", "experiments", "envs")
+WORKFLOW_FILES = ("Snakefile", "workflows", "experiments", "envs", "profiles")
 
 
 def copy_workflow(dest: Path) -> Path:
@@ -68,6 +68,17 @@ def load(path: Path) -> dict:
         return yaml.safe_load(f)
 
 
+def results_of(work: Path, cfg: dict) -> Path:
+    """A profile's results folder (each profile its own)."""
+    return work / (cfg.get("results_dir") or f"results/{cfg['profile']}")
+
+
+def resolved_config(work: Path, profile: str) -> dict:
+    """The config file the jobs' CLIs read (named by its content, under .snakemake/configs)."""
+    (path,) = sorted((work / ".snakemake/configs").glob(f"{profile}-*.yaml"), key=lambda p: p.stat().st_mtime)[-1:]
+    return load(path)
+
+
 def grid_size(cfg: dict) -> int:
     return len(cfg["models"]) * len(cfg["ablations"]) * len(cfg["seeds"])
 
@@ -99,7 +110,7 @@ def test_paper_grid_plans_every_cell_with_verl_and_no_warm_start(tmp_path):
     assert shown.returncode == 0, shown.stderr
     commands = [line for line in shown.stdout.splitlines() if "verlrun train" in line]
     assert len(commands) == grid_size(cfg)
-    assert all(f"--data {cfg.get('results_dir', 'results')}/data/paper" in c for c in commands)
+    assert all("--data results/paper/data" in c for c in commands)
 
 
 def test_config_overrides_on_the_command_line(tmp_path):
@@ -107,7 +118,7 @@ def test_config_overrides_on_the_command_line(tmp_path):
     counts = plan(work, "--configfile", "experiments/paper.yaml", "--config", "seeds=[0,1]", "steps=200", "models=[qwen3-8b]")
     assert counts["train"] == 1 * 3 * 2
     # The CLIs read the resolved config: the overridden values, with integer seeds.
-    resolved = load(work / "results/configs/paper.yaml")
+    resolved = resolved_config(work, "paper")
     assert resolved["seeds"] == [0, 1] and resolved["steps"] == 200 and resolved["models"] == ["qwen3-8b"]
     # Only the overridden keys change: nothing of tiny.yaml leaks into a --configfile run.
     assert "task" not in resolved and "warmstart" not in resolved
@@ -118,7 +129,7 @@ def test_a_single_value_override_and_a_changed_step_count(tmp_path):
     cfg = load(work / "experiments/tiny.yaml")
     counts = plan(work, "--config", "seeds=7", "ablations=[none]")
     assert counts["train"] == len(cfg["models"])
-    assert load(work / "results/configs/tiny.yaml")["seeds"] == [7]
+    assert resolved_config(work, "tiny")["seeds"] == [7]
 
 
 def _write_config(work: Path, **changes) -> str:
@@ -179,7 +190,7 @@ def test_lint_is_clean_for_both_configs(tmp_path):
 def _fake_finished_grid(work: Path, configfile: str) -> dict:
     """Outputs of every job, oldest first along the DAG, as if the grid had run."""
     cfg = load(work / configfile)
-    results = work / cfg.get("results_dir", "results")
+    results = results_of(work, cfg)
     stamp = [1_000_000_000]
 
     def make(path: Path, is_dir: bool = False) -> None:
@@ -192,7 +203,7 @@ def _fake_finished_grid(work: Path, configfile: str) -> dict:
         os.utime(path, (stamp[0], stamp[0]))
 
     for split in ("train", "test"):
-        make(results / "data" / cfg["profile"] / f"{split}.parquet")
+        make(results / "data" / f"{split}.parquet")
     for model in cfg["models"]:
         make(results / "models" / model, is_dir=True)
     for model in cfg["models"]:
@@ -211,7 +222,7 @@ def test_touching_one_cell_reruns_only_the_tables_and_figures(tmp_path):
     cfg = _fake_finished_grid(work, "experiments/micro.yaml")
     args = ("--configfile", "experiments/micro.yaml")
     assert plan(work, *args) == {}
-    cell = work / cfg["results_dir"] / "runs" / cfg["models"][0] / cfg["ablations"][-1] / f"seed{cfg['seeds'][0]}"
+    cell = results_of(work, cfg) / "runs" / cfg["models"][0] / cfg["ablations"][-1] / f"seed{cfg['seeds'][0]}"
     os.utime(cell / "metrics.jsonl")  # a newer log of this cell, e.g. a longer run
     assert plan(work, *args) == {"collect": 1, "stability": 1, "plots": 1, "all": 1}
 
@@ -219,7 +230,7 @@ def test_touching_one_cell_reruns_only_the_tables_and_figures(tmp_path):
 def test_forcing_one_cell_reruns_that_cell_only(tmp_path):
     work = copy_workflow(tmp_path)
     cfg = _fake_finished_grid(work, "experiments/micro.yaml")
-    target = f"{cfg['results_dir']}/runs/{cfg['models'][-1]}/{cfg['ablations'][0]}/seed{cfg['seeds'][0]}/metrics.jsonl"
+    target = f"results/{cfg['profile']}/runs/{cfg['models'][-1]}/{cfg['ablations'][0]}/seed{cfg['seeds'][0]}/metrics.jsonl"
     assert plan(work, target, "--force", "--configfile", "experiments/micro.yaml") == {"train": 1}
     # A missing cell is made by its target alone, nothing downstream.
     (work / target).unlink()
@@ -235,7 +246,7 @@ def test_figures_only_never_schedules_training(tmp_path):
     cfg = _fake_finished_grid(work, "experiments/tiny.yaml")
     for path in [work / "Snakefile", *(work / "workflows").rglob("*.smk"), work / "experiments/tiny.yaml"]:
         os.utime(path)
-    os.utime(work / cfg.get("results_dir", "results") / "data" / cfg["profile"] / "train.parquet")
+    os.utime(results_of(work, cfg) / "data" / "train.parquet")
     assert plan(work)["train"] == grid_size(cfg)  # the full workflow would retrain ...
     assert plan(work, "figures_only") == {"figures_only": 1}  # ... the figures target does not
     assert plan(work, "figures_only", "--rerun-triggers", "mtime", "params", "input", "code", "software-env") == {"figures_only": 1}
@@ -249,3 +260,48 @@ def test_profiles_parse_and_plan_the_grid(tmp_path):
     paper = load(work / "experiments/paper.yaml")
     counts = plan(work, "--configfile", "experiments/paper.yaml", "--workflow-profile", "workflows/profiles/slurm")
     assert counts["train"] == grid_size(paper)
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line as the README shows it
+
+
+def test_readme_examples_with_nested_values_are_typed(tmp_path):
+    """--config hands nested values over as strings; the workflow types them before validation."""
+    work = copy_workflow(tmp_path)
+    paper = ("--configfile", "experiments/paper.yaml")
+    assert plan(work, *paper, "--config", "verl={nnodes: 2, n_gpus_per_node: 8}")["train"] == 36
+    resolved = resolved_config(work, "paper")
+    assert resolved["verl"]["nnodes"] == 2 and resolved["verl"]["n_gpus_per_node"] == 8
+    assert plan(work, *paper, "--config", "wandb={enabled: true}")["train"] == 36
+    assert resolved_config(work, "paper")["wandb"]["enabled"] is True
+    plan(work, "--config", "rl={lr: 0.001, betas: [0.9, 0.95]}")
+    rl = resolved_config(work, "tiny")["rl"]
+    assert rl["lr"] == 0.001 and rl["betas"] == [0.9, 0.95] and rl["prompts_per_step"] == 8  # merged, typed
+
+
+def test_a_dry_run_writes_nothing_under_results(tmp_path):
+    work = copy_workflow(tmp_path)
+    plan(work, "--config", "steps=61")
+    plan(work, "--configfile", "experiments/paper.yaml")
+    assert not (work / "results").exists()
+
+
+def test_a_misspelled_key_is_a_short_message_naming_key_origin_and_allowed(tmp_path):
+    work = copy_workflow(tmp_path)
+    result = snakemake(work, "--dry-run", "--config", "seed=[0,1]")
+    assert result.returncode != 0
+    text = (result.stdout + result.stderr).strip()
+    assert "unknown key(s) ['seed'] in config (from --config); allowed: " in text and "seeds" in text
+    assert len(text.splitlines()) <= 10, text
+    bad = _write_config(work, sedds=[0])
+    result = snakemake(work, "--dry-run", "--configfile", bad)
+    assert f"unknown key(s) ['sedds'] in config (from {bad})" in result.stderr
+
+
+def test_each_profile_has_its_own_results(tmp_path):
+    work = copy_workflow(tmp_path)
+    tiny = snakemake(work, "--dry-run", "--printshellcmds")
+    paper = snakemake(work, "--dry-run", "--printshellcmds", "--configfile", "experiments/paper.yaml")
+    assert "--out results/tiny/runs/" in tiny.stdout and "results/paper/" not in tiny.stdout
+    assert "--out results/paper/runs/" in paper.stdout and "results/tiny/" not in paper.stdout

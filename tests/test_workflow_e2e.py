@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tests.test_workflow import copy_workflow, grid_size, job_counts, load, plan, snakemake
+from tests.test_workflow import copy_workflow, grid_size, job_counts, load, plan, results_of, snakemake
 
 
 def _logs(work) -> str:
@@ -20,7 +20,7 @@ def test_micro_grid_end_to_end(tmp_path):
     run = snakemake(work, "--cores", "2", *args, timeout=1200)
     assert run.returncode == 0, run.stderr[-4000:] + _logs(work)
 
-    results = work / cfg["results_dir"]
+    results = results_of(work, cfg)
     for model in cfg["models"]:
         for ablation in cfg["ablations"]:
             for seed in cfg["seeds"]:

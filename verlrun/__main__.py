@@ -13,14 +13,14 @@ def _cell_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ablation", required=True, help="none, rope, swiglu, rmsnorm or all")
     parser.add_argument("--seed", required=True, type=int)
     parser.add_argument("--out", required=True, help="the cell directory, results/runs/MODEL/ABLATION/seedS")
-    parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data/<profile>)")
+    parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data)")
     parser.add_argument("--steps", type=int, help="RL steps (default: the config's steps)")
 
 
 def _data_dir(cfg: dict, given: str | None) -> Path:
-    if given:
-        return Path(given)
-    return Path(cfg.get("results_dir", "results")) / "data" / cfg.get("profile", "default")
+    from rla.layout import data_dir
+
+    return Path(given) if given else data_dir(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,8 @@ import yaml
 
 from verlrun import metrics
 from verlrun.config import ABLATION_REGIONS, cell_rl, experiment_name, model_spec, regions_of
-from verlrun.overrides import build_overrides, compose, run_dir_override, worker_env
+from verlrun import cell
+from verlrun.overrides import build_overrides, cell_settings, compose, run_dir_override, worker_env
 
 
 class Interrupted(Exception):
@@ -63,23 +64,27 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
     cell_dir = Path(out).resolve()
     overrides = build_overrides(cfg, model, ablation, seed, cell_dir, data, steps)
     cmd = command(overrides, cell_dir)
+    # Fail here, in a second, rather than after Ray and vLLM have started.
+    compose(overrides)
+    rl, verl = cell_settings(cfg, model)
+    new = cell.identity(rl, verl, model_spec(cfg, model), model, ablation, seed, Path(data))
+    plan = cell.decide(cell_dir, new, steps)
+    moved = None if dry_run else cell.prepare(cell_dir, plan, new, steps)
     cell_dir.mkdir(parents=True, exist_ok=True)
     with open(cell_dir / "config.yaml", "w") as f:
         yaml.safe_dump(resolved_config(cfg, model, ablation, int(seed), steps, overrides, cmd), f, sort_keys=False)
-
-    # Fail here, in a second, rather than after Ray and vLLM have started.
-    compose(overrides)
     env_vars = worker_env(cfg, ablation, cell_dir)
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items() if k != "PYTHONPATH")
-    header = f"=== {datetime.datetime.now().isoformat(timespec='seconds')} {'dry run' if dry_run else 'launch'}\n$ {shown} {shlex.join(cmd)}\n"
+    header = (f"=== {datetime.datetime.now().isoformat(timespec='seconds')} {'dry run' if dry_run else 'launch'}: "
+              f"{plan.message}" + (f"; the previous folder is now {moved}" if moved else "") +
+              f"\n$ {shown} {shlex.join(cmd)}\n")
     with open(cell_dir / "train.log", "a") as log:
         log.write(header)
     print(header, end="", flush=True)
     if dry_run:
         return 0
 
-    kept = metrics.rotate(cell_dir)
-    if kept is not None:
+    for kept in metrics.rotate(cell_dir):
         print(f"kept the earlier metrics as {kept.name}", flush=True)
     # The driver gets the same variables as the workers (a local Ray cluster inherits them).
     env = {**os.environ, **env_vars}
@@ -105,9 +110,7 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
             print("verl finished but logged no metrics", file=sys.stderr)
             return 1
         return 0
-    # A failed run keeps its steps as a part: the workflow removes a failed job's metrics.jsonl,
-    # and the next launch resumes from the checkpoint and merges everything.
-    kept = metrics.rotate(cell_dir)
-    if kept is not None:
+    # A failed run keeps its steps as a part; the next launch resumes from the checkpoint and merges.
+    for kept in metrics.rotate(cell_dir):
         print(f"verl exited with status {status}; its metrics are kept as {kept.name}", file=sys.stderr)
     return status

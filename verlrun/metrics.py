@@ -1,9 +1,11 @@
 """Keep every step's metrics across resumed verl runs.
 
-verl's file logger opens `$VERL_FILE_LOGGER_PATH` with "wb", so a resumed run would truncate the
-steps logged before the restart. Before each launch the existing `metrics.jsonl` moves to the next
-`metrics.part-NNN.jsonl`; after the run all parts and the new file merge back into `metrics.jsonl`
-in step order, and the merged parts move to `metrics.parts/` (kept, out of the readers' way).
+verl's file logger writes `metrics.running.jsonl` (`$VERL_FILE_LOGGER_PATH`) and opens it with "wb",
+so a resumed run would truncate the steps logged before the restart. Before each launch, and after a
+failed one, the running file (and a finished run's `metrics.jsonl`, when a finished cell is continued)
+move to the next `metrics.part-NNN.jsonl`. When verl succeeds, the parts merge into `metrics.jsonl` in
+step order and move to `metrics.parts/` (kept, out of the readers' way). `metrics.jsonl` therefore
+exists only for a cell that finished its steps.
 
 Merging: files are read oldest first and a later file wins for every step it logged. A resumed run
 restarts from its last checkpoint, so records of an earlier file from the resumed run's first step
@@ -17,7 +19,9 @@ import os
 import re
 from pathlib import Path
 
-METRICS = "metrics.jsonl"
+from rla import files, metricslog
+from rla.metricslog import METRICS, RUNNING
+
 ARCHIVE = "metrics.parts"
 PART_RE = re.compile(r"^metrics\.part-(\d{3,})\.jsonl$")
 
@@ -40,38 +44,21 @@ def next_part_path(cell_dir: str | Path) -> Path:
     return cell_dir / f"metrics.part-{number:03d}.jsonl"
 
 
-def rotate(cell_dir: str | Path) -> Path | None:
-    """Move a non-empty `metrics.jsonl` to the next part so the next launch cannot truncate it.
-    Returns the part written, or None when there was nothing to keep."""
-    current = Path(cell_dir) / METRICS
-    if not current.exists():
-        return None
-    if current.stat().st_size == 0:
-        current.unlink()
-        return None
-    target = next_part_path(cell_dir)
-    os.replace(current, target)
-    return target
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Records of one file-logger file; a torn last line (a killed run) is skipped."""
-    with open(path) as f:
-        lines = f.read().splitlines()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+def rotate(cell_dir: str | Path) -> list[Path]:
+    """Move a finished run's `metrics.jsonl`, then the running file, to the next parts (so the next
+    launch cannot truncate them). Empty files are removed. Returns the parts written."""
+    written = []
+    for name in (METRICS, RUNNING):
+        current = Path(cell_dir) / name
+        if not current.exists():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                continue
-            raise ValueError(f"{path}:{number}: not a JSON line: {line[:80]!r}") from None
-        if not isinstance(record, dict) or "step" not in record or "data" not in record:
-            raise ValueError(f"{path}:{number}: expected {{'step': N, 'data': {{...}}}}, got {line[:80]!r}")
-        records.append(record)
-    return records
+        if current.stat().st_size == 0:
+            current.unlink()
+            continue
+        target = next_part_path(cell_dir)
+        os.replace(current, target)
+        written.append(target)
+    return written
 
 
 def merge_records(sources: list[list[dict]]) -> list[dict]:
@@ -88,22 +75,16 @@ def merge_records(sources: list[list[dict]]) -> list[dict]:
 
 
 def merge(cell_dir: str | Path) -> Path | None:
-    """Merge all parts and `metrics.jsonl` into `metrics.jsonl` (written atomically), then archive
-    the parts. Returns the merged file, or None when the cell has no metrics at all."""
+    """Rotate, then merge all parts into `metrics.jsonl` (written atomically) and archive them.
+    Returns the merged file, or None when the cell has no metrics at all."""
     cell_dir = Path(cell_dir)
+    rotate(cell_dir)
     parts = part_files(cell_dir)
-    current = cell_dir / METRICS
-    sources = parts + ([current] if current.exists() else [])
-    if not sources:
+    if not parts:
         return None
-    merged = merge_records([read_records(s) for s in sources])
-    tmp = cell_dir / f".{METRICS}.tmp"
-    with open(tmp, "w") as f:
-        for record in merged:
-            f.write(json.dumps(record) + "\n")
-    os.replace(tmp, current)
-    if parts:
-        (cell_dir / ARCHIVE).mkdir(exist_ok=True)
-        for part in parts:
-            os.replace(part, cell_dir / ARCHIVE / part.name)
-    return current
+    merged = merge_records([[{"step": step, "data": data} for _, step, data in metricslog.read(p)] for p in parts])
+    target = files.write_text(cell_dir / METRICS, "".join(json.dumps(record) + "\n" for record in merged))
+    (cell_dir / ARCHIVE).mkdir(exist_ok=True)
+    for part in parts:
+        os.replace(part, cell_dir / ARCHIVE / part.name)
+    return target

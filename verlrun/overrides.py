@@ -10,6 +10,7 @@ import os
 import warnings
 from pathlib import Path
 
+from rla.metricslog import RUNNING
 from verlrun.config import cell_rl, experiment_name, model_spec, regions_of
 
 # verl imports this module in every worker before `from_pretrained`; it applies the alignment
@@ -67,7 +68,7 @@ def hydra_value(value) -> str:
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override")
 
 
-def _settings(cfg: dict, model: str) -> tuple[dict, dict]:
+def cell_settings(cfg: dict, model: str) -> tuple[dict, dict]:
     rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
     verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
     spec = model_spec(cfg, model)
@@ -85,7 +86,7 @@ def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]
     pythonpath = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH", "")) if p)
     env = {
         "RLA_REGIONS": regions_of(ablation),
-        "VERL_FILE_LOGGER_PATH": str(cell_dir / "metrics.jsonl"),
+        "VERL_FILE_LOGGER_PATH": str(cell_dir / RUNNING),  # metrics.jsonl: only once the cell finished
         # The patches package lives in this repository; workers on other nodes need it on the path.
         "PYTHONPATH": pythonpath,
     }
@@ -106,7 +107,7 @@ def build_overrides(
 ) -> list[str]:
     """All Hydra overrides for one cell. Paths are made absolute: Hydra changes the working
     directory of `main_ppo` to `hydra.run.dir`."""
-    rl, verl = _settings(cfg, model)
+    rl, verl = cell_settings(cfg, model)
     spec = model_spec(cfg, model)
     cell_dir = Path(cell_dir).resolve()
     data_dir = Path(data_dir).resolve()

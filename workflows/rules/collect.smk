@@ -23,11 +23,10 @@ rule stability:
         f"{TABLES}/stability.csv",
     params:
         runs=lambda wildcards, input: runs_root(input[0]),
-        config=CONFIG_FILE,
         collapse=config.get("collapse"),
     log:
         f"{LOGS}/stability.log",
     conda:
         CPU_ENV
     shell:
-        "python -m analysis stability --runs {params.runs} --config {params.config} --out {output} > {log} 2>&1"
+        "python -m analysis stability --runs {params.runs} --config $RLA_CONFIG --out {output} > {log} 2>&1"

@@ -1,4 +1,5 @@
 # Config validation, paths and functions shared by every stage.
+import hashlib
 import os
 import re
 import shlex
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 import yaml
+from jsonschema import Draft202012Validator
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
@@ -13,18 +16,70 @@ ABLATIONS = ["none", "rope", "swiglu", "rmsnorm", "all"]
 BACKEND_MODULES = {"local": "localrl", "verl": "verlrun"}
 CPU_ENV = "../../envs/cpu.yaml"
 GPU_ENV = "../../envs/verl-gpu.yaml"
+SCHEMA = "../schemas/config.schema.yaml"
+CLI = workflow.config_settings.config  # the --config values, as Snakemake parsed them
+CONFIG_FILES = [str(f) for f in workflow.config_settings.configfiles] or ["experiments/tiny.yaml"]
+
+
+def _typed(value):
+    """--config 'verl={nnodes: 2}' hands nested values over as strings: type them as YAML would."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if not isinstance(value, str):
+        return value
+    for parse in (int, float):
+        try:
+            return parse(value)
+        except ValueError:
+            pass
+    return {"true": True, "false": False, "null": None}.get(value.strip().lower(), value)
+
+
+def _merge(base, update):
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
 
 
 def _normalize_cli_values(cfg):
-    """`--config seeds=[0,1] steps=200` hands list items over as strings and a single value
-    without a list: turn them into what the schema describes."""
+    """--config 'seeds=[0,1]' hands list items over as strings and a single value without a list."""
+    _merge(cfg, _typed(CLI))
     for key in ("models", "ablations", "seeds"):
         if key in cfg and not isinstance(cfg[key], (list, tuple)):
             cfg[key] = [cfg[key]]
-    if "seeds" in cfg:
-        cfg["seeds"] = [int(s) if isinstance(s, str) and s.strip().isdigit() else s for s in cfg["seeds"]]
-    if isinstance(cfg.get("steps"), str) and cfg["steps"].strip().isdigit():
-        cfg["steps"] = int(cfg["steps"])
+
+
+def _origin(path):
+    """Where a config value came from: the --config option or the config file(s)."""
+    return "--config" if path and path[0] in CLI else " + ".join(CONFIG_FILES)
+
+
+def _check_schema(cfg):
+    """The schema's verdict in a few lines: the key, the value, what is allowed, where it came from
+    (Snakemake's own message is followed by the whole schema and config)."""
+    with open(workflow.source_path(SCHEMA)) as f:
+        schema = yaml.safe_load(f)
+    errors = sorted(Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))
+    if not errors:
+        return
+    lines = []
+    for error in errors[:5]:
+        where = ".".join(str(p) for p in error.path) or "config"
+        if error.validator == "additionalProperties":
+            allowed = sorted(error.schema.get("properties", {}))
+            unknown = sorted(set(error.instance) - set(allowed))
+            lines.append(f"unknown key(s) {unknown} in {where} (from {_origin(list(error.path) + unknown)}); "
+                         f"allowed: {', '.join(allowed)}")
+        elif error.validator == "enum":
+            lines.append(f"{where} = {error.instance!r} (from {_origin(list(error.path))}); "
+                         f"allowed: {', '.join(map(str, error.validator_value))}")
+        else:
+            lines.append(f"{where} = {error.instance!r} (from {_origin(list(error.path))}): {error.message}")
+    raise WorkflowError("invalid config:\n  " + "\n  ".join(lines))
 
 
 def _check_cross_references(cfg):
@@ -32,55 +87,58 @@ def _check_cross_references(cfg):
     specs = cfg["model_specs"]
     unknown = [m for m in cfg["models"] if m not in specs]
     if unknown:
-        raise ValueError(f"models {unknown} have no entry in model_specs; defined: {sorted(specs)}")
+        raise WorkflowError(f"models {unknown} have no entry in model_specs; defined: {sorted(specs)}")
     if cfg["backend"] == "verl":
         if "data" not in cfg:
-            raise ValueError("backend 'verl' needs a 'data' section (train/test sources)")
+            raise WorkflowError("backend 'verl' needs a 'data' section (train/test sources)")
         no_path = [m for m in cfg["models"] if not specs[m].get("path")]
         if no_path:
-            raise ValueError(f"backend 'verl' needs model_specs.<model>.path (HF name or local dir); missing for {no_path}")
+            raise WorkflowError(f"backend 'verl' needs model_specs.<model>.path (HF name or local dir); "
+                                f"missing for {no_path}")
     elif "task" not in cfg:
-        raise ValueError("backend 'local' needs a 'task' section")
+        raise WorkflowError("backend 'local' needs a 'task' section")
 
 
 _normalize_cli_values(config)
-validate(config, schema="../schemas/config.schema.yaml", set_default=True)
+_check_schema(config)
+validate(config, schema=SCHEMA, set_default=True)
 _check_cross_references(config)
 
 BACKEND = config["backend"]
 BACKEND_MODULE = BACKEND_MODULES[BACKEND]
 PROFILE = config["profile"]
-RESULTS = config["results_dir"].rstrip("/")
+RESULTS = (config.get("results_dir") or f"results/{PROFILE}").rstrip("/")  # each profile its own
 RUNS = f"{RESULTS}/runs"
 TABLES = f"{RESULTS}/tables"
 LOGS = f"{RESULTS}/logs"
-DATA = f"{RESULTS}/data/{PROFILE}"
+DATA = f"{RESULTS}/data"
 FIGURES = f"{config['figures_dir'].rstrip('/')}/{PROFILE}"
 TRAIN_ENV = GPU_ENV if BACKEND == "verl" else CPU_ENV
-# The CLIs read a config file; this one holds the validated config including --config values.
-CONFIG_FILE = f"{RESULTS}/configs/{PROFILE}.yaml"
 
 
-def _write_resolved_config(cfg, path):
-    """Write only when the content changes (jobs on a cluster re-read the workflow)."""
-    text = yaml.safe_dump(dict(cfg), sort_keys=False)
-    if os.path.exists(path):
-        with open(path) as f:
-            if f.read() == text:
-                return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def _resolved_config_file(cfg):
+    """The validated config (with the --config values) for the jobs' CLIs, named by its content: a
+    later run with other values writes another file, never the one running jobs read. It lives with
+    Snakemake's own metadata, so a dry run writes nothing under the results directory."""
+    text = yaml.safe_dump({**cfg, "results_dir": RESULTS}, sort_keys=False)
+    path = Path(".snakemake/configs") / f"{PROFILE}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return str(path)
 
 
-_write_resolved_config(config, CONFIG_FILE)
-
+# Jobs find the file in $RLA_CONFIG, set by the shell prefix, not in params: a config change reruns
+# only the jobs whose own settings (params) changed.
+CONFIG_FILE = _resolved_config_file(config)
+_prefix = f"set -euo pipefail; export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; "
 # Without conda, `python` in a job is the interpreter running Snakemake (e.g. .venv/bin/python),
 # also when Snakemake was started as .venv/bin/snakemake without activating the venv.
 if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
-    shell.prefix(f"set -euo pipefail; export PATH={shlex.quote(os.path.dirname(sys.executable))}:\"$PATH\"; ")
+    _prefix += f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:\"$PATH\"; "
+shell.prefix(_prefix)
 
 
 wildcard_constraints:
@@ -137,16 +195,16 @@ def cell_settings(model):
     }
 
 
+def runs_root(metrics_file):
+    """results/<profile>/runs from .../runs/<model>/<ablation>/seed<S>/metrics.jsonl."""
+    return str(Path(metrics_file).parents[3])
+
+
 def train_inputs(wildcards):
     inputs = {"train": f"{DATA}/train.parquet", "test": f"{DATA}/test.parquet"}
     if BACKEND == "local":
         inputs["model"] = f"{RESULTS}/models/{wildcards.model}"
     return inputs
-
-
-def runs_root(metrics_file):
-    """results/runs from results/runs/<model>/<ablation>/seed<S>/metrics.jsonl."""
-    return str(Path(metrics_file).parents[3])
 
 
 def train_resources():

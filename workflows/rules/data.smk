@@ -7,7 +7,6 @@ rule prepare_data:
         test=f"{DATA}/test.parquet",
     params:
         module=BACKEND_MODULE,
-        config=CONFIG_FILE,
         settings=data_settings(),
         out=lambda wildcards, output: os.path.dirname(output.train),
     log:
@@ -15,4 +14,4 @@ rule prepare_data:
     conda:
         TRAIN_ENV
     shell:
-        "python -m {params.module} prepare-data --config {params.config} --out {params.out} > {log} 2>&1"
+        "python -m {params.module} prepare-data --config $RLA_CONFIG --out {params.out} > {log} 2>&1"

@@ -19,7 +19,6 @@ rule plots:
         summary_md=f"{TABLES}/summary.md",
     params:
         runs=lambda wildcards, input: runs_root(input[0]),
-        config=CONFIG_FILE,
         figures=FIGURES,
         tables=lambda wildcards, output: os.path.dirname(output.summary),
         collapse=config.get("collapse"),
@@ -28,16 +27,16 @@ rule plots:
     conda:
         CPU_ENV
     shell:
-        "python -m analysis plots --runs {params.runs} --config {params.config}"
+        "python -m analysis plots --runs {params.runs} --config $RLA_CONFIG"
         " --out {params.figures} --tables {params.tables} > {log} 2>&1"
 
 
-# Figures from whatever cells exist, e.g. logs copied from a cluster. No inputs, so no edit of code
-# or config can make it schedule training: `snakemake --cores 1 figures_only`.
+# Figures from whatever cells (and probes) exist, e.g. logs copied from a cluster. No inputs, so no
+# edit of code or config can make it schedule training: `snakemake --cores 1 figures_only`.
 rule figures_only:
     params:
         runs=RUNS,
-        config=CONFIG_FILE,
+        probe=f"{RESULTS}/probe",
         figures=FIGURES,
         tables=TABLES,
     log:
@@ -45,5 +44,7 @@ rule figures_only:
     conda:
         CPU_ENV
     shell:
-        "python -m analysis all --runs {params.runs} --config {params.config}"
-        " --tables {params.tables} --figures {params.figures} 2>&1 | tee {log}"
+        "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
+        " --tables {params.tables} --figures {params.figures}"
+        " && if [ -d {params.probe} ]; then python -m analysis probe --probe {params.probe}"
+        " --out {params.figures} --tables {params.tables}; fi) 2>&1 | tee {log}"

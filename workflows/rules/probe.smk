@@ -8,14 +8,13 @@ rule probe:
     output:
         directory(f"{RESULTS}/probe/{{model}}"),
     params:
-        config=CONFIG_FILE,
     log:
         f"{LOGS}/probe/{{model}}.log",
     threads: 1
     conda:
         CPU_ENV
     shell:
-        "python -m localrl probe --config {params.config} --model {wildcards.model} --out {output} > {log} 2>&1"
+        "python -m localrl probe --config $RLA_CONFIG --model {wildcards.model} --out {output} > {log} 2>&1"
 
 
 # The probe's tables across models and its figures (reads the probe CSV files only).

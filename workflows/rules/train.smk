@@ -8,13 +8,14 @@ rule train:
         f"{RUNS}/{{model}}/{{ablation}}/seed{{seed}}/metrics.jsonl",
     params:
         module=BACKEND_MODULE,
-        config=CONFIG_FILE,
         steps=config["steps"],
         settings=lambda wildcards: cell_settings(wildcards.model),
         out=lambda wildcards, output: os.path.dirname(output[0]),
         data=lambda wildcards, input: f"--data {os.path.dirname(input.train)}" if BACKEND == "verl" else "",
     log:
         f"{LOGS}/train/{{model}}/{{ablation}}/seed{{seed}}.log",
+    message:
+        "cell {wildcards.model}/{wildcards.ablation}/seed{wildcards.seed}; follow it with: tail -f {log}"
     benchmark:
         f"{RESULTS}/benchmarks/train/{{model}}/{{ablation}}/seed{{seed}}.tsv"
     threads: train_resources()["threads"]
@@ -25,6 +26,6 @@ rule train:
     conda:
         TRAIN_ENV
     shell:
-        "python -m {params.module} train --config {params.config} --model {wildcards.model}"
+        "python -m {params.module} train --config $RLA_CONFIG --model {wildcards.model}"
         " --ablation {wildcards.ablation} --seed {wildcards.seed} --out {params.out}"
         " --steps {params.steps} {params.data} > {log} 2>&1"

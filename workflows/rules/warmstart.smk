@@ -8,7 +8,6 @@ rule warmstart:
     output:
         directory(f"{RESULTS}/models/{{model}}"),
     params:
-        config=CONFIG_FILE,
         spec=lambda wildcards: config["model_specs"][wildcards.model],
         settings=config.get("warmstart"),
         data=lambda wildcards, input: os.path.dirname(input.train),
@@ -18,5 +17,5 @@ rule warmstart:
     conda:
         CPU_ENV
     shell:
-        "python -m localrl warmstart --config {params.config} --model {wildcards.model}"
+        "python -m localrl warmstart --config $RLA_CONFIG --model {wildcards.model}"
         " --data {params.data} --out {output} > {log} 2>&1"

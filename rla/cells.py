@@ -1,0 +1,104 @@
+"""A cell's identity, and what a (re)run of a cell does with what its folder already holds.
+
+A cell folder is resumed only by the cell that wrote it. Its identity is everything its results
+depend on besides the number of steps: backend, model and model spec, ablation, seed, the resolved
+`rl` settings and fingerprints of the data (and, for the local backend, of the warm-started model).
+Both backends store it with their checkpoints and compare it before touching anything:
+
+- nothing there                                   -> start fresh;
+- same identity, last checkpoint before `steps`   -> resume (a finished cell asked for more steps
+                                                     continues, and says so);
+- same identity, no checkpoint yet                -> start over (the lines logged so far are the
+                                                     same run's and come out the same again);
+- same identity, checkpoint at `steps` (a finished cell run again, e.g. `snakemake --force`), a
+  checkpoint past `steps`, another identity, or results of unknown identity
+                                                  -> move the folder aside to
+                                                     `<cell>.replaced-<time>` and start fresh.
+
+Nothing a cell wrote is ever deleted or overwritten by a run of another configuration.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+REPLACED = ".replaced-"  # suffix of a moved-aside cell folder: `seed0.replaced-20261130-191500`
+
+
+def fingerprint(*paths: str | Path) -> str:
+    """sha256 (first 16 hex digits) of the files' bytes, in the given order."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def canonical(identity: dict) -> dict:
+    """The identity as JSON would give it back (tuples as lists...), so stored and fresh ones compare."""
+    return json.loads(json.dumps(identity, sort_keys=True))
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<unset>"), new.get(key, "<unset>")
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    action: str  # fresh | resume | continue | restart | replace
+    message: str
+
+    @property
+    def restores(self) -> bool:
+        """Whether the run goes on from the folder's last checkpoint."""
+        return self.action in ("resume", "continue")
+
+
+def plan(old_identity: dict | None, old_steps: int | None, done: int, has_results: bool, identity: dict,
+         steps: int) -> Plan:
+    """What a run of `identity` for `steps` steps does with a folder whose last checkpoint is at step
+    `done` (0: none), written by `old_identity` for `old_steps` steps (None: unknown)."""
+    identity = canonical(identity)
+    if old_identity is None:
+        if has_results:
+            return Plan("replace", "the folder holds results of unknown identity (no identity recorded)")
+        return Plan("fresh", "new cell")
+    changed = differences(canonical(old_identity), identity)
+    if changed:
+        return Plan("replace", "the folder holds another configuration's results: " + "; ".join(changed))
+    if done == 0:
+        return Plan("restart", "no checkpoint yet: starting over")
+    if done < steps:
+        if old_steps is not None and done >= old_steps:
+            return Plan("continue", f"continuing the finished {done}-step cell to {steps} steps")
+        return Plan("resume", f"resuming from the checkpoint at step {done} of {steps}")
+    if done == steps:
+        return Plan("replace", f"the cell already finished all {steps} steps: training it again")
+    return Plan("replace", f"its checkpoint (step {done}) is past the {steps} steps asked for")
+
+
+def move_aside(cell_dir: str | Path) -> Path:
+    """Rename the cell folder to `<name>.replaced-<time>`; returns the new path."""
+    cell_dir = Path(cell_dir)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = cell_dir.with_name(f"{cell_dir.name}{REPLACED}{stamp}")
+    n = 1
+    while target.exists():
+        target = cell_dir.with_name(f"{cell_dir.name}{REPLACED}{stamp}-{n}")
+        n += 1
+    os.replace(cell_dir, target)
+    return target
