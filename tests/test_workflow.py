@@ -296,7 +296,7 @@ def test_a_misspelled_key_is_a_short_message_naming_key_origin_and_allowed(tmp_p
     assert len(text.splitlines()) <= 10, text
     bad = _write_config(work, sedds=[0])
     result = snakemake(work, "--dry-run", "--configfile", bad)
-    assert f"unknown key(s) ['sedds'] in config (from {bad})" in result.stderr
+    assert f"unknown key(s) ['sedds'] in config (from {bad})" in result.stdout + result.stderr
 
 
 def test_each_profile_has_its_own_results(tmp_path):

@@ -1,0 +1,188 @@
+"""Experiment configs (experiments/*.yaml): one loader and one set of checks for both backends.
+
+    cfg = load("experiments/tiny.yaml")
+    rl = rl_settings(cfg, "local", model="qwen2-s")     # defaults + the config's values, checked
+    spec = model_spec(cfg, "qwen2-s", "local")
+
+Every section's keys are declared once below with their default, their type and, for `rl`, the verl
+key each one becomes (`verlrun.overrides` writes them; the README's table is this one). A bad value
+or an unknown key is a `ConfigError` that names the key, the value and what is allowed, raised before
+anything is written. The workflow runs the same checks when it parses the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BACKENDS = ("local", "verl")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the value and the allowed ones."""
+
+
+def load(path: str | Path) -> dict:
+    """An experiment config: a YAML mapping."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    cfg = yaml.safe_load(path.read_text())
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config file {path} does not hold a mapping (got {type(cfg).__name__})")
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------
+# Declared keys
+
+KINDS = {  # kind -> (check, what is allowed)
+    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "positive": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a number > 0"),
+    "nonnegative": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
+    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+              and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
+              "two numbers in [0, 1)"),
+    "text": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    kind: str
+    help: str
+    verl: tuple[str, ...] = ()  # the verl keys it sets (under actor_rollout_ref. when not dotted from the top)
+    backends: tuple[str, ...] = BACKENDS
+    choices: tuple[str, ...] = ()
+
+    def check(self, name: str, value: Any) -> Any:
+        if self.choices:
+            if value not in self.choices:
+                raise ConfigError(f"{name} = {value!r} is not allowed; allowed: {', '.join(self.choices)}")
+            return value
+        ok, allowed = KINDS[self.kind]
+        if value is None and self.default is None:
+            return None
+        if not ok(value):
+            raise ConfigError(f"{name} = {value!r} ({type(value).__name__}) is invalid: it must be {allowed}")
+        return value
+
+
+A = "actor_rollout_ref."
+RL: dict[str, Key] = {
+    "prompts_per_step": Key(16, "count", "prompts sampled per RL step", ("data.train_batch_size",)),
+    "samples_per_prompt": Key(8, "count", "responses per prompt: the GRPO group (>= 2)", (A + "rollout.n",)),
+    "ppo_mini_batch_size": Key(None, "count", "prompts per optimizer step (default: all of a step's); one PPO epoch "
+                               "takes prompts_per_step / ppo_mini_batch_size steps", (A + "actor.ppo_mini_batch_size",)),
+    "max_response_length": Key(1024, "count", "most tokens a response may have", ("data.max_response_length",)),
+    "max_prompt_length": Key(1024, "count", "longer prompts are dropped", ("data.max_prompt_length",),
+                             backends=("verl",)),
+    "micro_batch_size_per_gpu": Key(4, "count", "sequences per forward, equal in the update and both log-prob "
+                                    "passes (unequal ones add a mismatch of their own)",
+                                    (A + "actor.ppo_micro_batch_size_per_gpu",
+                                     A + "rollout.log_prob_micro_batch_size_per_gpu",
+                                     A + "ref.log_prob_micro_batch_size_per_gpu"), backends=("verl",)),
+    "temperature": Key(1.0, "positive", "sampling temperature (top-p 1, top-k off)", (A + "rollout.temperature",)),
+    "lr": Key(1.0e-6, "positive", "AdamW learning rate (constant)", (A + "actor.optim.lr",)),
+    "betas": Key([0.9, 0.999], "betas", "AdamW betas", (A + "actor.optim.betas",)),
+    "weight_decay": Key(0.0, "nonnegative", "AdamW weight decay", (A + "actor.optim.weight_decay",)),
+    "clip_ratio_low": Key(0.2, "positive", "PPO clip below 1", (A + "actor.clip_ratio_low",)),
+    "clip_ratio_high": Key(0.28, "positive", "PPO clip above 1 (clip-higher)", (A + "actor.clip_ratio_high",)),
+    "clip_ratio_c": Key(3.0, "positive", "dual-clip bound for negative advantages", (A + "actor.clip_ratio_c",)),
+    "loss_agg_mode": Key("token-mean", "text", "how token losses are averaged", (A + "actor.loss_agg_mode",),
+                         choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                  "seq-mean-token-sum-norm")),
+    "kl_coef": Key(0.0, "nonnegative", "low-variance KL loss to the initial policy; 0 = off",
+                   (A + "actor.kl_loss_coef", A + "actor.use_kl_loss")),
+    "kl_loss_type": Key("low_var_kl", "text", "KL estimator of the KL loss", (A + "actor.kl_loss_type",),
+                        choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
+    "entropy_coeff": Key(0.0, "number", "entropy bonus", (A + "actor.entropy_coeff",)),
+    "grad_clip": Key(1.0, "positive", "gradient-norm clip", (A + "actor.grad_clip", A + "actor.optim.clip_grad")),
+    "checkpoint_every": Key(20, "count", "steps between checkpoints", ("trainer.save_freq",)),
+    "test_every": Key(0, "int", "steps between greedy test scores (val/score/mean); <= 0: never",
+                      ("trainer.test_freq", "trainer.val_before_train")),
+    "test_size": Key(100, "count", "test problems scored (the first ones)", backends=("local",)),
+    "test_temperature": Key(0.0, "nonnegative", "test sampling temperature; 0 = greedy",
+                            (A + "rollout.val_kwargs.temperature", A + "rollout.val_kwargs.do_sample"),
+                            backends=("verl",)),
+    "test_n": Key(1, "count", "test samples per problem", (A + "rollout.val_kwargs.n",), backends=("verl",)),
+    "dtype": Key("bfloat16", "text", "rollout and training compute dtype",
+                 (A + "rollout.dtype", A + "actor.fsdp_config.dtype"), backends=("verl",),
+                 choices=("bfloat16", "float16")),
+    "total_epochs": Key(1000, "count", "data passes at most (steps stop first)", ("trainer.total_epochs",),
+                        backends=("verl",)),
+}
+
+WARMSTART: dict[str, Key] = {
+    "steps": Key(300, "count", "supervised steps"),
+    "batch_size": Key(64, "count", "examples per step"),
+    "lr": Key(3.0e-3, "positive", "peak learning rate (warm-up, then cosine to 10%)"),
+    "warmup": Key(20, "count", "warm-up steps"),
+    "weight_decay": Key(0.0, "nonnegative", "AdamW weight decay"),
+    "seed": Key(0, "int", "initial weights and batch order"),
+    "eval_size": Key(200, "count", "test problems for the greedy solve rate"),
+    "max_new_tokens": Key(24, "count", "greedy answer length in the evaluation"),
+}
+
+
+def section_settings(cfg: dict, section: str, keys: dict[str, Key], backend: str,
+                     extra: dict | None = None) -> dict:
+    """Defaults updated from `cfg[section]` (then `extra`); unknown keys and bad values are errors."""
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend = {backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
+    given = {**(cfg.get(section) or {}), **(extra or {})}
+    if not isinstance(given, dict):
+        raise ConfigError(f"{section} must be a mapping, got {given!r}")
+    allowed = {k: key for k, key in keys.items() if backend in key.backends}
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        elsewhere = [k for k in unknown if k in keys]
+        hint = f" ({', '.join(elsewhere)}: not a setting of the {backend} backend)" if elsewhere else ""
+        raise ConfigError(f"unknown {section} setting(s) {unknown}{hint}; allowed: {', '.join(sorted(allowed))}")
+    return {k: key.check(f"{section}.{k}", given.get(k, key.default)) for k, key in allowed.items()}
+
+
+def rl_settings(cfg: dict, backend: str, model: str | None = None) -> dict:
+    """The `rl` section (with `model_specs.<model>.rl` on top), checked for one backend."""
+    extra = ((cfg.get("model_specs") or {}).get(model) or {}).get("rl") if model else None
+    rl = section_settings(cfg, "rl", RL, backend, extra)
+    if rl["samples_per_prompt"] < 2:
+        raise ConfigError(f"rl.samples_per_prompt = {rl['samples_per_prompt']}: GRPO groups need >= 2")
+    if rl["ppo_mini_batch_size"] is None:
+        rl["ppo_mini_batch_size"] = rl["prompts_per_step"]
+    if rl["prompts_per_step"] % rl["ppo_mini_batch_size"]:
+        raise ConfigError(f"rl.ppo_mini_batch_size = {rl['ppo_mini_batch_size']} must divide "
+                          f"rl.prompts_per_step = {rl['prompts_per_step']}")
+    return rl
+
+
+def warmstart_settings(cfg: dict) -> dict:
+    return section_settings(cfg, "warmstart", WARMSTART, "local")
+
+
+LOCAL_SPEC_KEYS = ("arch", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                   "head_dim", "intermediate_size", "rope_theta", "max_position_embeddings")
+
+
+def model_spec(cfg: dict, model: str, backend: str) -> dict:
+    """The `model_specs` entry of a model. A local model is built from its spec; a verl model is
+    loaded from `path` (a Hugging Face name or a local directory)."""
+    specs = cfg.get("model_specs") or {}
+    if model not in specs:
+        raise ConfigError(f"unknown model {model!r}; allowed: {sorted(specs)}")
+    spec = dict(specs[model])
+    if spec.get("arch") not in ("qwen2", "qwen3"):
+        raise ConfigError(f"model_specs.{model}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
+    if backend == "local":
+        unknown = sorted(set(spec) - set(LOCAL_SPEC_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown model_specs.{model} key(s) {unknown}; allowed: {', '.join(LOCAL_SPEC_KEYS)}")
+    elif not spec.get("path"):
+        raise ConfigError(f"model_specs.{model} has no 'path' (a Hugging Face model name or a local directory)")
+    return spec
