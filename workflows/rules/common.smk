@@ -18,7 +18,7 @@ CPU_ENV = "../../envs/cpu.yaml"
 GPU_ENV = "../../envs/verl-gpu.yaml"
 SCHEMA = "../schemas/config.schema.yaml"
 CLI = workflow.config_settings.config  # the --config values, as Snakemake parsed them
-CONFIG_FILES = [str(f) for f in workflow.config_settings.configfiles] or ["experiments/tiny.yaml"]
+CONFIG_FILES = [os.path.relpath(f) for f in workflow.config_settings.configfiles] or ["experiments/tiny.yaml"]
 
 
 def _typed(value):
