@@ -1,4 +1,5 @@
-"""`python -m verlrun {prepare-data,train,overrides,merge-metrics}`; all read the experiment config."""
+"""`python -m verlrun {prepare-data,stage-model,train,overrides,merge-metrics,preflight,plan}`; all read the
+experiment config."""
 
 from __future__ import annotations
 
@@ -41,6 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     merge = sub.add_parser("merge-metrics", help="merge metrics.part-*.jsonl and metrics.jsonl of a cell")
     merge.add_argument("cell")
 
+    stage = sub.add_parser("stage-model", help="download a model at its pinned revision into verl.models_dir")
+    stage.add_argument("--config", required=True)
+    stage.add_argument("--model", required=True, help="a key of model_specs")
+
+    pre = sub.add_parser("preflight", help="check driver, GPUs, imports, staged models and disk; exit 1 on a failure")
+    pre.add_argument("--config", required=True)
+
+    plan = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
+    plan.add_argument("--config", required=True)
+
     args = parser.parse_args(argv)
     from verlrun.config import load_config
 
@@ -52,7 +63,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if merged else 1
 
     cfg = load_config(args.config)
+    if args.command == "preflight":
+        from verlrun.preflight import main as preflight
+
+        return preflight(cfg)
     try:
+        if args.command == "stage-model":
+            from verlrun.models import StagingError, stage
+
+            try:
+                print(stage(cfg, args.model))
+            except StagingError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
+            return 0
+        if args.command == "plan":
+            from verlrun.plan import tables
+
+            print(tables(cfg))
+            return 0
         if args.command == "prepare-data":
             from verlrun.data import prepare
 
