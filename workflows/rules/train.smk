@@ -1,9 +1,13 @@
 # One grid cell per job; the only place that chooses a backend (localrl or verlrun).
 
 
+include: "models.smk"
+include: "cells.smk"
+
+
 rule train:
     input:
-        unpack(train_inputs),
+        unpack(cell_inputs),
     output:
         f"{RUNS}/{{model}}/{{ablation}}/seed{{seed}}/metrics.jsonl",
     params:
@@ -20,8 +24,9 @@ rule train:
     threads: train_resources()["threads"]
     resources:
         gpu=train_gpus,
-        runtime=train_resources()["runtime"],
-        mem_mb=train_resources()["mem_mb"],
+        nodes=cell_nodes,
+        runtime=cell_runtime,
+        mem_mb=cell_mem_mb,
     conda:
         TRAIN_ENV
     shell:

@@ -1,0 +1,29 @@
+# Verl backend: each Hub model downloaded once, at its pinned revision, into verl.models_dir; the
+# cells read that copy with the Hub offline. Runs where Snakemake runs (a login node with internet).
+import verlrun.models as staging
+
+
+def staged_model_input(wildcards):
+    """The staged model a verl cell reads ({} for the local backend or a local `path`)."""
+    if BACKEND != "verl" or staging.hub_source(config, wildcards.model) is None:
+        return {}
+    return {"hf_model": str(staging.local_path(config, wildcards.model))}
+
+
+def cell_inputs(wildcards):
+    return {**train_inputs(wildcards), **staged_model_input(wildcards)}
+
+
+rule stage_model:
+    output:
+        directory(f"{staging.models_dir(config)}/{{model}}"),
+    params:
+        config=CONFIG_FILE,
+        source=lambda wildcards: staging.hub_source(config, wildcards.model),
+    log:
+        f"{LOGS}/stage_model/{{model}}.log",
+    localrule: True
+    conda:
+        TRAIN_ENV
+    shell:
+        "python -m verlrun stage-model --config {params.config} --model {wildcards.model} > {log} 2>&1"
