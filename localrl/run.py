@@ -147,6 +147,11 @@ def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, pr
     engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
     sampler = PromptSampler(len(prompts), gens["data"])
     metrics_file = MetricsFile(out_dir / "metrics.jsonl")
+    # A run stopped by a signal parks its metrics (below) so that a scheduler never takes the cell
+    # for finished; the resumed run continues them.
+    aside = out_dir / "metrics.interrupted.jsonl"
+    if aside.exists() and not metrics_file.path.exists():
+        os.replace(aside, metrics_file.path)
     ckpt_dir = out_dir / "checkpoints"
 
     state = checkpoint.load_latest(ckpt_dir)
@@ -231,6 +236,7 @@ def _loop(cell, rl, seed, steps, out_dir, model_dir, train, test, stop_after, pr
                 msg = f"stopped by signal {stop.signum} after step {step}; checkpoint saved, rerun to resume"
                 log.warning(msg)
                 print(msg, file=sys.stderr)
+                os.replace(metrics_file.path, aside)
                 raise SystemExit(128 + stop.signum)
             if preempted:
                 break

@@ -213,7 +213,9 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes(setup, tmp_path):
     output = proc.communicate(timeout=300)[0].decode()
     assert proc.returncode == 128 + signal.SIGTERM, output[-2000:]
     assert "checkpoint saved" in output
-    stopped_at = _rows(metrics)[-1]["step"]
+    # Parked, so that a scheduler does not take the cell for finished; the resumed run takes it back.
+    assert not metrics.exists()
+    stopped_at = _rows(out / "metrics.interrupted.jsonl")[-1]["step"]
     assert 2 <= stopped_at < 30
     done = subprocess.run(cmd(stopped_at + 2), env=env, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
