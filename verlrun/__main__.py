@@ -1,4 +1,4 @@
-"""`python -m verlrun {prepare-data,stage-model,train,overrides,merge-metrics,preflight,plan}`; all read the
+"""`python -m verlrun {prepare-data,stage-model,train,overrides,merge-metrics,preflight,plan,check-env}`; all read the
 experiment config."""
 
 from __future__ import annotations
@@ -52,7 +52,17 @@ def main(argv: list[str] | None = None) -> int:
     plan = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
     plan.add_argument("--config", required=True)
 
+    env = sub.add_parser("check-env", help="resolve a conda env's pip section for Linux x86-64 with wheels only")
+    env.add_argument("env_file", help="e.g. envs/verl-gpu.yaml")
+    env.add_argument("--python-version", default="3.12")
+    env.add_argument("--glibc", default="2.31", help="the nodes' glibc (manylinux tags up to it)")
+    env.add_argument("--index-url", default="https://pypi.org/simple", help="the main index pip uses")
+
     args = parser.parse_args(argv)
+    if args.command == "check-env":
+        from verlrun.envcheck import main as check_env
+
+        return check_env(args.env_file, args.python_version, args.glibc, args.index_url)
     from verlrun.config import load_config
 
     if args.command == "merge-metrics":

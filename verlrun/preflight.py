@@ -3,6 +3,7 @@ failure. Nothing here needs a GPU to run; without one, the GPU checks fail and s
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from verlrun.overrides import VERL_DEFAULTS
 # torch 2.11 (pinned by verl[vllm] through vllm 0.24) ships CUDA 13 wheels: NVIDIA driver >= 580.
 MIN_DRIVER = 580
 MIN_CUDA = 13
+MIN_GLIBC = "2.31"
 # Imported in a fresh interpreter each, as the Ray workers do; the versions the environment pins.
 IMPORTS = {"torch": "2.11.0", "vllm": "0.24.0", "verl": "0.9.1", "flash_attn": "2.8.3", "patches.verl_plugin": None}
 
@@ -44,6 +46,12 @@ def check_driver(min_major: int = MIN_DRIVER) -> Check:
     major = int(version.split(".")[0])
     return Check("driver", major >= min_major,
                  f"{version} (CUDA 13 wheels of torch 2.11 need >= {min_major})")
+
+
+def check_glibc(minimum: str = MIN_GLIBC) -> Check:
+    found = platform.libc_ver()[1] or "unknown"
+    ok = found != "unknown" and tuple(int(x) for x in found.split(".")[:2]) >= tuple(int(x) for x in minimum.split("."))
+    return Check("glibc", ok, f"{found} (vllm 0.24's wheels need >= {minimum})")
 
 
 def check_gpus(needed: int) -> Check:
@@ -81,7 +89,7 @@ def check_models(cfg: dict) -> list[Check]:
         else:
             problems = models.check_complete(directory)
             why = "; ".join(problems) if problems else "not from the pinned revision (no or stale marker)"
-            checks.append(Check("model", False, f"{model}: {directory}: {why}; run the stage_model rule"))
+            checks.append(Check("model", False, f"{model}: {why}; run the stage_model rule"))
     return checks
 
 
@@ -105,7 +113,7 @@ def cell_gpus(cfg: dict) -> int:
 
 
 def run(cfg: dict) -> list[Check]:
-    checks = [check_driver(), check_gpus(cell_gpus(cfg))]
+    checks = [check_driver(), check_gpus(cell_gpus(cfg)), check_glibc()]
     checks += [check_import(module, version) for module, version in IMPORTS.items()]
     checks += check_models(cfg)
     checks.append(check_disk(cfg))
