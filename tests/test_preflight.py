@@ -73,3 +73,13 @@ def test_staged_models_and_disk(tmp_path, monkeypatch):
     assert preflight.check_disk(cfg).ok
     monkeypatch.setattr(models, "is_staged", lambda cfg, model: True)
     assert all(c.ok for c in preflight.check_models(cfg))
+
+
+def test_every_cell_must_fit_a_partition(tmp_path):
+    paper = load_config(PAPER)
+    assert all(c.ok for c in preflight.check_partitions(paper, preflight.PARTITIONS))
+    small = tmp_path / "partitions.yaml"
+    small.write_text("partitions:\n  gpu: {max_runtime: 1440, max_mem_mb: 500000, max_gpu: 8, max_nodes: 1}\n")
+    checks = {c.detail.split(":")[0]: c for c in preflight.check_partitions(paper, small)}
+    assert not checks["qwen3-8b"].ok and "2880 min" in checks["qwen3-8b"].detail and "fits none of gpu" in checks["qwen3-8b"].detail
+    assert not preflight.check_partitions(paper, tmp_path / "absent.yaml")[0].ok

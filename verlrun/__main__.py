@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pre = sub.add_parser("preflight", help="check driver, GPUs, imports, staged models and disk; exit 1 on a failure")
     pre.add_argument("--config", required=True)
+    pre.add_argument("--partitions", help="the cluster's partition limits (default: workflows/profiles/slurm/partitions.yaml)")
 
     plan = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
     plan.add_argument("--config", required=True)
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "preflight":
         from verlrun.preflight import main as preflight
 
-        return preflight(cfg)
+        return preflight(cfg, *([args.partitions] if args.partitions else []))
     try:
         if args.command == "stage-model":
             from verlrun.models import StagingError, stage

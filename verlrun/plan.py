@@ -8,7 +8,7 @@ from verlrun.overrides import RL_DEFAULTS, memory_setup, token_budget
 
 
 def memory_table(cfg: dict) -> str:
-    rows = ["| model | params | token budget per GPU | update | old-log-prob | rollout | usable | before: micro-batch, update |",
+    rows = ["| model | params | token budget per GPU | update | old-log-prob | rollout | usable | micro-batch mode (sequences x longest): update |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model in cfg["models"]:
         spec = model_spec(cfg, model)
@@ -18,7 +18,7 @@ def memory_table(cfg: dict) -> str:
         longest = int(rl["max_prompt_length"]) + int(rl["max_response_length"])
         budget = token_budget(cfg, model)
         peaks = memory.peak_bytes(shape, budget, setup)
-        micro = int(spec.get("previous_micro_batch", rl["micro_batch_size_per_gpu"]))
+        micro = int(rl["micro_batch_size_per_gpu"])
         before = memory.peak_bytes(shape, micro * longest, setup)["update"]
         rows.append(
             f"| {model} | {shape.params() / 1e9:.2f} B | {budget:,} | {peaks['update'] / memory.GIB:.1f} GiB | "

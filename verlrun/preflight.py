@@ -107,21 +107,49 @@ def check_disk(cfg: dict) -> Check:
     return Check("disk", free >= need, f"{free / tb:.2f} TB free at {existing}, the grid needs {need / tb:.2f} TB")
 
 
+def check_partitions(cfg: dict, partition_file: str | Path) -> list[Check]:
+    """Each model's cell fits at least one partition of the profile's partition file."""
+    import yaml
+
+    path = Path(partition_file)
+    if not path.is_file():
+        return [Check("partition", False, f"{path}: no such file")]
+    partitions = (yaml.safe_load(path.read_text()) or {}).get("partitions") or {}
+    verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
+    checks = []
+    for model in cfg["models"]:
+        spec = cfg["model_specs"][model]
+        want = {**(cfg.get("resources") or {}).get("train", {}), **(spec.get("resources") or {})}
+        gpus, nodes = int(spec.get("n_gpus_per_node", verl["n_gpus_per_node"])), int(spec.get("nnodes", verl["nnodes"]))
+        fitting = [name for name, lim in partitions.items()
+                   if lim.get("max_gpu", 0) >= gpus and lim.get("max_nodes", 1) >= nodes
+                   and lim.get("max_mem_mb", float("inf")) >= want.get("mem_mb", 0)
+                   and lim.get("max_runtime", float("inf")) >= want.get("runtime", 0)]
+        ask = f"{nodes} node(s) x {gpus} GPUs, {want.get('mem_mb')} MB, {want.get('runtime')} min"
+        checks.append(Check("partition", bool(fitting), f"{model}: {ask}: " + (f"fits {', '.join(fitting)}" if fitting
+                            else f"fits none of {', '.join(partitions) or 'no partitions'} in {path}")))
+    return checks
+
+
 def cell_gpus(cfg: dict) -> int:
     verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
     return max(int(cfg["model_specs"][m].get("n_gpus_per_node", verl["n_gpus_per_node"])) for m in cfg["models"])
 
 
-def run(cfg: dict) -> list[Check]:
+PARTITIONS = Path(__file__).resolve().parent.parent / "workflows/profiles/slurm/partitions.yaml"
+
+
+def run(cfg: dict, partition_file: str | Path = PARTITIONS) -> list[Check]:
     checks = [check_driver(), check_gpus(cell_gpus(cfg)), check_glibc()]
+    checks += check_partitions(cfg, partition_file)
     checks += [check_import(module, version) for module, version in IMPORTS.items()]
     checks += check_models(cfg)
     checks.append(check_disk(cfg))
     return checks
 
 
-def main(cfg: dict) -> int:
-    checks = run(cfg)
+def main(cfg: dict, partition_file: str | Path = PARTITIONS) -> int:
+    checks = run(cfg, partition_file)
     for check in checks:
         print(check.line(), flush=True)
     failed = sum(not c.ok for c in checks)
