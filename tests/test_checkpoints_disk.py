@@ -42,7 +42,7 @@ from pathlib import Path
 ckpt = Path(sys.argv[1])
 first, last = int(sys.argv[2]), int(sys.argv[3])
 with open(ckpt.parent / "seen_at_start.txt", "a") as seen:  # what this (re)started run found
-    seen.write(" ".join(sorted(p.name for p in ckpt.glob("global_step_*"))) + "\n")
+    seen.write(" ".join(sorted(p.name for p in ckpt.glob("global_step_*"))) + "\\n")
 with open(os.environ["VERL_FILE_LOGGER_PATH"], "wb") as f:
     for step in range(first, last + 1):
         f.write(json.dumps({"step": step, "data": {}}).encode() + b"\\n")

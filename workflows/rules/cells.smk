@@ -1,5 +1,18 @@
-# Scheduler resources of one training cell: the model's `resources` in model_specs, else the
-# config's resources.train. One node per cell unless the model asks for more (nnodes).
+# What one training cell reads (its staged model, verl backend) and the scheduler resources it gets:
+# the model's `resources` in model_specs, else the config's resources.train; one node per cell
+# unless the model asks for more (nnodes).
+import verlrun.models as staging
+
+
+def staged_model_input(wildcards):
+    """The staged model a verl cell reads ({} for the local backend or a local `path`)."""
+    if BACKEND != "verl" or staging.hub_source(config, wildcards.model) is None:
+        return {}
+    return {"hf_model": str(staging.local_path(config, wildcards.model))}
+
+
+def cell_inputs(wildcards):
+    return {**train_inputs(wildcards), **staged_model_input(wildcards)}
 
 
 def _cell_resource(name):

@@ -3,17 +3,6 @@
 import verlrun.models as staging
 
 
-def staged_model_input(wildcards):
-    """The staged model a verl cell reads ({} for the local backend or a local `path`)."""
-    if BACKEND != "verl" or staging.hub_source(config, wildcards.model) is None:
-        return {}
-    return {"hf_model": str(staging.local_path(config, wildcards.model))}
-
-
-def cell_inputs(wildcards):
-    return {**train_inputs(wildcards), **staged_model_input(wildcards)}
-
-
 rule stage_model:
     output:
         directory(f"{staging.models_dir(config)}/{{model}}"),

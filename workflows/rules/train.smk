@@ -1,8 +1,8 @@
 # One grid cell per job; the only place that chooses a backend (localrl or verlrun).
 
 
-include: "models.smk"
 include: "cells.smk"
+include: "models.smk"
 
 
 rule train:
