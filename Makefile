@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
 
-.PHONY: run test test-fast test-isa figures bench clean
+.PHONY: run test test-fast test-isa figures bench clean test-slurm check-env
 
 $(STAMP): envs/requirements-cpu.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -29,6 +29,17 @@ test-isa: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# A real one-node SLURM cluster on this machine (root, apt; a few minutes): the micro grid through
+# the slurm profile, a cancelled job and its resumption. Not part of `make test`.
+test-slurm: $(STAMP)
+	bash tests/slurm/start_cluster.sh
+	RLA_TEST_SLURM=1 nice -n 10 $(PY) -m pytest -q -p no:cacheprovider tests/slurm; status=$$?; \
+	bash tests/slurm/stop_cluster.sh; exit $$status
+
+# The GPU environment resolves to wheels for Linux x86-64 / CPython 3.12 (network, no GPU).
+check-env: $(STAMP)
+	$(PY) -m verlrun check-env envs/verl-gpu.yaml
 
 figures: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES) figures_only

@@ -23,3 +23,23 @@ def _stock_transformers():
     patches.remove()
     yield
     patches.remove()
+
+
+CONDA_STAND_IN = """#!/bin/sh
+# Answers the questions Snakemake asks conda while planning (a dry run creates no environment).
+case "$*" in
+  --version) echo "conda 24.11.0";;
+  "info --json") echo '{"conda_version": "24.11.0", "platform": "linux-64", "conda_prefix": "/opt/conda", "root_prefix": "/opt/conda", "envs_dirs": [], "pkgs_dirs": []}';;
+  "config --get channel_priority --json") echo '{"get": {"channel_priority": "strict"}}';;
+  *) echo "conda stand-in cannot: $*" >&2; exit 1;;
+esac
+"""
+
+
+@pytest.fixture
+def conda_on_path(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "conda").write_text(CONDA_STAND_IN)
+    (bin_dir / "conda").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from verlrun import launch, metrics
+from verlrun import launch, metrics, models
 from verlrun.config import ABLATION_REGIONS, load_config, regions_of
 from verlrun.data import prepare, to_verl_rows
 from verlrun.overrides import build_overrides, compose
@@ -49,7 +49,10 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
         assert all(part in cfg.trainer.experiment_name for part in (model, ablation, f"seed{seed}"))
         assert "file" in cfg.trainer.logger and "console" in cfg.trainer.logger
         assert cfg.algorithm.adv_estimator == "grpo"
-        assert cfg.actor_rollout_ref.model.path == paper["model_specs"][model]["path"]
+        # verl reads the staged local copy, never the Hub id, and the Hub is off in every worker.
+        assert cfg.actor_rollout_ref.model.path == str(models.local_path(paper, model).resolve())
+        assert Path(cfg.actor_rollout_ref.model.path).is_absolute()
+        assert env.HF_HUB_OFFLINE == "1" and env.TRANSFORMERS_OFFLINE == "1"
         assert cfg.actor_rollout_ref.model.external_lib == "patches.verl_plugin"
         assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.calculate_log_probs
         assert cfg.actor_rollout_ref.rollout.top_p == 1 and cfg.actor_rollout_ref.rollout.top_k == -1
@@ -59,6 +62,14 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
             cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu,
         }
         assert len(micro) == 1
+        # Dynamic batches: one token budget for the update and both log-prob passes.
+        dynamic = {cfg.actor_rollout_ref.actor.use_dynamic_bsz, cfg.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz,
+                   cfg.actor_rollout_ref.ref.log_prob_use_dynamic_bsz}
+        budgets = {cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu, cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu,
+                   cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu}
+        assert dynamic == {True} and len(budgets) == 1
+        assert budgets.pop() >= cfg.data.max_prompt_length + cfg.data.max_response_length
+        assert cfg.trainer.max_actor_ckpt_to_keep == paper["rl"]["keep_checkpoints"]
         assert cfg.actor_rollout_ref.actor.fsdp_config.dtype == paper["rl"]["dtype"]
         assert cfg.actor_rollout_ref.rollout.dtype == paper["rl"]["dtype"]
         assert {cfg.data.seed, cfg.actor_rollout_ref.rollout.seed, cfg.actor_rollout_ref.actor.data_loader_seed} == {seed}
@@ -181,6 +192,7 @@ def test_the_launcher_keeps_metrics_across_a_failure_and_a_resume(paper, tmp_pat
 
     monkeypatch.setattr(launch, "command", fake_command)
     monkeypatch.setattr(launch, "compose", lambda overrides: None)
+    monkeypatch.setattr(launch, "check_model", lambda cfg, model: None)
     cell = tmp_path / "runs/m/rope/seed0"
     model = paper["models"][0]
     assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 1
@@ -289,6 +301,7 @@ def test_a_relaunch_resumes_only_the_same_cell(paper, tmp_path, monkeypatch):
     script.write_text(FAKE_VERL)
     monkeypatch.setattr(launch, "command", lambda overrides, cell_dir: [sys.executable, str(script), "1", "3", "0"])
     monkeypatch.setattr(launch, "compose", lambda overrides: None)
+    monkeypatch.setattr(launch, "check_model", lambda cfg, model: None)
     cell, model = tmp_path / "runs/m/rope/seed0", paper["models"][0]
     assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=3) == 0
     (cell / "checkpoints").mkdir()

@@ -252,7 +252,7 @@ def test_figures_only_never_schedules_training(tmp_path):
     assert plan(work, "figures_only", "--rerun-triggers", "mtime", "params", "input", "code", "software-env") == {"figures_only": 1}
 
 
-def test_profiles_parse_and_plan_the_grid(tmp_path):
+def test_profiles_parse_and_plan_the_grid(tmp_path, conda_on_path):
     work = copy_workflow(tmp_path)
     cfg = load(work / "experiments/tiny.yaml")
     assert plan(work, "--workflow-profile", "workflows/profiles/local")["train"] == grid_size(cfg)

@@ -6,4 +6,8 @@ Modules, one job each:
 - `metrics`: keep earlier metrics when a run resumes (verl's file logger truncates its file).
 - `data`: GSM8K / MATH-style sources to verl's parquet schema.
 - `launch`: run one cell (resolved config, command, log, metric parts).
+- `models`: stage each model once, at a pinned revision, for offline cells.
+- `memory`: per-GPU memory estimate and the token budget that fits.
+- `checkpoints`, `disk`: checkpoints bounded across restarts; disk per cell and grid.
+- `preflight`, `envcheck`, `plan`: checks before submitting; the README's tables.
 """

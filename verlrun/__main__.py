@@ -1,4 +1,5 @@
-"""`python -m verlrun {prepare-data,train,overrides,merge-metrics}`; all read the experiment config."""
+"""`python -m verlrun {prepare-data,stage-model,train,overrides,merge-metrics,preflight,plan,check-env}`; all read the
+experiment config."""
 
 from __future__ import annotations
 
@@ -41,7 +42,28 @@ def main(argv: list[str] | None = None) -> int:
     merge = sub.add_parser("merge-metrics", help="merge metrics.part-*.jsonl and metrics.jsonl of a cell")
     merge.add_argument("cell")
 
+    stage = sub.add_parser("stage-model", help="download a model at its pinned revision into verl.models_dir")
+    stage.add_argument("--config", required=True)
+    stage.add_argument("--model", required=True, help="a key of model_specs")
+
+    pre = sub.add_parser("preflight", help="check driver, GPUs, imports, staged models and disk; exit 1 on a failure")
+    pre.add_argument("--config", required=True)
+    pre.add_argument("--partitions", help="the cluster's partition limits (default: workflows/profiles/slurm/partitions.yaml)")
+
+    plan = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
+    plan.add_argument("--config", required=True)
+
+    env = sub.add_parser("check-env", help="resolve a conda env's pip section for Linux x86-64 with wheels only")
+    env.add_argument("env_file", help="e.g. envs/verl-gpu.yaml")
+    env.add_argument("--python-version", default="3.12")
+    env.add_argument("--glibc", default="2.31", help="the nodes' glibc (manylinux tags up to it)")
+    env.add_argument("--index-url", default="https://pypi.org/simple", help="the main index pip uses")
+
     args = parser.parse_args(argv)
+    if args.command == "check-env":
+        from verlrun.envcheck import main as check_env
+
+        return check_env(args.env_file, args.python_version, args.glibc, args.index_url)
     from verlrun.config import load_config
 
     if args.command == "merge-metrics":
@@ -52,7 +74,25 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if merged else 1
 
     cfg = load_config(args.config)
+    if args.command == "preflight":
+        from verlrun.preflight import main as preflight
+
+        return preflight(cfg, *([args.partitions] if args.partitions else []))
     try:
+        if args.command == "stage-model":
+            from verlrun.models import StagingError, stage
+
+            try:
+                print(stage(cfg, args.model))
+            except StagingError as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
+            return 0
+        if args.command == "plan":
+            from verlrun.plan import tables
+
+            print(tables(cfg))
+            return 0
         if args.command == "prepare-data":
             from verlrun.data import prepare
 

@@ -22,7 +22,7 @@ def identity(rl: dict, verl: dict, spec: dict, model: str, ablation: str, seed: 
     splits = [data_dir / "train.parquet", data_dir / "test.parquet"]
     return cells.canonical({
         "backend": "verl", "model": model, "model_spec": spec, "ablation": ablation, "seed": int(seed),
-        "rl": {k: v for k, v in rl.items() if k != "checkpoint_every"}, "verl": verl,
+        "rl": {k: v for k, v in rl.items() if k not in ("checkpoint_every", "keep_checkpoints")}, "verl": verl,
         "data": cells.fingerprint(*splits) if all(p.exists() for p in splits) else "not prepared",
     })
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from verlrun import metrics
+from verlrun import checkpoints, metrics, models
 from verlrun.config import ABLATION_REGIONS, cell_rl, experiment_name, model_spec, regions_of
 from verlrun import cell
-from verlrun.overrides import build_overrides, cell_settings, compose, run_dir_override, worker_env
+from verlrun.overrides import RL_DEFAULTS, build_overrides, cell_settings, compose, run_dir_override, worker_env
 
 
 class Interrupted(Exception):
@@ -43,6 +43,16 @@ def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int,
         "command": shlex.join(cmd),
     }
     return cell
+
+
+def check_model(cfg: dict, model: str) -> None:
+    """The model must be staged before the job starts; the job itself is offline."""
+    if not models.is_staged(cfg, model):
+        raise FileNotFoundError(
+            f"model {model!r} is not staged (complete, at the pinned revision) in {models.local_path(cfg, model)}; "
+            f"run `python -m verlrun stage-model --config CONFIG --model {model}` on a node with internet "
+            f"(the workflow's stage_model rule does)"
+        )
 
 
 def _tee(proc: subprocess.Popen, log) -> None:
@@ -84,6 +94,11 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
     if dry_run:
         return 0
 
+    check_model(cfg, model)
+    keep = {**RL_DEFAULTS, **cell_rl(cfg, model)}["keep_checkpoints"]
+    # A restart needs only the checkpoint it resumes from; verl never prunes older runs' saves.
+    for path in checkpoints.prune(cell_dir / "checkpoints", 1 if keep else None):
+        print(f"removed {path} (resuming from a newer checkpoint)", flush=True)
     for kept in metrics.rotate(cell_dir):
         print(f"kept the earlier metrics as {kept.name}", flush=True)
     # The driver gets the same variables as the workers (a local Ray cluster inherits them).
@@ -104,6 +119,7 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
         finally:
             signal.signal(signal.SIGTERM, previous)
         log.write(f"=== exit status {status}\n")
+    checkpoints.prune(cell_dir / "checkpoints", keep)
     if status == 0:
         merged = metrics.merge(cell_dir)
         if merged is None:

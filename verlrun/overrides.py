@@ -6,11 +6,13 @@ experiment depends on it), so the list in a cell's `config.yaml` is the whole st
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from pathlib import Path
 
 from rla.metricslog import RUNNING
+from verlrun import memory, models
 from verlrun.config import cell_rl, experiment_name, model_spec, regions_of
 
 # verl imports this module in every worker before `from_pretrained`; it applies the alignment
@@ -18,12 +20,15 @@ from verlrun.config import cell_rl, experiment_name, model_spec, regions_of
 PLUGIN_MODULE = "patches.verl_plugin"
 ENV_PREFIX = "+ray_kwargs.ray_init.runtime_env.env_vars"
 
-# Defaults for RL settings a config may leave out (FACTS.md section 6 gives the choices).
+# Defaults for RL settings a config may leave out (settings of published GRPO runs on Qwen models).
 RL_DEFAULTS = {
     "prompts_per_step": 64,
     "samples_per_prompt": 8,
     "ppo_mini_batch_size": 16,
-    "micro_batch_size_per_gpu": 4,
+    "micro_batch_size_per_gpu": 4,      # used when use_dynamic_bsz is false
+    "use_dynamic_bsz": False,
+    "max_token_len_per_gpu": "auto",    # with use_dynamic_bsz: tokens per micro-batch, "auto" = memory plan
+    "keep_checkpoints": 2,              # trainer.max_actor_ckpt_to_keep; null keeps every one
     "max_prompt_length": 1024,
     "max_response_length": 4096,
     "temperature": 1.0,
@@ -48,8 +53,13 @@ VERL_DEFAULTS = {
     "n_gpus_per_node": 8,
     "rollout_tp": 1,
     "gpu_memory_utilization": 0.6,
+    "gpu_memory_gib": 80,
+    "memory_margin": 0.15,
     "overrides": [],
 }
+# The experiment's dtype, as verl's FSDP engine reads it (`fsdp_config.mixed_precision`, PrecisionType
+# names). FP16 also turns on verl's ShardedGradScaler (loss scaling); FP32 gradients reduce either way.
+FSDP_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def hydra_value(value) -> str:
@@ -63,6 +73,8 @@ def hydra_value(value) -> str:
         return repr(value)
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, str):
         return "'" + value.replace("'", "\\'") + "'"
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override")
@@ -89,11 +101,78 @@ def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]
         "VERL_FILE_LOGGER_PATH": str(cell_dir / RUNNING),  # metrics.jsonl: only once the cell finished
         # The patches package lives in this repository; workers on other nodes need it on the path.
         "PYTHONPATH": pythonpath,
+        # Models are staged before the job (verlrun.models); nothing in a job talks to the Hub.
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
     }
     wandb = cfg.get("wandb") or {}
     if wandb.get("enabled") and os.environ.get("WANDB_MODE", wandb.get("mode")):
         env["WANDB_MODE"] = os.environ.get("WANDB_MODE", wandb.get("mode"))
     return env
+
+
+def memory_setup(cfg: dict, model: str) -> memory.Setup:
+    """The memory plan's inputs for a model's cells. Every ablation of a model gets the same plan
+    (the residual pair of the rmsnorm alignment counted for all), so cells differ only in alignment."""
+    _, verl = cell_settings(cfg, model)
+    return memory.Setup(
+        gpus=int(verl["nnodes"]) * int(verl["n_gpus_per_node"]),
+        gpu_gib=float(verl["gpu_memory_gib"]),
+        margin=float(verl["memory_margin"]),
+        vllm_utilization=float(verl["gpu_memory_utilization"]),
+    )
+
+
+def token_budget(cfg: dict, model: str) -> int:
+    """Tokens per micro-batch and GPU (dynamic batch size), equal for the old-log-prob pass and the
+    update: the configured number, or the largest that the memory plan fits ("auto")."""
+    rl, _ = cell_settings(cfg, model)
+    budget = rl["max_token_len_per_gpu"]
+    longest = int(rl["max_prompt_length"]) + int(rl["max_response_length"])
+    if budget == "auto":
+        return memory.plan_token_budget(memory.shape_of(model_spec(cfg, model)), memory_setup(cfg, model), longest)
+    if not isinstance(budget, int) or budget < longest:
+        raise ValueError(
+            f"{model}: max_token_len_per_gpu={budget!r}; allowed: 'auto' or an integer >= the longest "
+            f"sequence ({longest} = max_prompt_length + max_response_length)"
+        )
+    return budget
+
+
+def _batching(cfg: dict, model: str, rl: dict) -> dict:
+    """Micro-batching of the update and of both log-prob passes, kept equal (unequal micro-batches
+    add a mismatch of their own)."""
+    if rl["use_dynamic_bsz"]:
+        budget = token_budget(cfg, model)
+        return {
+            "actor_rollout_ref.actor.use_dynamic_bsz": True,
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": budget,
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": True,
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": budget,
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": budget,
+        }
+    micro = rl["micro_batch_size_per_gpu"]
+    return {
+        **_batching(cfg, model, rl),
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
+    }
+
+
+def _precision(rl: dict) -> dict:
+    if rl["dtype"] not in FSDP_PRECISION:
+        raise ValueError(f"rl.dtype={rl['dtype']!r}; allowed: {', '.join(FSDP_PRECISION)}")
+    short = FSDP_PRECISION[rl["dtype"]]
+    return {
+        # fp32 master weights; compute (params, autocast) in the experiment's dtype.
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": short, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        # Not read by the FSDP engine; kept equal so nothing downstream sees another dtype.
+        "actor_rollout_ref.actor.fsdp_config.dtype": rl["dtype"],
+        "actor_rollout_ref.rollout.dtype": rl["dtype"],
+    }
 
 
 def build_overrides(
@@ -113,7 +192,9 @@ def build_overrides(
     data_dir = Path(data_dir).resolve()
     steps = int(steps if steps is not None else cfg["steps"])
     seed = int(seed)
-    micro = rl["micro_batch_size_per_gpu"]
+    keep = rl["keep_checkpoints"]
+    if keep is not None and (not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"rl.keep_checkpoints={keep!r}; allowed: an integer >= 1, or null to keep every checkpoint")
     wandb = cfg.get("wandb") or {}
     loggers = ["console", "file"] + (["wandb"] if wandb.get("enabled") else [])
     kl_coef = float(rl["kl_coef"])
@@ -129,7 +210,8 @@ def build_overrides(
         "data.max_response_length": rl["max_response_length"],
         "data.filter_overlong_prompts": True,
         "data.seed": seed,
-        "actor_rollout_ref.model.path": str(spec["path"]),
+        # The staged local copy (verlrun.models); verl would otherwise download in every rank.
+        "actor_rollout_ref.model.path": str(models.local_path(cfg, model).resolve()),
         "actor_rollout_ref.model.external_lib": PLUGIN_MODULE,
         "actor_rollout_ref.model.use_remove_padding": True,
         "actor_rollout_ref.model.enable_gradient_checkpointing": True,
@@ -142,8 +224,7 @@ def build_overrides(
         "actor_rollout_ref.actor.optim.clip_grad": float(rl["grad_clip"]),
         "actor_rollout_ref.actor.grad_clip": float(rl["grad_clip"]),
         "actor_rollout_ref.actor.ppo_mini_batch_size": rl["ppo_mini_batch_size"],
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": micro,
-        "actor_rollout_ref.actor.use_dynamic_bsz": False,
+        **_batching(cfg, model, rl),
         "actor_rollout_ref.actor.clip_ratio_low": float(rl["clip_ratio_low"]),
         "actor_rollout_ref.actor.clip_ratio_high": float(rl["clip_ratio_high"]),
         "actor_rollout_ref.actor.use_kl_loss": kl_coef > 0,
@@ -152,13 +233,11 @@ def build_overrides(
         "actor_rollout_ref.actor.entropy_coeff": float(rl["entropy_coeff"]),
         "actor_rollout_ref.actor.loss_agg_mode": rl["loss_agg_mode"],
         "actor_rollout_ref.actor.data_loader_seed": seed,
-        # FSDP mixed precision: fp32 master weights, compute in the experiment's dtype.
-        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
-        "actor_rollout_ref.actor.fsdp_config.dtype": rl["dtype"],
+        **_precision(rl),
         "actor_rollout_ref.actor.fsdp_config.seed": seed,
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
+        # Entropy (a metric here) in FP32 chunks instead of FP32 copies of all logits (memory plan).
+        "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking": True,
         "actor_rollout_ref.rollout.name": "vllm",
-        "actor_rollout_ref.rollout.dtype": rl["dtype"],
         # The compiled engine path is the reference the training side is aligned to.
         "actor_rollout_ref.rollout.enforce_eager": False,
         "actor_rollout_ref.rollout.n": rl["samples_per_prompt"],
@@ -167,8 +246,6 @@ def build_overrides(
         "actor_rollout_ref.rollout.top_p": 1.0,
         "actor_rollout_ref.rollout.top_k": -1,
         "actor_rollout_ref.rollout.calculate_log_probs": True,
-        # Equal log-prob and update micro-batches (unequal ones add a mismatch of their own).
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
         "actor_rollout_ref.rollout.tensor_model_parallel_size": verl["rollout_tp"],
         "actor_rollout_ref.rollout.gpu_memory_utilization": float(verl["gpu_memory_utilization"]),
         "actor_rollout_ref.rollout.seed": seed,
@@ -182,6 +259,9 @@ def build_overrides(
         "trainer.logger": loggers,
         "trainer.default_local_dir": str(cell_dir / "checkpoints"),
         "trainer.resume_mode": "auto",
+        # verl prunes only what the running process saved; the launcher prunes across restarts.
+        "trainer.max_actor_ckpt_to_keep": keep,
+        "trainer.max_critic_ckpt_to_keep": keep,
         "trainer.total_training_steps": steps,
         "trainer.total_epochs": rl["total_epochs"],
         "trainer.save_freq": rl["checkpoint_every"],
@@ -217,13 +297,26 @@ def compose(overrides: list[str]):
     inconsistent batch setup; needs verl and Hydra, not a GPU."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
     with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
         config = hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
+    checked = [config]
+    if config.actor_rollout_ref.actor.use_dynamic_bsz:
+        # verl skips its batch-size checks with dynamic batches, but the batch is still split over
+        # the GPUs: check the same config with one-sequence micro-batches too.
+        static = copy.deepcopy(config)
+        with open_dict(static):
+            for section in ("actor", "rollout", "ref"):
+                node = static.actor_rollout_ref[section]
+                node["use_dynamic_bsz" if section == "actor" else "log_prob_use_dynamic_bsz"] = False
+                node["ppo_micro_batch_size_per_gpu" if section == "actor" else "log_prob_micro_batch_size_per_gpu"] = 1
+        checked.append(static)
     with warnings.catch_warnings():
         # GRPO runs without a critic on purpose; verl warns about that on every check.
         warnings.filterwarnings("ignore", message="Disabled critic")
-        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        for each in checked:
+            validate_config(each, use_reference_policy=need_reference_policy(each), use_critic=need_critic(each))
     return config

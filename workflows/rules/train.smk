@@ -1,9 +1,13 @@
 # One grid cell per job; the only place that chooses a backend (localrl or verlrun).
 
 
+include: "cells.smk"
+include: "models.smk"
+
+
 rule train:
     input:
-        unpack(train_inputs),
+        unpack(cell_inputs),
     output:
         f"{RUNS}/{{model}}/{{ablation}}/seed{{seed}}/metrics.jsonl",
     params:
@@ -14,15 +18,14 @@ rule train:
         data=lambda wildcards, input: f"--data {os.path.dirname(input.train)}" if BACKEND == "verl" else "",
     log:
         f"{LOGS}/train/{{model}}/{{ablation}}/seed{{seed}}.log",
-    message:
-        "cell {wildcards.model}/{wildcards.ablation}/seed{wildcards.seed}; follow it with: tail -f {log}"
     benchmark:
         f"{RESULTS}/benchmarks/train/{{model}}/{{ablation}}/seed{{seed}}.tsv"
     threads: train_resources()["threads"]
     resources:
         gpu=train_gpus,
-        runtime=train_resources()["runtime"],
-        mem_mb=train_resources()["mem_mb"],
+        nodes=cell_nodes,
+        runtime=cell_runtime,
+        mem_mb=cell_mem_mb,
     conda:
         TRAIN_ENV
     shell:

@@ -1,0 +1,62 @@
+"""Disk a grid needs: checkpoints per cell (bounded by `rl.keep_checkpoints`) and the staged models.
+
+A verl FSDP checkpoint holds the FP32 weights and both AdamW moments (`save_contents` model,
+optimizer, extra): 12 bytes per parameter; the RNG state, data-loader state, config and tokenizer
+are megabytes. verl frees room before it saves when keeping 2 or more (so `keep` exist at the
+peak) and keeps the old one until the new one is written when keeping 1 (2 at the peak). After a
+restart the launcher keeps the checkpoint it resumes from, which the new process never prunes:
+one more at the peak.
+"""
+
+from __future__ import annotations
+
+from verlrun import memory
+from verlrun.config import cell_rl, model_spec
+from verlrun.overrides import RL_DEFAULTS
+
+CHECKPOINT_BYTES_PER_PARAM = 4 + 8
+SMALL_FILES = 64 * 1024**2      # logs, metrics, configs, tokenizer copies per checkpoint or cell
+STAGED_BYTES_PER_PARAM = 2      # BF16 safetensors on the Hub
+
+
+def checkpoint_bytes(shape: memory.Shape) -> int:
+    return CHECKPOINT_BYTES_PER_PARAM * shape.params() + SMALL_FILES
+
+
+def checkpoints_at_peak(keep: int | None, steps: int, save_every: int) -> int:
+    if keep is None:
+        return max(1, steps // max(1, save_every))
+    return max(keep, 2) + 1
+
+
+def cell_bytes(cfg: dict, model: str) -> int:
+    rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
+    shape = memory.shape_of(model_spec(cfg, model))
+    count = checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"]))
+    return count * checkpoint_bytes(shape) + SMALL_FILES
+
+
+def grid_rows(cfg: dict) -> list[dict]:
+    """One row per model of the configured grid: checkpoint, cell and model-total bytes."""
+    cells_per_model = len(cfg["ablations"]) * len(cfg["seeds"])
+    rows = []
+    for model in cfg["models"]:
+        shape = memory.shape_of(model_spec(cfg, model))
+        rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
+        cell = cell_bytes(cfg, model)
+        rows.append({
+            "model": model,
+            "params": shape.params(),
+            "checkpoint": checkpoint_bytes(shape),
+            "checkpoints_per_cell": checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"])),
+            "cell": cell,
+            "cells": cells_per_model,
+            "staged_model": STAGED_BYTES_PER_PARAM * shape.params(),
+            "total": cells_per_model * cell + STAGED_BYTES_PER_PARAM * shape.params(),
+        })
+    return rows
+
+
+def grid_bytes(cfg: dict) -> int:
+    """Everything the grid writes at its peak: every cell's checkpoints plus the staged models."""
+    return sum(row["total"] for row in grid_rows(cfg))

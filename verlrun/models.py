@@ -1,0 +1,151 @@
+"""Stage each model once, at a pinned revision, into a local directory the cells read offline.
+
+verl copies only `hdfs://` paths to local disk; a Hub id would make every rank of every cell
+download the model, and offline compute nodes fail. So a login node with internet downloads each
+model once (`python -m verlrun stage-model`, the workflow's `stage_model` rule), checks the copy is
+complete, and the cells point verl at it with the Hub switched off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+from pathlib import Path
+
+from rla import layout
+from verlrun.config import model_spec
+
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+MARKER = ".staged.json"
+# Weights, configs and tokenizer files; not the original PyTorch .bin copies some repos also carry.
+ALLOW_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py"]
+
+
+class StagingError(RuntimeError):
+    """A model could not be staged, or a staged copy is incomplete."""
+
+
+def models_dir(cfg: dict) -> Path:
+    """Where staged models live: `verl.models_dir`, else <results_dir>/hf_models. On a cluster,
+    put it on a file system every compute node mounts."""
+    verl = cfg.get("verl") or {}
+    return Path(verl.get("models_dir") or layout.results_dir(cfg) / "hf_models")
+
+
+def hub_source(cfg: dict, model: str) -> tuple[str, str] | None:
+    """(repo id, pinned commit) of a model that must be staged; None when `path` is a local
+    directory, which the cells use as it is."""
+    spec = model_spec(cfg, model)
+    path = str(spec["path"])
+    if os.path.isdir(path) or not HUB_ID_RE.match(path):
+        return None
+    revision = str(spec.get("revision") or "")
+    if not COMMIT_RE.match(revision):
+        raise ValueError(
+            f"model_specs.{model}: Hub model {path!r} needs `revision:` pinned to a 40-character commit "
+            f"hash (got {revision or 'none'!r}); branch names like 'main' move"
+        )
+    return path, revision
+
+
+def local_path(cfg: dict, model: str) -> Path:
+    """The directory verl loads the model from: the staged copy, or the spec's local `path`."""
+    if hub_source(cfg, model) is None:
+        return Path(model_spec(cfg, model)["path"])
+    return models_dir(cfg) / model
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is unusable (truncated, no header), or None when it is whole."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{path.name}: {size} bytes, no header"
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if 8 + header_len > size:
+            return f"{path.name}: header of {header_len} bytes runs past the end ({size} bytes)"
+        try:
+            header = json.loads(f.read(header_len))
+        except ValueError:
+            return f"{path.name}: header is not JSON"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        return f"{path.name}: truncated ({size} bytes, tensors need {8 + header_len + end})"
+    return None
+
+
+def check_complete(directory: str | Path) -> list[str]:
+    """What is missing or broken in a model directory ([] = complete): config, tokenizer, and every
+    weight shard named by the index, each one whole."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return [f"{directory}: no such directory"]
+    problems = []
+    if not (directory / "config.json").is_file():
+        problems.append("config.json missing")
+    if not (directory / "tokenizer.json").is_file() and not (directory / "vocab.json").is_file():
+        problems.append("tokenizer missing (tokenizer.json or vocab.json)")
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        shards = ["model.safetensors"]
+    for shard in shards:
+        path = directory / shard
+        if not path.is_file():
+            problems.append(f"{shard} missing")
+        elif (problem := _safetensors_problem(path)) is not None:
+            problems.append(problem)
+    return problems
+
+
+def is_staged(cfg: dict, model: str) -> bool:
+    """The staged copy exists, is complete and is of the pinned revision."""
+    source = hub_source(cfg, model)
+    directory = local_path(cfg, model)
+    if source is None:
+        return not check_complete(directory)
+    marker = directory / MARKER
+    if not marker.is_file() or check_complete(directory):
+        return False
+    return json.loads(marker.read_text()).get("revision") == source[1]
+
+
+def stage(cfg: dict, model: str, download=None) -> Path:
+    """Download the model at its pinned revision into models_dir/<model> (atomically: into a
+    temporary directory that is renamed once complete). `download` defaults to
+    huggingface_hub.snapshot_download; tests pass a stand-in."""
+    source = hub_source(cfg, model)
+    dest = local_path(cfg, model)
+    if source is None:
+        problems = check_complete(dest)
+        if problems:
+            raise StagingError(f"{model}: local model directory {dest} is incomplete: {'; '.join(problems)}")
+        return dest
+    if is_staged(cfg, model):
+        return dest
+    repo, revision = source
+    if download is None:
+        from huggingface_hub import snapshot_download as download
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        download(repo_id=repo, revision=revision, local_dir=str(tmp), allow_patterns=ALLOW_PATTERNS)
+    except Exception as err:  # network, auth, unknown revision: one clear line, not a traceback in 8 ranks
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise StagingError(f"{model}: downloading {repo}@{revision} failed: {type(err).__name__}: {err}") from err
+    problems = check_complete(tmp)
+    if problems:
+        raise StagingError(
+            f"{model}: the download of {repo}@{revision} into {tmp} is incomplete: {'; '.join(problems)}"
+        )
+    shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+    (tmp / MARKER).write_text(json.dumps({"repo": repo, "revision": revision}) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest

@@ -1,0 +1,17 @@
+# Verl backend: each Hub model downloaded once, at its pinned revision, into verl.models_dir; the
+# cells read that copy with the Hub offline. Runs where Snakemake runs (a login node with internet).
+import verlrun.models as staging
+
+
+rule stage_model:
+    output:
+        directory(f"{staging.models_dir(config)}/{{model}}"),
+    params:
+        source=lambda wildcards: staging.hub_source(config, wildcards.model),
+    log:
+        f"{LOGS}/stage_model/{{model}}.log",
+    localrule: True
+    conda:
+        TRAIN_ENV
+    shell:
+        "python -m verlrun stage-model --config $RLA_CONFIG --model {wildcards.model} > {log} 2>&1"
