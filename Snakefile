@@ -2,9 +2,13 @@
 #   snakemake --cores N                                   the embedded default (experiments/tiny.yaml)
 #   snakemake --configfile experiments/paper.yaml --workflow-profile workflows/profiles/slurm
 #   snakemake --cores 1 figures_only                      figures from existing logs; never trains
+#   snakemake --report results/<profile>/report.html      a browsable report of figures and tables
 from snakemake.utils import min_version
 
 min_version("9.0")
+
+
+report: "workflows/report/workflow.rst"
 
 
 # tiny.yaml is the default only: a --configfile replaces it instead of being merged into it.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from rla import config as rla_config
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,7 @@ def load_config(path: str | Path | None) -> AnalysisConfig:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    with path.open() as fh:
-        raw = yaml.safe_load(fh) or {}
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    raw = rla_config.load(path)
     section = raw.get("collapse")
     if section is not None and not isinstance(section, dict):
         raise ValueError(f"{path}: 'collapse' must be a mapping, got {type(section).__name__}")

@@ -26,12 +26,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rla.names import REGIONS, subset_name
 from analysis.output import to_markdown, write_csv, write_text
 from analysis.style import ABLATION_COLORS, apply_theme
 
 log = logging.getLogger(__name__)
 
-REGIONS = ("rope", "swiglu", "rmsnorm")  # the contract's region names
 MAIN_REFERENCE = "engine_forward"
 SAMPLING_REFERENCE = "engine_sampling"
 ENGINE_ORDER = "all+engine_order"
@@ -48,14 +48,6 @@ REQUIRED = {
     "by_probability": ["setting", "p_low", "p_high", "n_tokens", "mean_abs_dlogprob"],
     "by_position": ["setting", "scope", "position_low", "n_tokens", "mean_abs_dlogprob"],
 }
-
-
-def subset_name_of(regions) -> str:
-    """A setting's name from its regions (the probe's naming): none, rope, rope+swiglu, ..., all."""
-    regions = [r for r in REGIONS if r in set(regions)]
-    if not regions:
-        return "none"
-    return "all" if len(regions) == len(REGIONS) else "+".join(regions)
 
 
 def color(setting: str) -> str:

@@ -39,7 +39,8 @@ def bench_step(model: str, steps: int, ablation: str) -> dict:
     import numpy as np
     import torch
 
-    from localrl.config import load_config, resolve_cell
+    from localrl.config import resolve_cell
+    from rla.config import load as load_config
     from localrl.data import write_splits
     from localrl.engine.engine import Engine
     from localrl.run import PromptSampler

@@ -43,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 import patches  # noqa: E402
 from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
+from tests.numerics import stock_rms_norm  # noqa: E402,F401
+from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 BF16 = torch.bfloat16
 EPS = 1e-6
@@ -71,24 +73,9 @@ QUICK_SHAPES = [Shape("quick", "qwen2", 256, 4, 2, 64, 512, 64, 64),
 IMPLS = ("stock", "aligned-eager", "aligned-fused", "liger")
 
 # ---------------------------------------------------------------------------------------------
-# Stock HF formulas (transformers' Qwen2/Qwen3 modeling code, written out)
+# Stock HF formulas: transformers' own RoPE, its RMSNorm written out (tests/numerics.py)
 
-
-def stock_rms_norm(x: Tensor, weight: Tensor, eps: float = EPS) -> Tensor:
-    xf = x.to(torch.float32)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def stock_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """q, k: (B, H, T, D); cos, sin: (B, T, D)."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (q * cos) + (rotate_half(q) * sin), (k * cos) + (rotate_half(k) * sin)
+stock_rope = modeling_qwen2.apply_rotary_pos_emb
 
 
 # ---------------------------------------------------------------------------------------------

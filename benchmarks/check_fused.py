@@ -26,7 +26,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_regions import stock_rms_norm, stock_rope  # noqa: E402
+from benchmarks.bench_regions import stock_rope  # noqa: E402
+from tests.numerics import stock_rms_norm  # noqa: E402
 from localrl.engine import ops  # noqa: E402
 from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
 
@@ -44,11 +45,8 @@ def compare(got: torch.Tensor, want: torch.Tensor) -> dict:
 
 
 def with_impl(impl: str, fn, *args):
-    _precision.set_impl(impl)
-    try:
+    with _precision.using(impl):
         return fn(*args)
-    finally:
-        _precision.set_impl("auto")
 
 
 def regions(shape, tokens: int, device):

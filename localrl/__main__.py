@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rla.config import ConfigError
+
 
 def _prepare_data(args, cfg):
-    from localrl.config import ConfigError
     from localrl.data import write_splits
     from localrl.task import TaskSettings
 
@@ -25,11 +26,11 @@ def _prepare_data(args, cfg):
 
 
 def _warmstart(args, cfg):
-    from localrl.config import model_spec
     from localrl.config import default_paths
-    from localrl.warmstart import warmstart, warmstart_settings
+    from localrl.warmstart import warmstart
+    from rla.config import model_spec, warmstart_settings
 
-    model_spec(cfg, args.model)  # fail on an unknown model or setting before any work
+    model_spec(cfg, args.model, "local")  # fail on an unknown model or setting before any work
     warmstart_settings(cfg)
     data = args.data or default_paths(cfg, args.model)[0]
     warmstart(cfg, args.model, data, args.out)
@@ -83,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from localrl.config import ConfigError, load_config
+    from rla.config import ConfigError, load
 
     args = parser().parse_args(argv)
     import torch
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # times slower; run cells side by side instead (snakemake --cores N).
     torch.set_num_threads(args.threads)
     try:
-        cfg = load_config(args.config)
+        cfg = load(args.config)
         {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train, "probe": _probe}[args.command](args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

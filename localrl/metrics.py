@@ -43,7 +43,7 @@ def mismatch_metrics(old_log_probs, rollout_log_probs, response_mask, responses)
 
 
 def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
-                 max_new_tokens: int) -> dict[str, float]:
+                 max_response_length: int) -> dict[str, float]:
     """verl's compute_data_metrics names for the parts this backend has (no critic)."""
     lengths = response_mask.float().sum(1)
     valid_adv = advantages[response_mask.bool()]
@@ -57,7 +57,7 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
         "response_length/mean": lengths.mean().item(),
         "response_length/max": lengths.max().item(),
         "response_length/min": lengths.min().item(),
-        "response_length/clip_ratio": (lengths >= max_new_tokens).float().mean().item(),
+        "response_length/clip_ratio": (lengths >= max_response_length).float().mean().item(),
     }
 
 

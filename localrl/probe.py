@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 
 import patches
+from rla.config import ConfigError
+from rla.names import REGIONS, subset_name
 from localrl.engine.engine import Engine, Rollout, prefill_mask
 from localrl.trainer import Batch, sequence_inputs
 
@@ -54,17 +56,9 @@ class Setting:
     reduction: str = "eager"
 
 
-def subset_name(regions: tuple[str, ...]) -> str:
-    if not regions:
-        return "none"
-    if set(regions) == set(patches.REGIONS):
-        return "all"
-    return "+".join(regions)
-
-
 def probe_settings() -> list[Setting]:
-    """Every subset of the regions (by size, in `patches.REGIONS` order), then all + engine order."""
-    regions = patches.REGIONS
+    """Every subset of the regions (by size, in `REGIONS` order), then all + engine order."""
+    regions = REGIONS
     subsets = [c for k in range(len(regions) + 1) for c in itertools.combinations(regions, k)]
     settings = [Setting(subset_name(c), c) for c in subsets]
     return settings + [Setting(ENGINE_ORDER, tuple(regions), "inductor_cpu")]
@@ -279,7 +273,7 @@ class ProbeResult:
 def _describe(setting: Setting) -> dict:
     return {"setting": setting.name, "regions": ",".join(setting.regions) or "none",
             "n_regions": len(setting.regions), "reduction": setting.reduction,
-            **{region: region in setting.regions for region in patches.REGIONS}}
+            **{region: region in setting.regions for region in REGIONS}}
 
 
 def sample_rollout(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:
@@ -297,7 +291,7 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
 
     # The engine's own prefill-vs-decode part, which no training-side alignment can remove.
     engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "",
-                  **{region: np.nan for region in patches.REGIONS}}
+                  **{region: np.nan for region in REGIONS}}
     subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
                     **mismatch_summary(ref.logprobs, layout.sampling, layout)})
 
@@ -343,7 +337,7 @@ def add_parser(subparsers):
     p.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
     p.add_argument("--data", help="data dir with test.parquet (default: {results_dir}/data)")
     p.add_argument("--n-prompts", type=int, default=128, help="test prompts to probe (default 128)")
-    p.add_argument("--max-new-tokens", type=int, help="response length (default: the config's rl.max_new_tokens)")
+    p.add_argument("--max-new-tokens", type=int, help="response length (default: the config's rl.max_response_length)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt choice and the sampling (default 0)")
     p.add_argument("--position-bin", type=int, default=DEFAULT_POSITION_BIN,
                    help=f"width of the position bins (default {DEFAULT_POSITION_BIN})")
@@ -352,16 +346,12 @@ def add_parser(subparsers):
 
 
 def _positive(name: str, value) -> int:
-    from localrl.config import ConfigError
-
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return value
 
 
 def choose_prompts(test: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
-    from localrl.config import ConfigError
-
     if n > len(test):
         raise ConfigError(f"--n-prompts {n} exceeds the {len(test)} prompts of the test split; allowed: 1..{len(test)}")
     index = np.sort(np.random.default_rng(seed).choice(len(test), size=n, replace=False))
@@ -371,17 +361,18 @@ def choose_prompts(test: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
 def main(args, cfg: dict | None = None) -> int:
     from transformers import AutoTokenizer
 
-    from localrl.config import ConfigError, load_config, model_spec, rl_settings
+    from rla.config import load as load_config
+    from rla.config import model_spec, rl_settings
     from localrl.data import load_split
     from localrl.config import default_paths
     from localrl.task import render_prompt
     from localrl.trainer import Trainer
 
     cfg = load_config(args.config) if cfg is None else cfg
-    model_spec(cfg, args.model)  # an unknown model fails before any work
-    rl = rl_settings(cfg)
+    model_spec(cfg, args.model, "local")  # an unknown model fails before any work
+    rl = rl_settings(cfg, "local", args.model)
     n_prompts = _positive("--n-prompts", args.n_prompts)
-    max_new_tokens = _positive("--max-new-tokens", rl["max_new_tokens"] if args.max_new_tokens is None
+    max_new_tokens = _positive("--max-new-tokens", rl["max_response_length"] if args.max_new_tokens is None
                                else args.max_new_tokens)
     position_bin = _positive("--position-bin", args.position_bin)
     data_dir, model_dir = default_paths(cfg, args.model)

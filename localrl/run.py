@@ -25,10 +25,10 @@ import torch
 import yaml
 
 from localrl import checkpoint
-from localrl.config import ConfigError
 from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
 from localrl.task import render_prompt, score
 from rla import cells, files
+from rla.config import ConfigError
 
 log = logging.getLogger("localrl")
 
@@ -112,7 +112,7 @@ def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path) -> Rig:
                 [rm["ground_truth"] for rm in frame["reward_model"]])
 
     prompts, truths = encode(load_split(data_dir, "train"))
-    val_prompts, val_truths = encode(load_split(data_dir, "test").iloc[: rl["val_size"]])
+    val_prompts, val_truths = encode(load_split(data_dir, "test").iloc[: rl["test_size"]])
     trainer = Trainer(str(model_dir), rl, cell["ablation"])
     engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
     engine.load_weights(trainer.weights_for_engine())
@@ -126,7 +126,7 @@ def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]
 
 def validate(rig: Rig) -> float:
     """Greedy score on the test prompts (verl's validation default: do_sample=False)."""
-    out = rig.engine.generate(rig.val_prompts, rig.cell["rl"]["max_new_tokens"], greedy=True)
+    out = rig.engine.generate(rig.val_prompts, rig.cell["rl"]["max_response_length"], greedy=True)
     texts = _decode(rig.tokenizer, out.responses, out.response_mask)
     return float(np.mean([score(t, g) for t, g in zip(texts, rig.val_truths)]))
 
@@ -139,14 +139,15 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
 
     rl, trainer = rig.cell["rl"], rig.trainer
     t_step, metrics = time.perf_counter(), {}
-    if rl["val_every"] and (step == 1 or step % rl["val_every"] == 0 or step == rig.cell["steps"]):
+    every = rl["test_every"]
+    if every > 0 and (step == 1 or step % every == 0 or step == rig.cell["steps"]):
         metrics["val/score/mean"] = validate(rig)
 
     n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
     idx = rig.sampler.take(n)
     t0 = time.perf_counter()
     out = rig.engine.generate([rig.prompts[i] for i in idx for _ in range(group)],  # a prompt's samples together
-                              rl["max_new_tokens"], rl["temperature"], rig.gens["sampling"])
+                              rl["max_response_length"], rl["temperature"], rig.gens["sampling"])
     metrics["timing_s/gen"] = time.perf_counter() - t0
     texts = _decode(rig.tokenizer, out.responses, out.response_mask)
     scores = torch.tensor([score(t, rig.truths[i]) for t, i in zip(texts, np.repeat(idx, group))])
@@ -167,7 +168,7 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
 
     metrics.update(mismatch_metrics(batch.old_log_probs, batch.rollout_log_probs, batch.response_mask,
                                     batch.responses))
-    metrics.update(data_metrics(scores, batch.advantages, batch.response_mask, rl["max_new_tokens"]))
+    metrics.update(data_metrics(scores, batch.advantages, batch.response_mask, rl["max_response_length"]))
     metrics["timing_s/step"] = time.perf_counter() - t_step
     return metrics
 

@@ -110,14 +110,3 @@ def score(response: str, ground_truth: str) -> float:
     from verl.utils.reward_score import gsm8k
 
     return float(gsm8k.compute_score(response, ground_truth, method="strict"))
-
-
-def vocabulary_words() -> list[str]:
-    """Every word the task text uses (for the word-level part of the tokenizer)."""
-    text = " ".join(
-        [n for pair in NAMES for n in pair] + ITEMS + list(OP_TEXT.values()) + [QUESTION, INSTRUCTION]
-        + ["user", "assistant", "has", "system"]
-    )
-    import re
-
-    return sorted(set(re.findall(r"[A-Za-z]+", text)))

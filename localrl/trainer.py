@@ -44,14 +44,13 @@ def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     return ids, mask, positions
 
 
-def policy_loss_config(rl: dict, batch_num_tokens: int | None = None):
+def policy_loss_config(rl: dict):
     """The smallest config verl's policy loss accepts (it reads clip ratios and global batch info)."""
     from omegaconf import OmegaConf
 
-    info = {} if batch_num_tokens is None else {"batch_num_tokens": batch_num_tokens, "dp_size": 1}
     return OmegaConf.create({"clip_ratio": rl["clip_ratio_low"], "clip_ratio_low": rl["clip_ratio_low"],
                              "clip_ratio_high": rl["clip_ratio_high"], "clip_ratio_c": rl["clip_ratio_c"],
-                             "global_batch_info": info})
+                             "global_batch_info": {}})
 
 
 class Trainer:
@@ -141,13 +140,14 @@ class Trainer:
         return adv
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """One PPO epoch over the batch in `mini_batches` optimizer steps; returns verl-named metrics."""
+        """One PPO epoch over the batch, one optimizer step per `ppo_mini_batch_size` prompts (with their
+        samples, as verl splits); returns verl-named metrics."""
         from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 
         rl = self.rl
         policy_loss = get_policy_loss_fn("vanilla")
         n = batch.responses.shape[0]
-        per_mb = n // rl["mini_batches"]
+        per_mb = rl["ppo_mini_batch_size"] * rl["samples_per_prompt"]
         sums: dict[str, list[float]] = {}
         for start in range(0, n, per_mb):
             mb = batch.rows(torch.arange(start, start + per_mb))

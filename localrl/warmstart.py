@@ -17,19 +17,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from localrl.config import section_settings
 from localrl.data import load_split
+from localrl.engine.engine import left_pad
 from localrl.models import build_model, num_parameters
 from localrl.task import render_prompt, score
 from localrl.tokenizer import build_tokenizer
-
-WARMSTART_DEFAULTS = {"steps": 300, "batch_size": 64, "lr": 3.0e-3, "warmup": 20, "weight_decay": 0.0,
-                      "seed": 0, "eval_size": 200, "max_new_tokens": 24}
-
-
-def warmstart_settings(cfg: dict) -> dict:
-    return section_settings(cfg, "warmstart", WARMSTART_DEFAULTS, ("steps", "batch_size", "eval_size", "max_new_tokens"))
-
 
 def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (prompt + solution + eos) ids and a loss mask over the solution tokens."""
@@ -48,16 +40,6 @@ def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, loss_mask
 
 
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask
-
-
 @torch.no_grad()
 def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: int = 100) -> float:
     """Fraction of problems whose greedy answer verl's gsm8k scorer accepts (HF forward, KV cache)."""
@@ -69,6 +51,7 @@ def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: 
     eos, total = tokenizer.eos_token_id, 0.0
     for start in range(0, len(prompts), batch_size):
         ids, mask = left_pad(prompts[start:start + batch_size], tokenizer.pad_token_id)
+        mask = mask.long()
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
         done = torch.zeros(len(ids), dtype=torch.bool)
@@ -91,9 +74,9 @@ def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: 
 
 
 def warmstart(cfg: dict, model_name: str, data_dir: str | Path, out_dir: str | Path) -> dict:
-    from localrl.config import model_spec
+    from rla.config import model_spec, warmstart_settings
 
-    spec = model_spec(cfg, model_name)
+    spec = model_spec(cfg, model_name, "local")
     ws = warmstart_settings(cfg)
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()

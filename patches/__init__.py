@@ -19,16 +19,8 @@ from collections.abc import Iterable
 
 from patches import _precision
 from patches._precision import IMPLS, REDUCTIONS
-from patches.registry import FAMILIES
-
-REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
-ABLATIONS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "rope": ("rope",),
-    "swiglu": ("swiglu",),
-    "rmsnorm": ("rmsnorm",),
-    "all": ("rope", "swiglu", "rmsnorm"),
-}
+from patches.registry import FAMILIES, check_transformers
+from rla.names import ABLATIONS, REGIONS
 
 _MISSING = object()
 _saved: list[tuple[object, str, object]] = []  # (owner, attribute, stock value) in patch order
@@ -91,15 +83,12 @@ def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: s
     # checked before anything changes: a bad value leaves the current state in place
     _precision.check(reduction, REDUCTIONS, "reduction order")
     _precision.check(impl, IMPLS, "implementation")
+    check_transformers()
     remove()
     _precision.set_reduction(reduction)
     _precision.set_impl(impl)
     for family in FAMILIES.values():
-        try:
-            replacements = family.replacements(regions)
-        except ImportError:  # an older transformers without this family
-            continue
-        for owner, attr, new in replacements:
+        for owner, attr, new in family.replacements(regions):
             _saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
             setattr(owner, attr, new)
     _active = regions
@@ -123,12 +112,7 @@ def aligned(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl:
 def check_model(model) -> str:
     """Return the model's family name, or raise UnsupportedModelError if any decoder layer (or its
     MLP) is not one the patches cover (e.g. Llama, Qwen2-MoE / Qwen3-MoE experts)."""
-    supported = {}
-    for family in FAMILIES.values():
-        try:
-            supported[family.cls("DecoderLayer")] = family
-        except (ImportError, AttributeError):
-            continue
+    supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     names = ", ".join(c.__name__ for c in supported)
     if not layers:

@@ -18,6 +18,7 @@ fused kernels each, same rounding locations, the kernel's own summation order); 
 CUDA and eager elsewhere.
 """
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -60,6 +61,20 @@ def set_impl(name: str) -> None:
 
 def impl() -> str:
     return _impl
+
+
+@contextlib.contextmanager
+def using(impl: str = "auto", reduction: str = "eager"):
+    """The region functions with this implementation and summation order inside the block (restored
+    after it); `patches.aligned` does the same for whole models."""
+    previous = (_impl, _reduction)
+    set_impl(impl)
+    set_reduction(reduction)
+    try:
+        yield
+    finally:
+        set_impl(previous[0])
+        set_reduction(previous[1])
 
 
 def uses_fused(device: torch.device) -> bool:

@@ -28,7 +28,9 @@ def compiled(fn: Callable) -> Callable:
     dim of every tensor argument (hidden, intermediate or head size) is static, so the kernels
     vectorize over it with no symbolic tails (with a symbolic head_dim, RoPE's concat of two halves
     became a serial loop through an fp32 buffer, 2x slower); every leading dim (tokens, heads, batch)
-    is dynamic, so varying sequence lengths reuse one kernel. vLLM too marks only tokens dynamic."""
+    is dynamic, so varying sequence lengths reuse one kernel. (vLLM marks only the token count dynamic,
+    its head counts being constants of one model; here q and k, with their different GQA head counts,
+    share one kernel.)"""
     if fn not in _compiled:
         graph = torch.compile(fn, dynamic=None, fullgraph=True)
 

@@ -49,6 +49,15 @@ KINDS = {  # kind -> (check, what is allowed)
               and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)"),
     "text": (lambda v: isinstance(v, str), "a string"),
+    "flag": (lambda v: isinstance(v, bool), "true or false"),
+    "auto_or_count": (lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+                      "'auto' or a positive integer"),
+    "count_or_null": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
+                      "a positive integer, or null"),
+    "fraction": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
+                 "a number in (0, 1)"),
+    "texts": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "path_or_null": (lambda v: v is None or isinstance(v, str), "a path, or null"),
 }
 
 
@@ -67,7 +76,7 @@ class Key:
                 raise ConfigError(f"{name} = {value!r} is not allowed; allowed: {', '.join(self.choices)}")
             return value
         ok, allowed = KINDS[self.kind]
-        if value is None and self.default is None:
+        if value is None and self.default is None:  # unset: derived from other settings
             return None
         if not ok(value):
             raise ConfigError(f"{name} = {value!r} ({type(value).__name__}) is invalid: it must be {allowed}")
@@ -83,8 +92,15 @@ RL: dict[str, Key] = {
     "max_response_length": Key(1024, "count", "most tokens a response may have", ("data.max_response_length",)),
     "max_prompt_length": Key(1024, "count", "longer prompts are dropped", ("data.max_prompt_length",),
                              backends=("verl",)),
-    "micro_batch_size_per_gpu": Key(4, "count", "sequences per forward, equal in the update and both log-prob "
-                                    "passes (unequal ones add a mismatch of their own)",
+    "use_dynamic_bsz": Key(False, "flag", "micro-batches by tokens (max_token_len_per_gpu) instead of sequences",
+                           (A + "actor.use_dynamic_bsz", A + "rollout.log_prob_use_dynamic_bsz",
+                            A + "ref.log_prob_use_dynamic_bsz"), backends=("verl",)),
+    "max_token_len_per_gpu": Key("auto", "auto_or_count", "tokens per micro-batch and GPU with use_dynamic_bsz, "
+                                 "equal in the update and both log-prob passes; auto = the memory plan's",
+                                 (A + "actor.ppo_max_token_len_per_gpu", A + "rollout.log_prob_max_token_len_per_gpu",
+                                  A + "ref.log_prob_max_token_len_per_gpu"), backends=("verl",)),
+    "micro_batch_size_per_gpu": Key(4, "count", "sequences per micro-batch without use_dynamic_bsz, equal in the "
+                                    "update and both log-prob passes (unequal ones add a mismatch of their own)",
                                     (A + "actor.ppo_micro_batch_size_per_gpu",
                                      A + "rollout.log_prob_micro_batch_size_per_gpu",
                                      A + "ref.log_prob_micro_batch_size_per_gpu"), backends=("verl",)),
@@ -105,16 +121,19 @@ RL: dict[str, Key] = {
     "entropy_coeff": Key(0.0, "number", "entropy bonus", (A + "actor.entropy_coeff",)),
     "grad_clip": Key(1.0, "positive", "gradient-norm clip", (A + "actor.grad_clip", A + "actor.optim.clip_grad")),
     "checkpoint_every": Key(20, "count", "steps between checkpoints", ("trainer.save_freq",)),
-    "test_every": Key(0, "int", "steps between greedy test scores (val/score/mean); <= 0: never",
+    "keep_checkpoints": Key(2, "count_or_null", "newest checkpoints kept per cell; null keeps every one",
+                            ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"), backends=("verl",)),
+    "test_every": Key(0, "int", "steps between test scores (val/score/mean); <= 0: never",
                       ("trainer.test_freq", "trainer.val_before_train")),
-    "test_size": Key(100, "count", "test problems scored (the first ones)", backends=("local",)),
+    "test_size": Key(100, "count", "test problems scored (the first ones), greedily", backends=("local",)),
     "test_temperature": Key(0.0, "nonnegative", "test sampling temperature; 0 = greedy",
                             (A + "rollout.val_kwargs.temperature", A + "rollout.val_kwargs.do_sample"),
                             backends=("verl",)),
     "test_n": Key(1, "count", "test samples per problem", (A + "rollout.val_kwargs.n",), backends=("verl",)),
-    "dtype": Key("bfloat16", "text", "rollout and training compute dtype",
-                 (A + "rollout.dtype", A + "actor.fsdp_config.dtype"), backends=("verl",),
-                 choices=("bfloat16", "float16")),
+    "dtype": Key("bfloat16", "text", "compute dtype of both sides: FSDP params and autocast (fp32 master "
+                 "weights; float16 adds verl's loss scaling) and vLLM",
+                 (A + "actor.fsdp_config.mixed_precision", A + "actor.fsdp_config.dtype", A + "rollout.dtype"),
+                 backends=("verl",), choices=("bfloat16", "float16")),
     "total_epochs": Key(1000, "count", "data passes at most (steps stop first)", ("trainer.total_epochs",),
                         backends=("verl",)),
 }
@@ -129,6 +148,20 @@ WARMSTART: dict[str, Key] = {
     "eval_size": Key(200, "count", "test problems for the greedy solve rate"),
     "max_new_tokens": Key(24, "count", "greedy answer length in the evaluation"),
 }
+
+
+VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs entry may set the first four
+    "nnodes": Key(1, "count", "nodes per cell (more than one: a Ray cluster, README)", ("trainer.nnodes",)),
+    "n_gpus_per_node": Key(8, "count", "GPUs per node", ("trainer.n_gpus_per_node",)),
+    "rollout_tp": Key(1, "count", "vLLM tensor parallelism", (A + "rollout.tensor_model_parallel_size",)),
+    "gpu_memory_utilization": Key(0.6, "fraction", "vLLM's share of GPU memory",
+                                  (A + "rollout.gpu_memory_utilization",)),
+    "gpu_memory_gib": Key(80, "positive", "the memory plan's GPU (GiB)"),
+    "memory_margin": Key(0.15, "fraction", "share of that GPU the memory plan leaves free"),
+    "models_dir": Key(None, "path_or_null", "staged models (default <results_dir>/hf_models)"),
+    "overrides": Key([], "texts", "extra Hydra overrides for every cell, applied last"),
+}
+PER_MODEL_VERL = ("nnodes", "n_gpus_per_node", "rollout_tp", "gpu_memory_utilization")
 
 
 def section_settings(cfg: dict, section: str, keys: dict[str, Key], backend: str,
@@ -166,6 +199,12 @@ def warmstart_settings(cfg: dict) -> dict:
     return section_settings(cfg, "warmstart", WARMSTART, "local")
 
 
+def verl_settings(cfg: dict, model: str | None = None) -> dict:
+    """The `verl` section, with a model's own cluster shape (`model_specs.<model>`) on top."""
+    spec = ((cfg.get("model_specs") or {}).get(model) or {}) if model else {}
+    return section_settings(cfg, "verl", VERL, "verl", {k: spec[k] for k in PER_MODEL_VERL if k in spec})
+
+
 LOCAL_SPEC_KEYS = ("arch", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "head_dim", "intermediate_size", "rope_theta", "max_position_embeddings")
 
@@ -177,8 +216,9 @@ def model_spec(cfg: dict, model: str, backend: str) -> dict:
     if model not in specs:
         raise ConfigError(f"unknown model {model!r}; allowed: {sorted(specs)}")
     spec = dict(specs[model])
-    if spec.get("arch") not in ("qwen2", "qwen3"):
-        raise ConfigError(f"model_specs.{model}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
+    if backend == "local" or "arch" in spec:  # a verl model's architecture is in its own config.json
+        if spec.get("arch") not in ("qwen2", "qwen3"):
+            raise ConfigError(f"model_specs.{model}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
     if backend == "local":
         unknown = sorted(set(spec) - set(LOCAL_SPEC_KEYS))
         if unknown:
@@ -186,3 +226,15 @@ def model_spec(cfg: dict, model: str, backend: str) -> dict:
     elif not spec.get("path"):
         raise ConfigError(f"model_specs.{model} has no 'path' (a Hugging Face model name or a local directory)")
     return spec
+
+
+def markdown_table(keys: dict[str, Key] = RL) -> str:
+    """The README's table of a section's keys: default, meaning, backends, the verl keys each sets."""
+    rows = ["| key | default | meaning | local | verl keys it sets |", "| --- | --- | --- | --- | --- |"]
+    for name, key in keys.items():
+        default = "derived" if key.default is None else f"`{key.default}`"
+        if key.choices:
+            default += f" ({', '.join(key.choices)})"
+        verl = ", ".join(f"`{v.removeprefix(A)}`" for v in key.verl) if "verl" in key.backends else "-"
+        rows.append(f"| `{name}` | {default} | {key.help} | {'yes' if 'local' in key.backends else '-'} | {verl} |")
+    return "\n".join(rows) + "\n"

@@ -8,6 +8,7 @@ import torch
 from transformers.models.qwen2 import modeling_qwen2
 
 from benchmarks import bench_regions, check_fused
+from tests.numerics import stock_rms_norm
 
 
 def test_stock_formulas_equal_transformers():
@@ -15,12 +16,8 @@ def test_stock_formulas_equal_transformers():
     x = (3 * torch.randn(40, 256, generator=gen)).to(torch.bfloat16)
     norm = modeling_qwen2.Qwen2RMSNorm(256, eps=bench_regions.EPS).to(torch.bfloat16)
     norm.weight.data.copy_((1 + 0.3 * torch.randn(256, generator=gen)).to(torch.bfloat16))
-    assert torch.equal(bench_regions.stock_rms_norm(x, norm.weight), norm(x))
-
-    q, k = (torch.randn(1, h, 40, 64, generator=gen).to(torch.bfloat16) for h in (4, 2))
-    cos, sin = bench_regions._cos_sin(40, 64, torch.device("cpu"))
-    for got, want in zip(bench_regions.stock_rope(q, k, cos, sin), modeling_qwen2.apply_rotary_pos_emb(q, k, cos, sin)):
-        assert torch.equal(got, want)
+    assert torch.equal(stock_rms_norm(x, norm.weight, bench_regions.EPS), norm(x))
+    assert bench_regions.stock_rope is modeling_qwen2.apply_rotary_pos_emb
 
 
 def test_bad_arguments_name_the_allowed_values(capsys):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from verlrun import checkpoints, disk, launch, memory
-from verlrun.config import load_config
+from rla.config import load as load_config
 from tests.test_verlrun import PAPER
 
 
@@ -98,5 +98,5 @@ def test_a_bad_keep_checkpoints_names_the_allowed_values(tmp_path):
 
     paper = load_config(PAPER)
     bad = {**paper, "rl": {**paper["rl"], "keep_checkpoints": 0}}
-    with pytest.raises(ValueError, match=r"keep_checkpoints=0; allowed: an integer >= 1, or null"):
+    with pytest.raises(ValueError, match=r"rl.keep_checkpoints = 0 \(int\) is invalid: it must be a positive integer, or null"):
         build_overrides(bad, "qwen3-8b", "none", 0, tmp_path, tmp_path)

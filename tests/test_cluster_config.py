@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from verlrun.config import load_config
+from rla.config import load as load_config
 from verlrun.overrides import build_overrides, compose
 from tests.test_verlrun import PAPER, REPO
 from tests.test_workflow import copy_workflow, snakemake
@@ -52,7 +52,7 @@ def test_rl_dtype_reaches_the_fsdp_engine_and_vllm(dtype, expected, tmp_path):
 
 def test_an_unknown_dtype_names_the_allowed_ones(tmp_path):
     paper = load_config(PAPER)
-    with pytest.raises(ValueError, match="rl.dtype='fp8'; allowed: bfloat16, float16"):
+    with pytest.raises(ValueError, match="rl.dtype = 'fp8' is not allowed; allowed: bfloat16, float16"):
         build_overrides({**paper, "rl": {**paper["rl"], "dtype": "fp8"}}, "qwen3-8b", "none", 0, tmp_path, tmp_path)
 
 

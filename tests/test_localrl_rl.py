@@ -18,7 +18,8 @@ import orjson
 import pytest
 import torch
 
-from localrl.config import load_config, resolve_cell
+from localrl.config import resolve_cell
+from rla.config import load as load_config
 from localrl.metrics import REQUIRED
 
 MODEL = "qwen2-s"
@@ -28,7 +29,7 @@ def _reduced_config() -> dict:
     cfg = load_config("experiments/tiny.yaml")
     cfg["task"].update({"n_train": 400, "n_test": 40})
     cfg["warmstart"] = {"steps": 200, "batch_size": 32, "lr": 5.0e-3, "eval_size": 40}
-    cfg["rl"].update({"prompts_per_step": 4, "samples_per_prompt": 4, "val_every": 2, "val_size": 8,
+    cfg["rl"].update({"prompts_per_step": 4, "samples_per_prompt": 4, "test_every": 2, "test_size": 8,
                       "checkpoint_every": 2})
     return cfg
 

@@ -7,7 +7,9 @@ import re
 import pandas as pd
 import pytest
 
-from localrl.config import ConfigError, load_config, resolve_cell
+from localrl.config import resolve_cell
+from rla.config import ConfigError
+from rla.config import load as load_config
 from localrl.data import COLUMNS, write_splits
 from localrl.task import TaskSettings, chat_messages, make_split, render_prompt, score
 
@@ -104,12 +106,12 @@ def test_bad_config_values_name_value_and_allowed():
     cfg = load_config(CONFIG)
     with pytest.raises(ConfigError, match=r"unknown model 'qwen9'.*qwen2-s"):
         resolve_cell(cfg, "qwen9", "none", 0, 5)
-    with pytest.raises(ConfigError, match=r"unknown ablation 'ropee'.*'rope'"):
+    with pytest.raises(ConfigError, match=r"unknown ablation 'ropee'; allowed: none, rope"):
         resolve_cell(cfg, "qwen2-s", "ropee", 0, 5)
     with pytest.raises(ConfigError, match=r"steps must be a positive integer, got 0"):
         resolve_cell(cfg, "qwen2-s", "none", 0, 0)
-    bad = {**cfg, "rl": {**cfg["rl"], "mini_batches": 0}}
-    with pytest.raises(ConfigError, match=r"rl.mini_batches"):
+    bad = {**cfg, "rl": {**cfg["rl"], "ppo_mini_batch_size": 0}}
+    with pytest.raises(ConfigError, match=r"rl.ppo_mini_batch_size"):
         resolve_cell(bad, "qwen2-s", "none", 0, 5)
     bad = {**cfg, "rl": {**cfg["rl"], "lr_typo": 1.0}}
     with pytest.raises(ConfigError, match=r"lr_typo"):

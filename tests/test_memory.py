@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from verlrun import memory
-from verlrun.config import load_config
+from rla.config import load as load_config
 from verlrun.overrides import memory_setup, token_budget
 from tests.test_verlrun import PAPER
 

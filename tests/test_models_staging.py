@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from verlrun import models
-from verlrun.config import load_config
+from rla.config import load as load_config
 from tests.test_verlrun import PAPER, REPO
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -157,3 +157,61 @@ def test_verl_plugin_impl(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("RLA_IMPL", "turbo")
     with pytest.raises(ValueError, match="RLA_IMPL='turbo'.*'turbo'.*auto, eager, fused"):
         _hf_model_config(tiny_model_dir)
+
+
+# The upstream forwards the patches replace (or copy with the regions swapped in), as source text:
+# sha256 of each function's source, the same in every transformers release from 5.5.3 to 5.17.0. A
+# release that changes one of them fails here, loudly, before a patch silently drops what it changed.
+UPSTREAM = {
+    "qwen2": {"apply_rotary_pos_emb": "dcce26b5d7674297", "Qwen2RotaryEmbedding.forward": "c718955d8b60e9df",
+              "Qwen2MLP.forward": "3997a4458faa14a5", "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+              "Qwen2DecoderLayer.forward": "2054f855effdaa18", "Qwen2Attention.forward": "c5e7f9c63c52302c"},
+    "qwen3": {"apply_rotary_pos_emb": "dcce26b5d7674297", "Qwen3RotaryEmbedding.forward": "c718955d8b60e9df",
+              "Qwen3MLP.forward": "3997a4458faa14a5", "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+              "Qwen3DecoderLayer.forward": "2054f855effdaa18", "Qwen3Attention.forward": "46cd4f9c14cd0e72"},
+}
+
+
+def upstream_fingerprints(module) -> dict[str, str]:
+    """sha256 (16 hex digits) of each top-level function's and method's source in a modeling file."""
+    import ast
+    import hashlib
+    import inspect
+
+    text = inspect.getsource(module)
+    found = {}
+    for node in ast.parse(text).body:
+        members = [(node.name, node)] if isinstance(node, ast.FunctionDef) else \
+            [(f"{node.name}.{item.name}", item) for item in node.body if isinstance(item, ast.FunctionDef)] \
+            if isinstance(node, ast.ClassDef) else []
+        for name, fn in members:
+            found[name] = hashlib.sha256(ast.get_source_segment(text, fn).encode()).hexdigest()[:16]
+    return found
+
+
+def test_upstream_forwards_are_the_ones_the_patches_were_written_against():
+    for module, expected in ((modeling_qwen2, UPSTREAM["qwen2"]), (modeling_qwen3, UPSTREAM["qwen3"])):
+        found = upstream_fingerprints(module)
+        changed = {name: found.get(name) for name, digest in expected.items() if found.get(name) != digest}
+        assert not changed, f"transformers changed {sorted(changed)} in {module.__name__}: re-check the patches"
+
+
+def test_an_unchecked_transformers_release_is_refused_unless_overridden(monkeypatch):
+    from patches.registry import UNCHECKED_ENV, check_transformers
+
+    assert check_transformers("5.10.4") == "5.10.4" and check_transformers("5.17.0") == "5.17.0"
+    for version in ("5.4.0", "5.18.0", "6.0.0"):
+        with pytest.raises(RuntimeError, match=rf"transformers {version} is not a release .* {UNCHECKED_ENV}=1"):
+            check_transformers(version)
+    monkeypatch.setenv(UNCHECKED_ENV, "1")
+    assert check_transformers("6.0.0") == "6.0.0"
+
+
+def test_a_refused_release_leaves_the_current_patches_in_place(monkeypatch):
+    import transformers
+
+    patches.apply("rope")
+    monkeypatch.setattr(transformers, "__version__", "9.0.0")
+    with pytest.raises(RuntimeError, match="9.0.0"):
+        patches.apply("all")
+    assert patches.active() == {"rope"}

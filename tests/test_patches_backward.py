@@ -8,14 +8,9 @@ from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb as sto
 
 from localrl.engine import ops
 from patches import rmsnorm, rope, swiglu
+from tests.numerics import stock_rms_norm as _stock_norm
 
 EPS = 1e-6
-
-
-def _stock_norm(x, w):
-    # transformers' Qwen2RMSNorm.forward, written out so it can run in float64 too
-    xf = x.to(torch.float32 if x.dtype != torch.float64 else x.dtype)
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype)
 
 
 def _cos_sin(tokens, head_dim, dtype):

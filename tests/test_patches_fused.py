@@ -44,13 +44,8 @@ def case(region, i):
 
 
 def with_impl(impl, reduction, fn, *args):
-    _precision.set_impl(impl)
-    _precision.set_reduction(reduction)
-    try:
+    with _precision.using(impl, reduction):
         return fn(*args)
-    finally:
-        _precision.set_impl("auto")
-        _precision.set_reduction("eager")
 
 
 def share_differing(a, b):

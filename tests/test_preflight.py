@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from verlrun import preflight
-from verlrun.config import load_config
+from rla.config import load as load_config
 from tests.test_verlrun import PAPER, REPO
 
 

@@ -12,9 +12,10 @@ import torch
 import patches
 from localrl import probe
 from localrl.__main__ import main as localrl_main
-from localrl.config import rl_settings
+from rla.config import rl_settings
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
+from rla.names import REGIONS, subset_name
 from tests.model_factory import tiny_model
 
 N_LAYERS = 2
@@ -32,7 +33,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def probed(model_dir):
     """(trainer, engine, rollout, ProbeResult) for 8 prompts of different lengths."""
-    trainer = Trainer(str(model_dir), {**rl_settings({}), "temperature": 1.0}, "all")
+    trainer = Trainer(str(model_dir), {**rl_settings({}, "local"), "temperature": 1.0}, "all")
     engine = Engine(trainer.master.config, eos_id=EOS, pad_id=PAD, max_positions=256)
     engine.load_weights(trainer.weights_for_engine())
     gen = torch.Generator().manual_seed(3)
@@ -51,7 +52,7 @@ def main_rows(result) -> pd.DataFrame:
 
 def test_table_holds_every_subset_and_the_summation_order_row(probed):
     result = probed[3]
-    expected = {probe.subset_name(c) for k in range(4) for c in itertools.combinations(patches.REGIONS, k)}
+    expected = {subset_name(c) for k in range(4) for c in itertools.combinations(REGIONS, k)}
     assert len(expected) == 8
     for reference in (probe.MAIN_REFERENCE, probe.SAMPLING_REFERENCE):
         rows = result.subsets[result.subsets["reference"] == reference]
@@ -181,7 +182,7 @@ def tiny_setup(tmp_path_factory):
                                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
                                  "intermediate_size": 128}},
            "warmstart": {"steps": 2, "batch_size": 8, "eval_size": 2, "max_new_tokens": 2},
-           "rl": {"max_new_tokens": 6}}
+           "rl": {"max_response_length": 6}}
     data = root / "results" / "data"
     write_splits(TaskSettings(n_train=32, n_test=12), data)
     warmstart(cfg, "m", data, root / "results" / "models" / "m")

@@ -5,7 +5,8 @@ import itertools
 import pandas as pd
 import pytest
 
-from analysis.probe import ENGINE_ORDER, REGIONS, region_shares, run, subset_name_of
+from analysis.probe import ENGINE_ORDER, region_shares, run
+from rla.names import REGIONS, subset_name
 from tests.standalone import run_analysis_alone
 
 
@@ -14,7 +15,7 @@ def synthetic_subsets(value_of) -> pd.DataFrame:
     rows = []
     for k in range(4):
         for combo in itertools.combinations(REGIONS, k):
-            rows.append({"setting": subset_name_of(combo), "regions": ",".join(combo) or "none",
+            rows.append({"setting": subset_name(combo), "regions": ",".join(combo) or "none",
                          "reduction": "eager", "reference": "engine_forward", "mean_abs_dlogprob": value_of(set(combo))})
     rows.append({"setting": ENGINE_ORDER, "regions": ",".join(REGIONS), "reduction": "inductor_cpu",
                  "reference": "engine_forward", "mean_abs_dlogprob": 0.0})

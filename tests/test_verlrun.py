@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from verlrun import launch, metrics, models
-from verlrun.config import ABLATION_REGIONS, load_config, regions_of
+from rla.config import load as load_config
+from rla.names import ABLATIONS
 from verlrun.data import prepare, to_verl_rows
 from verlrun.overrides import build_overrides, compose
 
@@ -42,7 +43,7 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
         cell = tmp_path / "runs" / model / ablation / f"seed{seed}"
         cfg = compose(build_overrides(paper, model, ablation, seed, cell, tmp_path / "data"))
         env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-        assert env.RLA_REGIONS == ",".join(ABLATION_REGIONS[ablation])
+        assert env.RLA_REGIONS == ",".join(ABLATIONS[ablation])
         assert Path(env.VERL_FILE_LOGGER_PATH) == cell.resolve() / "metrics.running.jsonl"
         assert Path(cfg.trainer.default_local_dir) == cell.resolve() / "checkpoints"
         assert cfg.trainer.resume_mode == "auto"
@@ -99,24 +100,14 @@ def test_a_mistyped_key_fails_to_compose(paper, tmp_path):
 
 def test_an_inconsistent_batch_fails_verl_validation(paper, tmp_path):
     # 3 prompts x 3 samples = 9 responses cannot be split over 8 GPUs.
-    bad = {**paper, "rl": {**paper["rl"], "prompts_per_step": 3, "samples_per_prompt": 3}}
+    bad = {**paper, "rl": {**paper["rl"], "prompts_per_step": 3, "samples_per_prompt": 3, "ppo_mini_batch_size": 3}}
     with pytest.raises(AssertionError, match="divisible"):
         compose(build_overrides(bad, paper["models"][0], "none", 0, tmp_path, tmp_path))
 
 
-def test_regions_match_the_patches_registry():
-    import patches
-
-    assert set(ABLATION_REGIONS) == set(patches.ABLATIONS)
-    for name, regions in patches.ABLATIONS.items():
-        assert set(ABLATION_REGIONS[name]) == set(regions)
-    assert regions_of("none") == "" and regions_of("rope") == "rope"
-    assert set(regions_of("all").split(",")) == set(patches.REGIONS)
-
-
 def test_unknown_names_fail_with_the_allowed_ones(paper, tmp_path):
     with pytest.raises(ValueError, match="'ropee'.*none, rope, swiglu, rmsnorm, all"):
-        regions_of("ropee")
+        build_overrides(paper, paper["models"][0], "ropee", 0, tmp_path, tmp_path)
     with pytest.raises(ValueError, match="qwen9"):
         build_overrides(paper, "qwen9", "none", 0, tmp_path, tmp_path)
 
@@ -320,3 +311,17 @@ def test_a_relaunch_resumes_only_the_same_cell(paper, tmp_path, monkeypatch):
     assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=5) == 0
     assert "resuming from the checkpoint at step 2 of 5" in (cell / "train.log").read_text()
     assert len([p for p in cell.parent.iterdir() if ".replaced-" in p.name]) == 1
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_every_rl_setting_reaches_the_verl_keys_its_table_names(paper, tmp_path, dynamic):
+    """rla.config.RL says which verl keys each setting becomes; the overrides set exactly those."""
+    from rla.config import RL
+
+    cfg = {**paper, "rl": {**paper["rl"], "use_dynamic_bsz": dynamic}}
+    written = {o.split("=", 1)[0].lstrip("+") for o in build_overrides(cfg, paper["models"][0], "all", 0, tmp_path, tmp_path)}
+    exclusive = "micro_batch_size_per_gpu" if dynamic else "max_token_len_per_gpu"
+    for name, key in RL.items():
+        if "verl" in key.backends and name != exclusive:
+            missing = [target for target in key.verl if target not in written]
+            assert not missing, (name, missing)

@@ -168,11 +168,13 @@ def test_bad_backend_steps_and_unknown_model_fail_with_their_values(tmp_path):
     _fails_naming(work, _write_config(work, models=["qwen2-s", "qwen9-xl"]), "qwen9-xl", "model_specs")
 
 
-def test_nested_backend_sections_accept_new_keys(tmp_path):
+def test_backend_sections_are_checked_when_the_workflow_is_parsed(tmp_path):
+    """The same checks as the backends' CLIs (rla.config), before any job starts."""
     work = copy_workflow(tmp_path)
     cfg = load(work / "experiments/tiny.yaml")
-    rl = {**cfg["rl"], "a_new_rl_setting": 1}
-    assert plan(work, "--configfile", _write_config(work, rl=rl))["train"] == grid_size(cfg)
+    _fails_naming(work, _write_config(work, rl={**cfg["rl"], "a_new_rl_setting": 1}), "a_new_rl_setting",
+                  "invalid config (from experiments/bad.yaml)", "max_response_length")
+    _fails_naming(work, _write_config(work, rl={**cfg["rl"], "lr": "fast"}), "rl.lr = 'fast'", "a number > 0")
 
 
 def test_lint_is_clean_for_both_configs(tmp_path):

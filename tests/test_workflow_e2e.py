@@ -37,6 +37,13 @@ def test_micro_grid_end_to_end(tmp_path):
 
     # Provenance is stable: a second invocation has nothing to do.
     assert plan(work, *args) == {}
+    # A browsable report of the figures and tables, with the captions of workflows/report/.
+    report = results / "report.html"
+    made = snakemake(work, "--report", str(report), *args)
+    assert made.returncode == 0, made.stderr[-3000:]
+    html = report.read_text()
+    for text in ("score.png", "collapse_heatmap.png", "stability.csv", "summary.csv", "Sampled score per model"):
+        assert text in html, text
     # Figures from the cached logs, for real; no training job runs.
     for path in (figures / cfg["profile"]).iterdir():
         path.unlink()

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         from verlrun.envcheck import main as check_env
 
         return check_env(args.env_file, args.python_version, args.glibc, args.index_url)
-    from verlrun.config import load_config
+    from rla.config import load as load_config
 
     if args.command == "merge-metrics":
         from verlrun.metrics import merge as merge_metrics
@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         print(merged if merged else f"{args.cell}: no metrics")
         return 0 if merged else 1
 
-    cfg = load_config(args.config)
-    if args.command == "preflight":
-        from verlrun.preflight import main as preflight
-
-        return preflight(cfg, *([args.partitions] if args.partitions else []))
     try:
+        cfg = load_config(args.config)
+        if args.command == "preflight":
+            from verlrun.preflight import main as preflight
+
+            return preflight(cfg, *([args.partitions] if args.partitions else []))
         if args.command == "stage-model":
             from verlrun.models import StagingError, stage
 

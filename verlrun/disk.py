@@ -11,8 +11,7 @@ one more at the peak.
 from __future__ import annotations
 
 from verlrun import memory
-from verlrun.config import cell_rl, model_spec
-from verlrun.overrides import RL_DEFAULTS
+from rla.config import model_spec, rl_settings
 
 CHECKPOINT_BYTES_PER_PARAM = 4 + 8
 SMALL_FILES = 64 * 1024**2      # logs, metrics, configs, tokenizer copies per checkpoint or cell
@@ -30,8 +29,8 @@ def checkpoints_at_peak(keep: int | None, steps: int, save_every: int) -> int:
 
 
 def cell_bytes(cfg: dict, model: str) -> int:
-    rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
-    shape = memory.shape_of(model_spec(cfg, model))
+    rl = rl_settings(cfg, "verl", model)
+    shape = memory.shape_of(model_spec(cfg, model, "verl"))
     count = checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"]))
     return count * checkpoint_bytes(shape) + SMALL_FILES
 
@@ -41,8 +40,8 @@ def grid_rows(cfg: dict) -> list[dict]:
     cells_per_model = len(cfg["ablations"]) * len(cfg["seeds"])
     rows = []
     for model in cfg["models"]:
-        shape = memory.shape_of(model_spec(cfg, model))
-        rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
+        shape = memory.shape_of(model_spec(cfg, model, "verl"))
+        rl = rl_settings(cfg, "verl", model)
         cell = cell_bytes(cfg, model)
         rows.append({
             "model": model,

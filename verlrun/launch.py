@@ -14,9 +14,10 @@ from pathlib import Path
 import yaml
 
 from verlrun import checkpoints, metrics, models
-from verlrun.config import ABLATION_REGIONS, cell_rl, experiment_name, model_spec, regions_of
+from rla import names
+from rla.config import model_spec
 from verlrun import cell
-from verlrun.overrides import RL_DEFAULTS, build_overrides, cell_settings, compose, run_dir_override, worker_env
+from verlrun.overrides import build_overrides, cell_settings, compose, experiment_name, run_dir_override, worker_env
 
 
 class Interrupted(Exception):
@@ -30,14 +31,14 @@ def command(overrides: list[str], cell_dir: Path) -> list[str]:
 def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int, overrides: list[str], cmd: list[str]) -> dict:
     """The experiment config narrowed to this cell, with everything derived for it."""
     cell = copy.deepcopy(cfg)
-    cell.update(models=[model], ablations=[ablation], seeds=[seed], steps=steps, rl=cell_rl(cfg, model))
-    cell["model_specs"] = {model: model_spec(cfg, model)}
+    cell.update(models=[model], ablations=[ablation], seeds=[seed], steps=steps, rl=cell_settings(cfg, model)[0])
+    cell["model_specs"] = {model: model_spec(cfg, model, "verl")}
     cell["cell"] = {
         "backend": "verl",
         "model": model,
         "ablation": ablation,
         "seed": seed,
-        "regions": list(ABLATION_REGIONS[ablation]),
+        "regions": list(names.regions_of(ablation)),
         "experiment_name": experiment_name(model, ablation, seed),
         "verl_overrides": overrides,
         "command": shlex.join(cmd),
@@ -69,7 +70,7 @@ def _on_sigterm(signum, frame):
 
 def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data: str | Path, steps: int | None = None, dry_run: bool = False) -> int:
     """Launch (or resume) one cell. Returns verl's exit status (0 in a dry run)."""
-    regions_of(ablation)  # a clear error for an unknown ablation before anything is written
+    names.regions_of(ablation)  # a clear error for an unknown ablation before anything is written
     steps = int(steps if steps is not None else cfg["steps"])
     cell_dir = Path(out).resolve()
     overrides = build_overrides(cfg, model, ablation, seed, cell_dir, data, steps)
@@ -77,7 +78,7 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
     # Fail here, in a second, rather than after Ray and vLLM have started.
     compose(overrides)
     rl, verl = cell_settings(cfg, model)
-    new = cell.identity(rl, verl, model_spec(cfg, model), model, ablation, seed, Path(data))
+    new = cell.identity(rl, verl, model_spec(cfg, model, "verl"), model, ablation, seed, Path(data))
     plan = cell.decide(cell_dir, new, steps)
     moved = None if dry_run else cell.prepare(cell_dir, plan, new, steps)
     cell_dir.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
         return 0
 
     check_model(cfg, model)
-    keep = {**RL_DEFAULTS, **cell_rl(cfg, model)}["keep_checkpoints"]
+    keep = rl["keep_checkpoints"]
     # A restart needs only the checkpoint it resumes from; verl never prunes older runs' saves.
     for path in checkpoints.prune(cell_dir / "checkpoints", 1 if keep else None):
         print(f"removed {path} (resuming from a newer checkpoint)", flush=True)

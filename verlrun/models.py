@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from rla import layout
-from verlrun.config import model_spec
+from rla.config import model_spec
 
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -39,7 +39,7 @@ def models_dir(cfg: dict) -> Path:
 def hub_source(cfg: dict, model: str) -> tuple[str, str] | None:
     """(repo id, pinned commit) of a model that must be staged; None when `path` is a local
     directory, which the cells use as it is."""
-    spec = model_spec(cfg, model)
+    spec = model_spec(cfg, model, "verl")
     path = str(spec["path"])
     if os.path.isdir(path) or not HUB_ID_RE.match(path):
         return None
@@ -55,7 +55,7 @@ def hub_source(cfg: dict, model: str) -> tuple[str, str] | None:
 def local_path(cfg: dict, model: str) -> Path:
     """The directory verl loads the model from: the staged copy, or the spec's local `path`."""
     if hub_source(cfg, model) is None:
-        return Path(model_spec(cfg, model)["path"])
+        return Path(model_spec(cfg, model, "verl")["path"])
     return models_dir(cfg) / model
 
 

@@ -11,55 +11,24 @@ import os
 import warnings
 from pathlib import Path
 
+from rla import names
+from rla.config import model_spec, rl_settings, verl_settings
 from rla.metricslog import RUNNING
 from verlrun import memory, models
-from verlrun.config import cell_rl, experiment_name, model_spec, regions_of
 
 # verl imports this module in every worker before `from_pretrained`; it applies the alignment
 # patches named by RLA_REGIONS (nothing for the `none` ablation).
 PLUGIN_MODULE = "patches.verl_plugin"
 ENV_PREFIX = "+ray_kwargs.ray_init.runtime_env.env_vars"
-
-# Defaults for RL settings a config may leave out (settings of published GRPO runs on Qwen models).
-RL_DEFAULTS = {
-    "prompts_per_step": 64,
-    "samples_per_prompt": 8,
-    "ppo_mini_batch_size": 16,
-    "micro_batch_size_per_gpu": 4,      # used when use_dynamic_bsz is false
-    "use_dynamic_bsz": False,
-    "max_token_len_per_gpu": "auto",    # with use_dynamic_bsz: tokens per micro-batch, "auto" = memory plan
-    "keep_checkpoints": 2,              # trainer.max_actor_ckpt_to_keep; null keeps every one
-    "max_prompt_length": 1024,
-    "max_response_length": 4096,
-    "temperature": 1.0,
-    "lr": 1.0e-6,
-    "betas": [0.9, 0.999],
-    "weight_decay": 0.0,
-    "clip_ratio_low": 0.2,
-    "clip_ratio_high": 0.28,
-    "kl_coef": 0.0,
-    "entropy_coeff": 0.0,
-    "grad_clip": 1.0,
-    "loss_agg_mode": "token-mean",
-    "dtype": "bfloat16",
-    "checkpoint_every": 50,
-    "test_every": -1,
-    "total_epochs": 1000,
-    "val_temperature": 0.0,
-    "val_n": 1,
-}
-VERL_DEFAULTS = {
-    "nnodes": 1,
-    "n_gpus_per_node": 8,
-    "rollout_tp": 1,
-    "gpu_memory_utilization": 0.6,
-    "gpu_memory_gib": 80,
-    "memory_margin": 0.15,
-    "overrides": [],
-}
+A = "actor_rollout_ref."
 # The experiment's dtype, as verl's FSDP engine reads it (`fsdp_config.mixed_precision`, PrecisionType
 # names). FP16 also turns on verl's ShardedGradScaler (loss scaling); FP32 gradients reduce either way.
 FSDP_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def experiment_name(model: str, ablation: str, seed: int) -> str:
+    """One name per cell, used for verl's experiment_name (and so the wandb run)."""
+    return f"{model}-{ablation}-seed{seed}"
 
 
 def hydra_value(value) -> str:
@@ -81,14 +50,8 @@ def hydra_value(value) -> str:
 
 
 def cell_settings(cfg: dict, model: str) -> tuple[dict, dict]:
-    rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
-    verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
-    spec = model_spec(cfg, model)
-    # Per-model parallelism (a 7B needs tensor-parallel rollouts, a 1.5B does not).
-    for key in ("rollout_tp", "n_gpus_per_node", "nnodes", "gpu_memory_utilization"):
-        if key in spec:
-            verl[key] = spec[key]
-    return rl, verl
+    """(rl, verl) settings of one model's cells, checked (`rla.config`)."""
+    return rl_settings(cfg, "verl", model), verl_settings(cfg, model)
 
 
 def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]:
@@ -97,7 +60,7 @@ def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]
     repo_root = Path(__file__).resolve().parent.parent
     pythonpath = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH", "")) if p)
     env = {
-        "RLA_REGIONS": regions_of(ablation),
+        names.REGIONS_ENV: ",".join(names.regions_of(ablation)),
         "VERL_FILE_LOGGER_PATH": str(cell_dir / RUNNING),  # metrics.jsonl: only once the cell finished
         # The patches package lives in this repository; workers on other nodes need it on the path.
         "PYTHONPATH": pythonpath,
@@ -131,7 +94,8 @@ def token_budget(cfg: dict, model: str) -> int:
     budget = rl["max_token_len_per_gpu"]
     longest = int(rl["max_prompt_length"]) + int(rl["max_response_length"])
     if budget == "auto":
-        return memory.plan_token_budget(memory.shape_of(model_spec(cfg, model)), memory_setup(cfg, model), longest)
+        return memory.plan_token_budget(memory.shape_of(model_spec(cfg, model, "verl")), memory_setup(cfg, model),
+                                        longest)
     if not isinstance(budget, int) or budget < longest:
         raise ValueError(
             f"{model}: max_token_len_per_gpu={budget!r}; allowed: 'auto' or an integer >= the longest "
@@ -142,28 +106,23 @@ def token_budget(cfg: dict, model: str) -> int:
 
 def _batching(cfg: dict, model: str, rl: dict) -> dict:
     """Micro-batching of the update and of both log-prob passes, kept equal (unequal micro-batches
-    add a mismatch of their own)."""
-    if rl["use_dynamic_bsz"]:
-        budget = token_budget(cfg, model)
-        return {
-            "actor_rollout_ref.actor.use_dynamic_bsz": True,
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": budget,
-            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": True,
-            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": budget,
-            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": True,
-            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": budget,
-        }
-    micro = rl["micro_batch_size_per_gpu"]
+    add a mismatch of their own): by tokens (use_dynamic_bsz) or by sequences."""
+    dynamic = rl["use_dynamic_bsz"]
+    per_gpu = token_budget(cfg, model) if dynamic else rl["micro_batch_size_per_gpu"]
     return {
-        **_batching(cfg, model, rl),
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": micro,
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": micro,
+        A + "actor.use_dynamic_bsz": dynamic,
+        A + "rollout.log_prob_use_dynamic_bsz": dynamic,
+        A + "ref.log_prob_use_dynamic_bsz": dynamic,
+        **({A + "actor.ppo_max_token_len_per_gpu": per_gpu,
+            A + "rollout.log_prob_max_token_len_per_gpu": per_gpu,
+            A + "ref.log_prob_max_token_len_per_gpu": per_gpu} if dynamic else
+           {A + "actor.ppo_micro_batch_size_per_gpu": per_gpu,
+            A + "rollout.log_prob_micro_batch_size_per_gpu": per_gpu,
+            A + "ref.log_prob_micro_batch_size_per_gpu": per_gpu}),
     }
 
 
 def _precision(rl: dict) -> dict:
-    if rl["dtype"] not in FSDP_PRECISION:
-        raise ValueError(f"rl.dtype={rl['dtype']!r}; allowed: {', '.join(FSDP_PRECISION)}")
     short = FSDP_PRECISION[rl["dtype"]]
     return {
         # fp32 master weights; compute (params, autocast) in the experiment's dtype.
@@ -187,14 +146,12 @@ def build_overrides(
     """All Hydra overrides for one cell. Paths are made absolute: Hydra changes the working
     directory of `main_ppo` to `hydra.run.dir`."""
     rl, verl = cell_settings(cfg, model)
-    spec = model_spec(cfg, model)
+    spec = model_spec(cfg, model, "verl")
     cell_dir = Path(cell_dir).resolve()
     data_dir = Path(data_dir).resolve()
     steps = int(steps if steps is not None else cfg["steps"])
     seed = int(seed)
     keep = rl["keep_checkpoints"]
-    if keep is not None and (not isinstance(keep, int) or keep < 1):
-        raise ValueError(f"rl.keep_checkpoints={keep!r}; allowed: an integer >= 1, or null to keep every checkpoint")
     wandb = cfg.get("wandb") or {}
     loggers = ["console", "file"] + (["wandb"] if wandb.get("enabled") else [])
     kl_coef = float(rl["kl_coef"])
@@ -227,9 +184,10 @@ def build_overrides(
         **_batching(cfg, model, rl),
         "actor_rollout_ref.actor.clip_ratio_low": float(rl["clip_ratio_low"]),
         "actor_rollout_ref.actor.clip_ratio_high": float(rl["clip_ratio_high"]),
+        "actor_rollout_ref.actor.clip_ratio_c": float(rl["clip_ratio_c"]),
         "actor_rollout_ref.actor.use_kl_loss": kl_coef > 0,
         "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
-        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",
+        "actor_rollout_ref.actor.kl_loss_type": rl["kl_loss_type"],
         "actor_rollout_ref.actor.entropy_coeff": float(rl["entropy_coeff"]),
         "actor_rollout_ref.actor.loss_agg_mode": rl["loss_agg_mode"],
         "actor_rollout_ref.actor.data_loader_seed": seed,
@@ -249,9 +207,9 @@ def build_overrides(
         "actor_rollout_ref.rollout.tensor_model_parallel_size": verl["rollout_tp"],
         "actor_rollout_ref.rollout.gpu_memory_utilization": float(verl["gpu_memory_utilization"]),
         "actor_rollout_ref.rollout.seed": seed,
-        "actor_rollout_ref.rollout.val_kwargs.temperature": float(rl["val_temperature"]),
-        "actor_rollout_ref.rollout.val_kwargs.n": rl["val_n"],
-        "actor_rollout_ref.rollout.val_kwargs.do_sample": float(rl["val_temperature"]) > 0,
+        "actor_rollout_ref.rollout.val_kwargs.temperature": float(rl["test_temperature"]),
+        "actor_rollout_ref.rollout.val_kwargs.n": rl["test_n"],
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": float(rl["test_temperature"]) > 0,
         "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
         "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
         "trainer.project_name": wandb.get("project", "rounding-alignment"),
@@ -265,7 +223,7 @@ def build_overrides(
         "trainer.total_training_steps": steps,
         "trainer.total_epochs": rl["total_epochs"],
         "trainer.save_freq": rl["checkpoint_every"],
-        "trainer.test_freq": rl["test_every"],
+        "trainer.test_freq": rl["test_every"] if rl["test_every"] > 0 else -1,
         "trainer.val_before_train": rl["test_every"] > 0,
         "trainer.nnodes": verl["nnodes"],
         "trainer.n_gpus_per_node": verl["n_gpus_per_node"],

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from verlrun import disk, memory
-from verlrun.config import cell_rl, model_spec
-from verlrun.overrides import RL_DEFAULTS, memory_setup, token_budget
+from rla.config import model_spec
+from verlrun.overrides import cell_settings, memory_setup, token_budget
 
 
 def memory_table(cfg: dict) -> str:
     rows = ["| model | params | token budget per GPU | update | old-log-prob | rollout | usable | micro-batch mode (sequences x longest): update |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model in cfg["models"]:
-        spec = model_spec(cfg, model)
-        rl = {**RL_DEFAULTS, **cell_rl(cfg, model)}
+        spec = model_spec(cfg, model, "verl")
+        rl, _ = cell_settings(cfg, model)
         setup = memory_setup(cfg, model)
         shape = memory.shape_of(spec)
         longest = int(rl["max_prompt_length"]) + int(rl["max_response_length"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rla import layout
 from verlrun import disk, models
-from verlrun.overrides import VERL_DEFAULTS
+from rla.config import verl_settings
 
 # torch 2.11 (pinned by verl[vllm] through vllm 0.24) ships CUDA 13 wheels: NVIDIA driver >= 580.
 MIN_DRIVER = 580
@@ -116,7 +116,7 @@ def check_partitions(cfg: dict, partition_file: str | Path) -> list[Check]:
     if not path.is_file():
         return [Check("partition", False, f"{path}: no such file")]
     partitions = (yaml.safe_load(path.read_text()) or {}).get("partitions") or {}
-    verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
+    verl = verl_settings(cfg)
     checks = []
     for model in cfg["models"]:
         spec = cfg["model_specs"][model]
@@ -133,7 +133,7 @@ def check_partitions(cfg: dict, partition_file: str | Path) -> list[Check]:
 
 
 def cell_gpus(cfg: dict) -> int:
-    verl = {**VERL_DEFAULTS, **(cfg.get("verl") or {})}
+    verl = verl_settings(cfg)
     return max(int(cfg["model_specs"][m].get("n_gpus_per_node", verl["n_gpus_per_node"])) for m in cfg["models"])
 
 

@@ -20,7 +20,7 @@ rule stability:
     input:
         grid_metrics(),
     output:
-        f"{TABLES}/stability.csv",
+        report(f"{TABLES}/stability.csv", caption="../report/stability.rst", category="Tables"),
     params:
         runs=lambda wildcards, input: runs_root(input[0]),
         collapse=config.get("collapse"),

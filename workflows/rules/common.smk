@@ -12,7 +12,10 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-ABLATIONS = ["none", "rope", "swiglu", "rmsnorm", "all"]
+from rla import config as settings
+from rla import files
+from rla.names import ABLATIONS
+
 BACKEND_MODULES = {"local": "localrl", "verl": "verlrun"}
 CPU_ENV = "../../envs/cpu.yaml"
 GPU_ENV = "../../envs/verl-gpu.yaml"
@@ -82,27 +85,34 @@ def _check_schema(cfg):
     raise WorkflowError("invalid config:\n  " + "\n  ".join(lines))
 
 
-def _check_cross_references(cfg):
-    """What a JSON schema cannot say: names that must exist elsewhere in the config."""
-    specs = cfg["model_specs"]
+def _check_sections(cfg):
+    """What a JSON schema cannot say: names that must exist elsewhere in the config, and every
+    section's keys and values, checked as the backend's CLIs check them (rla.config)."""
+    specs, backend = cfg["model_specs"], cfg["backend"]
     unknown = [m for m in cfg["models"] if m not in specs]
     if unknown:
         raise WorkflowError(f"models {unknown} have no entry in model_specs; defined: {sorted(specs)}")
-    if cfg["backend"] == "verl":
-        if "data" not in cfg:
-            raise WorkflowError("backend 'verl' needs a 'data' section (train/test sources)")
-        no_path = [m for m in cfg["models"] if not specs[m].get("path")]
-        if no_path:
-            raise WorkflowError(f"backend 'verl' needs model_specs.<model>.path (HF name or local dir); "
-                                f"missing for {no_path}")
-    elif "task" not in cfg:
-        raise WorkflowError("backend 'local' needs a 'task' section")
+    needed = "data" if backend == "verl" else "task"
+    if needed not in cfg:
+        raise WorkflowError(f"backend {backend!r} needs a {needed!r} section")
+    checks = {"model_specs": lambda m: settings.model_spec(cfg, m, backend),
+              "rl": lambda m: settings.rl_settings(cfg, backend, m)}
+    if backend == "verl":
+        checks["verl"] = lambda m: settings.verl_settings(cfg, m)
+    else:
+        checks["warmstart"] = lambda m: settings.warmstart_settings(cfg)
+    for section, check in checks.items():
+        for model in cfg["models"]:
+            try:
+                check(model)
+            except settings.ConfigError as err:
+                raise WorkflowError(f"invalid config (from {_origin([section])}):\n  {err}") from None
 
 
 _normalize_cli_values(config)
 _check_schema(config)
 validate(config, schema=SCHEMA, set_default=True)
-_check_cross_references(config)
+_check_sections(config)
 
 BACKEND = config["backend"]
 BACKEND_MODULE = BACKEND_MODULES[BACKEND]
@@ -123,10 +133,7 @@ def _resolved_config_file(cfg):
     text = yaml.safe_dump({**cfg, "results_dir": RESULTS}, sort_keys=False)
     path = Path(".snakemake/configs") / f"{PROFILE}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        files.write_text(path, text)
     return str(path)
 
 

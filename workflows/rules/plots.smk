@@ -1,4 +1,7 @@
-# Figures (PNG + PDF in figures/<profile>/) and the model x ablation summary table.
+# Figures (PNG + PDF in figures/<profile>/) and the model x ablation summary table; all of them go
+# into `snakemake --report results/<profile>/report.html` with their captions (workflows/report/).
+
+FIGURE_NAMES = ["score", "mismatch", "dynamics", "collapse_heatmap"]
 
 
 # Light jobs run where Snakemake runs (on a cluster: the login node, which can also download data).
@@ -15,11 +18,16 @@ rule plots:
     input:
         grid_metrics(),
     output:
-        summary=f"{TABLES}/summary.csv",
+        summary=report(f"{TABLES}/summary.csv", caption="../report/summary.rst", category="Tables"),
         summary_md=f"{TABLES}/summary.md",
+        figures=[
+            report(f"{FIGURES}/{name}.png", caption=f"../report/{name}.rst", category="Figures")
+            for name in FIGURE_NAMES
+        ],
+        pdfs=[f"{FIGURES}/{name}.pdf" for name in FIGURE_NAMES],
     params:
         runs=lambda wildcards, input: runs_root(input[0]),
-        figures=FIGURES,
+        figures=lambda wildcards, output: os.path.dirname(output.figures[0]),
         tables=lambda wildcards, output: os.path.dirname(output.summary),
         collapse=config.get("collapse"),
     log:

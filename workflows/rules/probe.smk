@@ -22,7 +22,7 @@ rule probe_figures:
     input:
         lambda wildcards: probe_targets(),
     output:
-        f"{TABLES}/probe_subsets.csv",
+        report(f"{TABLES}/probe_subsets.csv", caption="../report/probe.rst", category="Probe"),
     params:
         probe=f"{RESULTS}/probe",
         figures=FIGURES,
