@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rla.names import REGIONS, subset_name
+from rla.names import REGIONS
 from analysis.output import to_markdown, write_csv, write_text
 from analysis.style import ABLATION_COLORS, apply_theme
 

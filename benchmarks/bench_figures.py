@@ -22,6 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.machine import cpu_model  # noqa: E402
 
 from analysis.output import write_text  # noqa: E402
 from analysis.synthetic import write_grid  # noqa: E402
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average_1min_after": round(os.getloadavg()[0], 2),
         "stages_s_last_run": stages, "budget_s": args.budget, "within_budget": min(walls) <= args.budget,
         "figures": figures,
-        "python": platform.python_version(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+        "python": platform.python_version(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
         "pandas": pandas.__version__, "matplotlib": matplotlib.__version__, "seaborn": seaborn.__version__,
     }
     write_text(json.dumps(result, indent=2) + "\n", args.out)

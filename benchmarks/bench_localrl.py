@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,13 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.machine import describe  # noqa: E402
 CONFIG = ROOT / "experiments" / "tiny.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _machine() -> dict:
-    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "loadavg_1m": os.getloadavg()[0]}
 
 
 def bench_step(model: str, steps: int, ablation: str) -> dict:
@@ -89,7 +84,7 @@ def bench_step(model: str, steps: int, ablation: str) -> dict:
     result = {"model": model, "ablation": ablation, "responses_per_step": n * G,
               "max_new_tokens": rl["max_new_tokens"], "steps_timed": steps,
               "median_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
-              "goal_step_s": 0.5, "machine": _machine()}
+              "goal_step_s": 0.5, "machine": describe()}
     result["meets_goal"] = result["median_s"]["step"] <= 0.5
     return result
 
@@ -157,7 +152,7 @@ def bench_grid(jobs: int, steps: int | None) -> dict:
             for m in cfg["models"]}
     return {"jobs": jobs, "wall_s": round(wall, 1), "warmstart_wall_s": round(t_warm, 1), "goal_wall_s": 600,
             "meets_goal": wall <= 600, "warmstart_greedy_solve_rate": warm, "cells": summary,
-            "process_s": {k: round(v, 1) for k, v in timings.items()}, "machine": _machine(), "workdir": str(tmp)}
+            "process_s": {k: round(v, 1) for k, v in timings.items()}, "machine": describe(), "workdir": str(tmp)}
 
 
 def main() -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -40,9 +39,10 @@ from torch.utils import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.machine import describe  # noqa: E402
 
 import patches  # noqa: E402
-from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
+from patches import rmsnorm, rope, swiglu  # noqa: E402
 from tests.numerics import stock_rms_norm  # noqa: E402,F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
@@ -387,8 +387,8 @@ def markdown(rows: list[dict], copy_gbps: float) -> str:
 
 
 def environment(device) -> dict:
-    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-           "torch": torch.__version__, "python": platform.python_version(), "threads": torch.get_num_threads()}
+    env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "threads": torch.get_num_threads(), **describe()}
     try:
         import transformers
         env["transformers"] = transformers.__version__

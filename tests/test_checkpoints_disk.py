@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import pytest
 
-from verlrun import checkpoints, disk, launch, memory
+from verlrun import checkpoints, disk, launch
 from rla.config import load as load_config
 from tests.test_verlrun import PAPER
 

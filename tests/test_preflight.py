@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from verlrun import preflight
 from rla.config import load as load_config

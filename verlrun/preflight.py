@@ -66,7 +66,7 @@ def check_import(module: str, version: str | None) -> Check:
             "print(v); import torch; print(torch.version.cuda or '', torch.cuda.is_available())")
     out = _run([sys.executable, "-c", code], timeout=600)
     if out is None:
-        return Check(f"import", False, f"{module}: timed out")
+        return Check("import", False, f"{module}: timed out")
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["?"])[-1]
         return Check("import", False, f"{module}: {last}")
