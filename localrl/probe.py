@@ -219,6 +219,7 @@ def layer_rows(train: Forward, ref: Forward, mask: Tensor) -> list[dict]:
 def _binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     g = frame.groupby(key, observed=True, sort=True)
     out = g.agg(n_tokens=("abs_d", "size"), mean_abs_dlogprob=("abs_d", "mean"),
+                mean_dlogprob=("d", "mean"),  # signed: a biased error does not average out
                 max_abs_dlogprob=("abs_d", "max"), mean_abs_dprob=("abs_dp", "mean"),
                 frac_identical=("identical", "mean"), sum_abs=("abs_d", "sum"))
     total = out["sum_abs"].sum()
@@ -230,7 +231,7 @@ def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) ->
     sel = {"response": layout.response, "sequence": layout.sequence}[scope]
     d = (train_lp - ref_lp)[sel].double()
     p_ref = ref_lp[sel].double().exp()
-    return pd.DataFrame({"abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
                          "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
                          "position": layout.scored_positions[sel].numpy()})
 
