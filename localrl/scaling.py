@@ -300,6 +300,10 @@ def measure(point: Point, log=print) -> PointResult:
     and each row gets the correlation of its per-token errors before and after."""
     from localrl.engine.engine import Engine
 
+    # Every new width is a new compiled graph of each engine piece; past dynamo's recompile limit a
+    # piece would silently run eagerly (other rounding): raise the limit, and fail instead of falling back.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
     max_positions = point.prompt_len + point.response_len
     master = build_model(point, max_positions)
     model = compute_copy(master)
@@ -427,10 +431,6 @@ def main(args) -> int:
 
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
-    # Every new width is a new compiled graph of each engine piece; past dynamo's recompile limit a
-    # piece would silently run eagerly (other rounding): raise the limit, and fail instead of falling back.
-    torch._dynamo.config.recompile_limit = 1024
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     points = plan(factors, archs, args.big, args.real, args.quick, args.seed)
     out = Path(args.out)
