@@ -154,7 +154,7 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
                for name, shp in TINY_SHAPES.items() if shp.arch == arch]
         if real:
             name, shp = next((n, x) for n, x in REAL_SHAPES.items() if x.arch == arch)
-            pts.append(replace(base, factor="shape", value=2.0, shape=shp, shape_name=name, n_seq=2,
+            pts.append(replace(base, factor="shape", value=2.0, shape=shp, shape_name=name, n_seq=4,
                                response_len=128))
         return pts
     raise ValueError(f"unknown factor {factor!r}; allowed: {list(FACTORS)}")
@@ -192,11 +192,16 @@ def build_model(point: Point, max_positions: int):
     return model.eval().requires_grad_(False)
 
 
-def compute_copy(master, like=None):
-    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage."""
+def compute_copy(master, like=None, keep_master: bool = True):
+    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage. Without
+    `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
     from localrl.kernels import use_local_kernels
     from localrl.trainer import Trainer
 
+    if like is None and not keep_master:
+        for p in master.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        return use_local_kernels(master)
     if like is None:
         return use_local_kernels(Trainer._compute_copy(master))
     with torch.no_grad():
@@ -250,6 +255,7 @@ def token_metrics(train: probe.Forward, ref: probe.Forward, layout: probe.Layout
         "k3_max": k3.max().item(),
         "signed_mean_dlogprob": d_tok.mean().item(),
         "signed_mean_se": (d_tok.std() / math.sqrt(d_tok.numel())).item(),
+        "dlogprob_var": d_tok.var().item(),  # per token; x response length = the sequence variance if independent
         "seq_logratio_mean": seq.mean().item(),
         "seq_logratio_var": seq.var().item() if seq.numel() > 1 else float("nan"),
         "seq_logratio_abs_mean": seq.abs().mean().item(),
@@ -306,7 +312,7 @@ def measure(point: Point, log=print) -> PointResult:
     torch._dynamo.config.fail_on_recompile_limit_hit = True
     max_positions = point.prompt_len + point.response_len
     master = build_model(point, max_positions)
-    model = compute_copy(master)
+    model = compute_copy(master, keep_master=bool(point.update))
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     start = time.perf_counter()
