@@ -34,7 +34,7 @@ import patches
 from localrl import probe
 
 ARCHS = ("qwen2", "qwen3")
-FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "update", "shape")
+FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
 ABLATION_OF = {"none": "none", "rope": "rope", "swiglu": "swiglu", "rmsnorm": "rmsnorm", "all": "all"}
 # The region each two-region setting leaves stock: its error is that region's error alone.
 ALONE_OF = {"swiglu+rmsnorm": "rope", "rope+rmsnorm": "swiglu", "rope+swiglu": "rmsnorm"}
@@ -109,7 +109,8 @@ class Point:
     prompt_len: int = 16
     response_len: int = 128
     logit_scale: float = 16.0  # output layer x this: entropy per token falls as it grows
-    attn_scale: float = 1.0    # q and k projections x this: attention scores x its square
+    attn_scale: float = 1.0    # q and k x this (Qwen2: projections, Qwen3: q/k-norm weights): scores x its square
+    qk_bias: float = 0.0       # Qwen2: q/k biases ~ N(0, qk_bias^2) (trained Qwen2 models carry large ones)
     update: float = 0.0        # relative size of a weight update before re-scoring (persistence)
     seed: int = 0
 
@@ -145,10 +146,14 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
     if factor == "sharpness":
         return [at(x, logit_scale=x) for x in (1, 4, 16, 32, 64)]
     if factor == "attention":
-        return [at(x, attn_scale=x) for x in (1, 2, 4, 8)]
+        return [at(x, attn_scale=x) for x in (1, 2, 3, 4, 6, 8)]
+    if factor == "qk_bias":
+        if arch != "qwen2":
+            return []  # Qwen3 has no q/k biases
+        return [at(b, qk_bias=b) for b in (0.25, 0.5, 1, 2, 4)]
     if factor == "update":
         # relative weight-update sizes around an AdamW step at lr 1e-6..1e-4 on weights of ~0.02
-        return [at(u, update=u) for u in (0.0, 1e-4, 1e-3, 1e-2, 1e-1)]
+        return [at(u, update=u) for u in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)]
     if factor == "shape":
         pts = [replace(base, factor="shape", value=1.0, shape=shp, shape_name=name, response_len=20)
                for name, shp in TINY_SHAPES.items() if shp.arch == arch]
@@ -175,20 +180,28 @@ def hf_config(shape: Shape, max_positions: int):
                tie_word_embeddings=False, pad_token_id=0, eos_token_id=None, bos_token_id=None)
 
 
+def _attn_scaled(arch: str) -> tuple[str, ...]:
+    return ("q_norm", "k_norm") if arch == "qwen3" else ("q_proj", "k_proj")
+
+
 def build_model(point: Point, max_positions: int):
     """fp32 master weights of a random model with the point's output and attention scales."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(point.seed)
     model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
+    bias_gen = torch.Generator().manual_seed(point.seed + 104729)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(NORM_SPREAD * torch.randn_like(p))
             elif name == "lm_head.weight":
                 p.mul_(point.logit_scale)
-            elif point.attn_scale != 1 and (".q_proj." in name or ".k_proj." in name):
+            # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
+            if point.attn_scale != 1 and any(f".{m}." in name for m in _attn_scaled(point.shape.arch)):
                 p.mul_(point.attn_scale)
+            if point.qk_bias and (".q_proj.bias" in name or ".k_proj.bias" in name):
+                p.copy_(point.qk_bias * torch.randn(p.shape, generator=bias_gen))  # own stream: the rest unchanged
     return model.eval().requires_grad_(False)
 
 
@@ -291,6 +304,7 @@ def describe(point: Point) -> dict:
                                      "vocab", "rope_theta")},
             "parameters": point.shape.parameters, "n_seq": point.n_seq, "prompt_len": point.prompt_len,
             "response_len": point.response_len, "logit_scale": point.logit_scale, "attn_scale": point.attn_scale,
+            "qk_bias": point.qk_bias,
             "update": point.update, "seed": point.seed}
 
 
@@ -392,7 +406,7 @@ def region_shares(rows: list[dict]) -> dict[str, float]:
 def add_parser(subparsers):
     p = subparsers.add_parser("scaling", help="training-engine mismatch against depth, width, vocabulary, ...")
     p.add_argument("--out", required=True, help="output dir: mismatch_scaling.csv, *_by_position.csv, ...")
-    p.add_argument("--factors", default="depth,width,vocab,length,sharpness,attention,update,shape",
+    p.add_argument("--factors", default=",".join(FACTORS),
                    help=f"comma-separated, from {', '.join(FACTORS)}")
     p.add_argument("--archs", default="qwen2,qwen3", help=f"comma-separated, from {', '.join(ARCHS)}")
     p.add_argument("--big", action="store_true", help="add the expensive end of each ladder (28 layers, "
@@ -400,8 +414,25 @@ def add_parser(subparsers):
     p.add_argument("--real", action="store_true", help="add the published Qwen2.5-1.5B / Qwen3-1.7B shapes "
                    "(random weights; ~8 GiB of memory, minutes per forward on one core)")
     p.add_argument("--quick", action="store_true", help="two small points per factor, short responses (tests)")
+    p.add_argument("--append", action="store_true", help="keep the tables already in --out and measure only "
+                   "the points they lack (e.g. a later --big --real run)")
     p.add_argument("--seed", type=int, default=0)
     return p
+
+
+KEY = ["factor", "value", "arch", "shape_name"]
+
+
+def point_key(point: Point) -> tuple:
+    return (point.factor, float(point.value), point.shape.arch, point.shape_name)
+
+
+def _existing(out: Path, append: bool) -> dict[str, pd.DataFrame]:
+    names = ("mismatch_scaling", "mismatch_scaling_by_position", "mismatch_scaling_by_probability")
+    if not append:
+        return {}
+    return {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
+            for n in names if (out / f"{n}.csv").exists()}
 
 
 def _choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
@@ -440,7 +471,15 @@ def main(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     points = plan(factors, archs, args.big, args.real, args.quick, args.seed)
     out = Path(args.out)
-    rows, pos, prob = [], [], []
+    existing = _existing(out, args.append)
+    if "mismatch_scaling" in existing:
+        done = set(map(tuple, existing["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
+        skipped = [p for p in points if point_key(p) in done]
+        points = [p for p in points if point_key(p) not in done]
+        log(f"--append: {len(skipped)} point(s) already in {out}/mismatch_scaling.csv, {len(points)} to measure")
+    rows = existing["mismatch_scaling"].to_dict("records") if "mismatch_scaling" in existing else []
+    pos = [existing["mismatch_scaling_by_position"]] if "mismatch_scaling_by_position" in existing else []
+    prob = [existing["mismatch_scaling_by_probability"]] if "mismatch_scaling_by_probability" in existing else []
     start = time.perf_counter()
     try:
         for i, point in enumerate(points, 1):

@@ -24,6 +24,7 @@ FACTOR_FIELDS = {  # what each factor may change besides its own name and value
     "length": {"response_len", "n_seq"},
     "sharpness": {"logit_scale"},
     "attention": {"attn_scale"},
+    "qk_bias": {"qk_bias"},
     "update": {"update"},
 }
 
@@ -40,6 +41,23 @@ def test_each_factor_changes_only_its_own_settings(factor):
     assert changed and changed <= FACTOR_FIELDS[factor]
     # the base value is on every ladder but the output/attention/update ones start from their neutral value
     assert len({p.value for p in points}) == len(points)
+
+
+def test_attention_scale_acts_where_each_arch_sets_the_scores():
+    """Qwen3 normalises q and k per head, so its q/k-norm weights carry the scale; Qwen2 its projections.
+    Everything else stays the model of the base point."""
+    import torch
+
+    for arch, scaled in (("qwen2", ("q_proj.weight", "k_proj.weight")), ("qwen3", ("q_norm.weight", "k_norm.weight"))):
+        base = scaling.quick_base(arch)
+        a = dict(scaling.build_model(base, 32).named_parameters())
+        b = dict(scaling.build_model(replace(base, attn_scale=3.0), 32).named_parameters())
+        for name, p in a.items():
+            assert torch.equal(b[name], 3.0 * p if name.endswith(scaled) else p), name
+    bias = dict(scaling.build_model(replace(scaling.quick_base("qwen2"), qk_bias=2.0), 32).named_parameters())
+    plain = dict(scaling.build_model(scaling.quick_base("qwen2"), 32).named_parameters())
+    assert bias["model.layers.0.self_attn.k_proj.bias"].std() > 1.0
+    assert torch.equal(bias["model.layers.0.mlp.up_proj.weight"], plain["model.layers.0.mlp.up_proj.weight"])
 
 
 def test_bad_factor_and_arch_are_named(capsys):
@@ -111,3 +129,15 @@ def test_command_line_writes_the_tables(tmp_path):
     for name in ("by_position", "by_probability"):
         assert (tmp_path / f"mismatch_scaling_{name}.csv").exists()
     assert np.isfinite(table["mean_abs_dlogprob"]).all()
+
+
+def test_append_measures_only_missing_points(tmp_path, capsys):
+    args = ["scaling", "--out", str(tmp_path), "--archs", "qwen3", "--quick"]
+    assert localrl_main([*args, "--factors", "sharpness"]) == 0
+    first = pd.read_csv(tmp_path / "mismatch_scaling.csv")
+    assert localrl_main([*args, "--factors", "sharpness,depth", "--append"]) == 0
+    assert "2 point(s) already in" in capsys.readouterr().err
+    both = pd.read_csv(tmp_path / "mismatch_scaling.csv")
+    assert sorted(set(both["factor"])) == ["depth", "sharpness"]
+    assert len(both) == 2 * len(first)
+    pd.testing.assert_frame_equal(both[both["factor"] == "sharpness"].reset_index(drop=True), first, check_dtype=False)
