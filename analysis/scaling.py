@@ -4,8 +4,11 @@
   log(metric) against log(factor value) - the growth exponent ("metric ~ value^slope").
 - ``mismatch_scaling``: one column per factor (log-log), one row per metric, one colour per ablation
   (the fixed palette), Qwen2 solid and Qwen3 dashed.
-- ``mismatch_where``: the error of each region alone (the training side with the other two regions
-  aligned) against position and against the engine's probability of the token, signed and absolute.
+- ``mismatch_regions``: the error of each region alone (the training side with the other two regions
+  aligned), next to none and all, against the factors that sharpen the model (attention scale, q/k
+  bias, output scale, width).
+- ``mismatch_where`` (+ ``mismatch_where.csv``): the same errors against position and against the
+  engine's probability of the token, signed and absolute, at the longest responses measured.
 
 Figures are byte-reproducible (no timestamps: PDF CreationDate off, PNG without dates).
 
@@ -39,7 +42,9 @@ FACTORS = {  # factor -> x-axis label
     "length": "response tokens",
     "sharpness": "output-layer scale",
     "attention": "q/k scale",
+    "qk_bias": "q/k bias std (Qwen2)",
 }
+REGION_FACTORS = ("attention", "qk_bias", "sharpness", "width")
 METRICS = {
     "mean_abs_dlogprob": "mean |Δ logprob|",
     "k3_kl": "k3 KL per token",
@@ -143,20 +148,91 @@ def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     return _save(fig, out_dir, "mismatch_scaling")
 
 
+def _region_lines() -> dict[str, tuple[str, str]]:
+    """label -> (setting, colour): none, each region alone, all."""
+    lines = {"none": ("none", ABLATION_COLORS["none"])}
+    lines.update({f"{r} alone": (s, ABLATION_COLORS[r]) for r, s in ALONE.items()})
+    lines["all"] = ("all", ABLATION_COLORS["all"])
+    return lines
+
+
+def regions_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    factors = [f for f in REGION_FACTORS if f in set(table["factor"])]
+    if not factors:
+        return []
+    archs = sorted(set(table["arch"]))
+    metrics = {"mean_abs_dlogprob": METRICS["mean_abs_dlogprob"], "k3_kl": METRICS["k3_kl"]}
+    fig, axes = plt.subplots(len(metrics), len(factors), figsize=(2.8 * len(factors) + 1.8, 2.4 * len(metrics)),
+                             squeeze=False)
+    for col, factor in enumerate(factors):
+        data = table[table["factor"] == factor]
+        for row, (metric, label) in enumerate(metrics.items()):
+            ax = axes[row, col]
+            for arch in archs:
+                for name, (setting, colour) in _region_lines().items():
+                    line = data[(data["arch"] == arch) & (data["setting"] == setting)].sort_values("value")
+                    line = line[(line[metric] > 0) & (line["value"] > 0)]
+                    if len(line):
+                        ax.plot(line["value"], line[metric], ARCH_STYLE.get(arch, ":"), marker="o", ms=2.5,
+                                color=colour, lw=1.2)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            _plain_minor_ticks(ax)
+            if row == 0:
+                ax.set_title(factor)
+            if row == len(metrics) - 1:
+                ax.set_xlabel(FACTORS[factor])
+            if col == 0:
+                ax.set_ylabel(label)
+    fig.subplots_adjust(left=0.08, right=1 - 1.7 / fig.get_figwidth(), top=0.92, bottom=0.13, wspace=0.35,
+                        hspace=0.3)
+    handles = [plt.Line2D([], [], color=c, lw=2, label=n) for n, (_, c) in _region_lines().items()]
+    handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
+    fig.legend(handles=handles, loc="center right", frameon=False, title="error of")
+    return _save(fig, out_dir, "mismatch_regions")
+
+
+def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict) -> pd.DataFrame:
+    """Per error (none, each region alone, all): its growth with position (log-log slope of mean |d|
+    over the position bins), first and last bin, and its size on unlikely vs likely tokens."""
+    pos, prob = _at(by_position, point), _at(by_probability, point)
+    rows = []
+    for name, (setting, _) in _region_lines().items():
+        g = pos[pos["setting"] == setting].sort_values("position_low")
+        mid = (g["position_low"] + g["position_high"] + 1) / 2
+        keep = g["mean_abs_dlogprob"] > 0
+        slope = np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3 else np.nan
+        pr = prob[prob["setting"] == setting]
+        unlikely, likely = pr[pr["p_high"] <= 0.1], pr[pr["p_low"] >= 0.9]
+        rows.append({"error_of": name, "setting": setting, "position_slope": slope,
+                     "abs_first_bin": float(g["mean_abs_dlogprob"].iloc[0]),
+                     "abs_last_bin": float(g["mean_abs_dlogprob"].iloc[-1]),
+                     "last_bin": f"{int(g['position_low'].iloc[-1])}-{int(g['position_high'].iloc[-1])}",
+                     "signed_first_bin": float(g["mean_dlogprob"].iloc[0]),
+                     "signed_last_bin": float(g["mean_dlogprob"].iloc[-1]),
+                     "abs_p_below_0.1": _weighted(unlikely), "abs_p_above_0.9": _weighted(likely)})
+    return pd.DataFrame(rows)
+
+
+def _weighted(frame: pd.DataFrame) -> float:
+    n = frame["n_tokens"].sum()
+    return float((frame["mean_abs_dlogprob"] * frame["n_tokens"]).sum() / n) if n else np.nan
+
+
+def _at(frame: pd.DataFrame, point: dict) -> pd.DataFrame:
+    keep = np.ones(len(frame), dtype=bool)
+    for key, value in point.items():
+        keep &= frame[key].to_numpy() == value
+    return frame[keep]
+
+
 def where_figure(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict, out_dir: Path) -> list[Path]:
     """Each region's error alone, and none/all, against position and probability at one point."""
-    def at(frame):
-        keep = np.ones(len(frame), dtype=bool)
-        for key, value in point.items():
-            keep &= frame[key].to_numpy() == value
-        return frame[keep]
-
-    pos, prob = at(by_position), at(by_probability)
+    pos, prob = _at(by_position, point), _at(by_probability, point)
     if pos.empty or prob.empty:
         raise ValueError(f"no binned rows at {point}")
-    lines = {"none": "none", **{f"{r} alone": s for r, s in ALONE.items()}, "all": "all"}
-    colours = {"none": ABLATION_COLORS["none"], "all": ABLATION_COLORS["all"],
-               **{f"{r} alone": ABLATION_COLORS[r] for r in ALONE}}
+    lines = {name: setting for name, (setting, _) in _region_lines().items()}
+    colours = {name: colour for name, (_, colour) in _region_lines().items()}
     fig, axes = plt.subplots(2, 2, figsize=(9.5, 5.6), squeeze=False)
     for col, (frame, x, xlabel) in enumerate(((pos, "position_low", "position (bin start)"),
                                               (prob, "p_low", "engine probability of the token (bin start)"))):
@@ -198,6 +274,7 @@ def run(tables: Path, out: Path) -> list[Path]:
     write_text(fits_markdown(fits), out / "mismatch_scaling_fits.md")
     written = [out / "mismatch_scaling_fits.csv", out / "mismatch_scaling_fits.md"]
     written += scaling_figure(table, out)
+    written += regions_figure(table, out)
     pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
@@ -206,6 +283,10 @@ def run(tables: Path, out: Path) -> list[Path]:
             arch = sorted(set(lengths["arch"]))[0]
             point = {"factor": "length", "arch": arch, "value": lengths[lengths["arch"] == arch]["value"].max()}
             written += where_figure(pos, prob, point, out)
+            where = where_table(pos, prob, point)
+            write_csv(where, out / "mismatch_where.csv")
+            write_text(to_markdown(where, float_format="{:.3g}"), out / "mismatch_where.md")
+            written += [out / "mismatch_where.csv", out / "mismatch_where.md"]
     return written
 
 

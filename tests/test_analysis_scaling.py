@@ -26,13 +26,26 @@ def synthetic_table() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def synthetic_bins(key: str, edges) -> pd.DataFrame:
+def synthetic_bins(low_key: str, high_key: str, edges) -> pd.DataFrame:
+    """Bins whose mean |d| grows as position^0.5 (for `none`; `all` is flat)."""
     rows = []
     for setting in ("none", "all", "swiglu+rmsnorm", "rope+rmsnorm", "rope+swiglu"):
-        for low in edges:
-            rows.append({"factor": "length", "arch": "qwen2", "value": 256.0, "setting": setting, key: low,
-                         "n_tokens": 10, "mean_abs_dlogprob": 1e-3 * (1 + low), "mean_dlogprob": -1e-4})
+        for low, high in zip(edges[:-1], edges[1:]):
+            mid = (low + high) / 2
+            rows.append({"factor": "length", "arch": "qwen2", "value": 256.0, "setting": setting, low_key: low,
+                         high_key: high - 1 if low_key == "position_low" else high, "n_tokens": 10,
+                         "mean_abs_dlogprob": 1e-3 * (mid ** 0.5 if setting == "none" else 1.0),
+                         "mean_dlogprob": -1e-4})
     return pd.DataFrame(rows)
+
+
+def test_where_table_measures_growth_with_position():
+    pos = synthetic_bins("position_low", "position_high", [0, 16, 32, 64, 128])
+    prob = synthetic_bins("p_low", "p_high", [0.0, 0.01, 0.1, 0.5, 0.9, 1.0])
+    where = scaling.where_table(pos, prob, {"factor": "length", "arch": "qwen2", "value": 256.0}).set_index("error_of")
+    assert where.loc["none", "position_slope"] == pytest.approx(0.5, abs=1e-9)
+    assert where.loc["all", "position_slope"] == pytest.approx(0.0, abs=1e-9)
+    assert where.loc["rope alone", "setting"] == "swiglu+rmsnorm"
 
 
 def test_power_laws_give_their_exponents():
@@ -58,8 +71,10 @@ def test_figures_are_byte_reproducible(tmp_path):
     tables = tmp_path / "tables"
     tables.mkdir()
     synthetic_table().to_csv(tables / "mismatch_scaling.csv", index=False)
-    synthetic_bins("position_low", [0, 16, 32, 64]).to_csv(tables / "mismatch_scaling_by_position.csv", index=False)
-    synthetic_bins("p_low", [0.0, 0.01, 0.5, 0.9]).to_csv(tables / "mismatch_scaling_by_probability.csv", index=False)
+    synthetic_bins("position_low", "position_high", [0, 16, 32, 64]).to_csv(
+        tables / "mismatch_scaling_by_position.csv", index=False)
+    synthetic_bins("p_low", "p_high", [0.0, 0.01, 0.5, 0.9, 1.0]).to_csv(
+        tables / "mismatch_scaling_by_probability.csv", index=False)
     first = scaling.run(tables, tmp_path / "a")
     second = scaling.run(tables, tmp_path / "b")
     names = {p.name for p in first}
