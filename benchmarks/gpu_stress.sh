@@ -6,7 +6,9 @@
 #   2. one 1-step cell per model with `all`: compiles the engine's Triton kernels and the fused aligned
 #      regions once, into Inductor's on-disk cache, so the cells of stage 3 start warm
 #   3. every cell (model x ablation x seed) side by side on the GPU, each stopped at the deadline
-#      (SIGTERM: the cell saves a checkpoint and keeps its metrics; rerunning resumes it)
+#      (SIGTERM: the cell saves a checkpoint and keeps its metrics; rerunning resumes it); beside them
+#      the mismatch at the published Qwen2.5-1.5B / Qwen3-1.7B shapes with 4096-token responses
+#      (python -m localrl scaling --factors shape --real; random weights), written point by point
 #   4. stability table, summary and figures (python -m analysis all)
 # Everything - config, data, models, runs, logs, tables, figures, stage times - goes to $OUT.
 #
@@ -81,6 +83,10 @@ if [ -z "$quick" ]; then
   stage compile
 fi
 
+if [ -z "$quick" ]; then scaling_args=(--factors shape --real --real-length "${REAL_LENGTH:-4096}")
+else scaling_args=(--factors shape --archs qwen3 --quick); fi
+timeout -s TERM "$(left)" "$PYTHON" -m localrl scaling --out "$OUT/scaling" "${scaling_args[@]}" \
+  > "$OUT/logs/scaling.log" 2>&1 &
 for m in "${models[@]}"; do for a in "${ablations[@]}"; do for s in "${seeds[@]}"; do
   mkdir -p "$OUT/logs/train/$m/$a"
   ( train "$m" "$a" "$s" "$steps" "$OUT/runs/$m/$a/seed$s" > "$OUT/logs/train/$m/$a/seed$s.log" 2>&1

@@ -83,6 +83,7 @@ class Forward:
 
 def next_token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     """Raw logprobs (temperature 1) as both sides compute them: fp32 log-softmax of bf16 logits."""
+    ids = ids.to(logits.device)
     return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
@@ -94,7 +95,7 @@ def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -
         layers = engine_model.layer_outputs
     finally:
         engine_model.layer_outputs = None
-    embed = engine_model.weights["embed"][ids]
+    embed = engine_model.weights["embed"][ids.to(engine_model.device)]
     # The engine records each layer's fp32 sum; its residual stream stores that sum in bf16.
     return Forward(next_token_logprobs(logits, ids), [embed] + [h.to(embed.dtype) for h in layers], logits)
 
@@ -125,7 +126,9 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
     handles.append(model.get_input_embeddings().register_forward_hook(record))
     try:
         with patches.aligned(setting.regions, reduction=setting.reduction):
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+            device = next(model.parameters()).device
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                           use_cache=False).logits
     finally:
         for h in handles:
             h.remove()

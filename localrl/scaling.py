@@ -123,7 +123,7 @@ def base_point(arch: str) -> Point:
 
 
 def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
-                  base: Point | None = None) -> list[Point]:
+                  base: Point | None = None, real_length: int = 128) -> list[Point]:
     """The points of one factor, each differing from `base` (default `base_point`) in that factor only.
     `big` adds the expensive end of each ladder; `real` adds the published real shapes to `shape`."""
     base = base or base_point(arch)
@@ -160,7 +160,7 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
         if real:
             name, shp = next((n, x) for n, x in REAL_SHAPES.items() if x.arch == arch)
             pts.append(replace(base, factor="shape", value=2.0, shape=shp, shape_name=name, n_seq=4,
-                               response_len=128))
+                               response_len=real_length))
         return pts
     raise ValueError(f"unknown factor {factor!r}; allowed: {list(FACTORS)}")
 
@@ -231,7 +231,7 @@ def adam_like_update(master, size: float, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed + 7919)
     with torch.no_grad():
         for p in master.parameters():
-            sign = torch.randint(0, 2, p.shape, generator=gen).to(p.dtype) * 2 - 1
+            sign = torch.randint(0, 2, p.shape, generator=gen).to(device=p.device, dtype=p.dtype) * 2 - 1
             p.add_(sign * (size * p.pow(2).mean().sqrt()))
 
 
@@ -241,17 +241,27 @@ def adam_like_update(master, size: float, seed: int) -> None:
 
 def entropy_per_token(logits: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the fp32 softmax of bf16 logits (B, T, V) at the positions `sel` (B, T-1)
-    that predict a scored token, row by row to bound memory."""
+    that predict a scored token, row by row to bound memory; on the CPU."""
+    sel = sel.to(logits.device)
     out = []
     for row in range(logits.shape[0]):
         lp = torch.log_softmax(logits[row, :-1][sel[row]].float(), -1)
         out.append(-(lp.exp() * lp).sum(-1))
-    return torch.cat(out)
+    return torch.cat(out).cpu()
 
 
-def _settings() -> list[probe.Setting]:
-    """Every subset of the regions, plus all + the compiled engine's norm summation order (CPU)."""
-    return probe.probe_settings()
+def _settings(device: torch.device | None = None) -> list[probe.Setting]:
+    """Every subset of the regions, plus all + the compiled engine's norm summation order - on the CPU
+    only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
+    settings = probe.probe_settings()
+    if device is not None and device.type != "cpu":
+        settings = [s for s in settings if s.name != probe.ENGINE_ORDER]
+    return settings
+
+
+def _logprobs_on_cpu(forward: probe.Forward) -> probe.Forward:
+    forward.logprobs = forward.logprobs.cpu()
+    return forward
 
 
 def token_metrics(train: probe.Forward, ref: probe.Forward, layout: probe.Layout) -> dict:
@@ -318,26 +328,29 @@ def sample(engine, point: Point):
 def measure(point: Point, log=print) -> PointResult:
     """All settings at one point; with `point.update`, the same tokens are scored again after an update
     and each row gets the correlation of its per-token errors before and after."""
+    from localrl.device import device as default_device
     from localrl.engine.engine import Engine
 
     # Every new width is a new compiled graph of each engine piece; past dynamo's recompile limit a
     # piece would silently run eagerly (other rounding): raise the limit, and fail instead of falling back.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
+    device = default_device()
     max_positions = point.prompt_len + point.response_len
-    master = build_model(point, max_positions)
+    master = build_model(point, max_positions).to(device)  # initialised on the CPU: the same weights anywhere
     model = compute_copy(master, keep_master=bool(point.update))
-    engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions)
+    engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     start = time.perf_counter()
     rollout = sample(engine, point)
     layout = probe.Layout.from_rollout(rollout)
-    ref = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
+    ref = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
     t_sample = time.perf_counter() - start
 
+    settings = _settings(device)
     rows, pos_frames, prob_frames, errors = [], [], [], {}
-    for setting in _settings():
-        train = probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting)
+    for setting in settings:
+        train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
@@ -357,9 +370,9 @@ def measure(point: Point, log=print) -> PointResult:
         changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
         del old
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
-        ref2 = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
-        for row, setting in zip(rows, _settings()):
-            train = probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting)
+        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
+        for row, setting in zip(rows, settings):
+            train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
             after = (train.logprobs - ref2.logprobs)[layout.response].double()
             before = errors[setting.name]
             row["persistence_corr"] = float(np.corrcoef(before.numpy(), after.numpy())[0, 1]) \
@@ -367,7 +380,7 @@ def measure(point: Point, log=print) -> PointResult:
             row["frac_error_unchanged"] = (before == after).double().mean().item()
             row["frac_bf16_weights_changed"] = changed
 
-    shares = region_shares(rows)
+    shares = region_shares(rows, settings)
     head = describe(point)
     out_rows = [{**head, **row, **shares} for row in rows]
     none = next(r for r in out_rows if r["setting"] == "none")
@@ -383,11 +396,11 @@ def measure(point: Point, log=print) -> PointResult:
     return PointResult(out_rows, pos.assign(**keys), prob.assign(**keys))
 
 
-def region_shares(rows: list[dict]) -> dict[str, float]:
+def region_shares(rows: list[dict], settings: list[probe.Setting]) -> dict[str, float]:
     """Shapley shares of the stock mean |d logprob| and k3 (analysis.probe.region_shares)."""
     from analysis.probe import region_shares as shapley
 
-    reductions = {s.name: s.reduction for s in _settings()}
+    reductions = {s.name: s.reduction for s in settings}
     frame = pd.DataFrame(rows).assign(reference=probe.MAIN_REFERENCE)
     frame["reduction"] = frame["setting"].map(reductions)
     out = {}
@@ -413,6 +426,8 @@ def add_parser(subparsers):
                    "hidden 1536/2048, vocabulary 151936, 4096-token responses)")
     p.add_argument("--real", action="store_true", help="add the published Qwen2.5-1.5B / Qwen3-1.7B shapes "
                    "(random weights; ~8 GiB of memory, minutes per forward on one core)")
+    p.add_argument("--real-length", type=int, default=128,
+                   help="response tokens of the real-shape points (default 128; 4096 on a GPU)")
     p.add_argument("--quick", action="store_true", help="two small points per factor, short responses (tests)")
     p.add_argument("--append", action="store_true", help="keep the tables already in --out and measure only "
                    "the points they lack (e.g. a later --big --real run)")
@@ -450,7 +465,8 @@ def quick_base(arch: str) -> Point:
     return Point("base", 0, qwen_shape(arch, 64, 2, 384), n_seq=4, prompt_len=8, response_len=12)
 
 
-def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool, seed: int) -> list[Point]:
+def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool, seed: int,
+         real_length: int = 128) -> list[Point]:
     points = []
     for factor in factors:
         for arch in archs:
@@ -458,7 +474,7 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
                 pts = [replace(p, response_len=min(p.response_len, 24), n_seq=4)
                        for p in factor_points(factor, arch, base=quick_base(arch))[:2]]
             else:
-                pts = factor_points(factor, arch, big, real)
+                pts = factor_points(factor, arch, big, real, real_length=real_length)
             points += [replace(p, seed=seed) for p in pts]
     return points
 
@@ -466,10 +482,14 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
 def main(args) -> int:
     from analysis.output import write_csv
 
+    from localrl.config import ConfigError
+
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    points = plan(factors, archs, args.big, args.real, args.quick, args.seed)
+    if args.real_length < 1:
+        raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
+    points = plan(factors, archs, args.big, args.real, args.quick, args.seed, args.real_length)
     out = Path(args.out)
     existing = _existing(out, args.append)
     if "mismatch_scaling" in existing:

@@ -35,6 +35,8 @@ def test_dry_run_on_cpu_runs_every_stage(tmp_path):
         assert len((tmp_path / f"runs/qwen3-g/{cell}/seed0/metrics.jsonl").read_text().splitlines()) == 2
     assert (tmp_path / "tables/stability.csv").exists() and (tmp_path / "figures/score.png").exists()
     assert "device cpu --quick" in (tmp_path / "env.txt").read_text()
+    scaling = (tmp_path / "scaling/mismatch_scaling.csv").read_text()
+    assert "qwen3-s" in scaling and "qwen3-m" in scaling
 
 
 def test_bad_arguments_are_named(tmp_path):
