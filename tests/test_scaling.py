@@ -141,3 +141,18 @@ def test_append_measures_only_missing_points(tmp_path, capsys):
     assert sorted(set(both["factor"])) == ["depth", "sharpness"]
     assert len(both) == 2 * len(first)
     pd.testing.assert_frame_equal(both[both["factor"] == "sharpness"].reset_index(drop=True), first, check_dtype=False)
+
+
+def test_tiny_shapes_are_the_tiny_grids_models():
+    import yaml
+
+    from tests.standalone import ROOT
+
+    specs = yaml.safe_load((ROOT / "experiments/tiny.yaml").read_text())["model_specs"]
+    assert set(scaling.TINY_SHAPES) == set(specs)
+    for name, shape in scaling.TINY_SHAPES.items():
+        spec = specs[name]
+        assert (shape.arch, shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim,
+                shape.intermediate) == (spec["arch"], spec["num_hidden_layers"], spec["hidden_size"],
+                                        spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"],
+                                        spec["intermediate_size"])
