@@ -276,6 +276,11 @@ def run(tables: Path, out: Path) -> list[Path]:
     written += scaling_figure(table, out)
     written += regions_figure(table, out)
     pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"
+    if out.resolve() != tables.resolve():  # the measured tables travel with their figures
+        for path in (tables / "mismatch_scaling.csv", pos_path, prob_path):
+            if path.exists():
+                write_text(path.read_text(), out / path.name)
+                written.append(out / path.name)
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
         lengths = pos[pos["factor"] == "length"]
