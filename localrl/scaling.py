@@ -119,6 +119,12 @@ class Point:
 BASE_LAYERS, BASE_HIDDEN, BASE_VOCAB = 4, 256, 4096
 
 
+def matched_scale(base: Point, hidden: int) -> float:
+    """The output-layer scale that gives a model of width `hidden` the base's logit scale: the final
+    norm's output has unit RMS, so the logits' spread grows as sqrt(hidden) at a fixed scale."""
+    return base.logit_scale * math.sqrt(base.shape.hidden / hidden)
+
+
 def base_point(arch: str) -> Point:
     return Point("base", 0, qwen_shape(arch, BASE_HIDDEN, BASE_LAYERS, BASE_VOCAB))
 
@@ -136,8 +142,11 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
     if factor == "depth":
         return [at(n, shape=replace(s, layers=n)) for n in (2, 4, 8, 16) + ((28,) if big else ())]
     if factor == "width":
+        # logits grow as sqrt(hidden) at a fixed output-layer scale: keep their scale (and so the
+        # sharpness, its own factor) fixed, so that this ladder measures width alone
         widths = (64, 128, 256, 512, 1024) + ((1536, 2048) if big else ())
-        return [at(h, shape=qwen_shape(arch, h, s.layers, s.vocab)) for h in widths]
+        return [at(h, shape=qwen_shape(arch, h, s.layers, s.vocab), logit_scale=matched_scale(base, h))
+                for h in widths]
     if factor == "vocab":
         return [at(v, shape=replace(s, vocab=v)) for v in (384, 4096, 32768) + ((151936,) if big else ())]
     if factor == "length":
@@ -155,13 +164,15 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
     if factor == "update":
         # relative weight-update sizes around an AdamW step at lr 1e-6..1e-4 on weights of ~0.02
         return [at(u, update=u) for u in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)]
-    if factor == "shape":
-        pts = [replace(base, factor="shape", value=1.0, shape=shp, shape_name=name, response_len=20)
+    if factor == "shape":  # value 1: tiny grid, 2: real shape, 3: real shape at the base's output scale
+        pts = [replace(base, factor="shape", value=1.0, shape=shp, shape_name=name, response_len=20,
+                       logit_scale=matched_scale(base, shp.hidden))
                for name, shp in TINY_SHAPES.items() if shp.arch == arch]
         if real:
             name, shp = next((n, x) for n, x in REAL_SHAPES.items() if x.arch == arch)
-            pts.append(replace(base, factor="shape", value=2.0, shape=shp, shape_name=name, n_seq=4,
-                               response_len=real_length))
+            real_point = replace(base, factor="shape", shape=shp, shape_name=name, n_seq=4, response_len=real_length)
+            pts += [replace(real_point, value=2.0, logit_scale=matched_scale(base, shp.hidden)),
+                    replace(real_point, value=3.0)]
         return pts
     raise ValueError(f"unknown factor {factor!r}; allowed: {list(FACTORS)}")
 

@@ -19,7 +19,7 @@ def test_qwen_ratios_give_the_published_shapes():
 
 FACTOR_FIELDS = {  # what each factor may change besides its own name and value
     "depth": {"layers", "parameters"},
-    "width": {"hidden", "heads", "kv_heads", "head_dim", "intermediate", "parameters"},
+    "width": {"hidden", "heads", "kv_heads", "head_dim", "intermediate", "parameters", "logit_scale"},
     "vocab": {"vocab", "parameters"},
     "length": {"response_len", "n_seq"},
     "sharpness": {"logit_scale"},
@@ -41,6 +41,12 @@ def test_each_factor_changes_only_its_own_settings(factor):
     assert changed and changed <= FACTOR_FIELDS[factor]
     # the base value is on every ladder but the output/attention/update ones start from their neutral value
     assert len({p.value for p in points}) == len(points)
+
+
+def test_width_keeps_the_logit_scale():
+    """The final norm's output has unit RMS: logit spread ~ output scale x sqrt(hidden), kept fixed."""
+    for point in scaling.factor_points("width", "qwen3", big=True):
+        assert point.logit_scale * point.shape.hidden ** 0.5 == pytest.approx(16.0 * 256 ** 0.5)
 
 
 def test_attention_scale_acts_where_each_arch_sets_the_scores():
