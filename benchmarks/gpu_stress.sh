@@ -37,7 +37,11 @@ esac
 export LOCALRL_DEVICE=$device PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 mkdir -p "$OUT/logs"
 
-left() { echo $(( start + BUDGET_S - ANALYSIS_S - $(date +%s) )); }
+left() {  # seconds to the deadline, at least 1 (`timeout 0` would mean no limit at all)
+  local l=$(( start + BUDGET_S - ANALYSIS_S - $(date +%s) ))
+  [ "$l" -lt 1 ] && l=1
+  echo "$l"
+}
 stage() { echo "$1	$(( $(date +%s) - start ))" >> "$OUT/stages.tsv"; echo "[gpu_stress] $(( $(date +%s) - start )) s: $1"; }
 : > "$OUT/stages.tsv"
 
