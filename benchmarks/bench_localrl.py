@@ -122,7 +122,7 @@ def bench_grid(jobs: int, steps: int | None) -> dict:
         m, a, s = cell
         out = tmp / "runs" / m / a / f"seed{s}"
         cmd = py + ["train", "--config", str(CONFIG), "--model", m, "--ablation", a, "--seed", str(s),
-                    "--out", str(out), "--data", str(data), "--model-dir", str(tmp / "models" / m), "--no-progress"]
+                    "--out", str(out), "--data", str(data), "--model-dir", str(tmp / "models" / m)]
         if steps:
             cmd += ["--steps", str(steps)]
         return cell, _run(cmd, tmp / f"train_{m}_{a}_{s}.log")

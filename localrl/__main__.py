@@ -4,6 +4,7 @@
     python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/tiny/models/NAME
     python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
     python -m localrl probe --config CFG --model NAME --out results/tiny/probe/NAME
+    python -m localrl scaling --out results/scaling [--factors ...] [--big] [--real]
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ def parser() -> argparse.ArgumentParser:
     from localrl.probe import add_parser as add_probe_parser
 
     pr = add_probe_parser(sub)
-    for sp in (d, w, t, pr):
+    from localrl.scaling import add_parser as add_scaling_parser
+
+    sc = add_scaling_parser(sub)
+    for sp in (d, w, t, pr, sc):
         sp.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     return p
 
@@ -93,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     # times slower; run cells side by side instead (snakemake --cores N).
     torch.set_num_threads(args.threads)
     try:
+        if args.command == "scaling":  # random-weight models: no experiment config
+            from localrl.scaling import main as scaling
+
+            return scaling(args)
         cfg = load(args.config)
         {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train, "probe": _probe}[args.command](args, cfg)
     except ConfigError as e:

@@ -9,6 +9,9 @@ rounding away into the next elementwise op.
 
 The engine and the trainer both call these (the alignment patches never touch GEMMs or attention):
 so any difference between the two sides comes from the three elementwise regions alone.
+
+On CUDA tensors they are the GPU kernels themselves: cuBLAS bf16 GEMMs (fp32 accumulation, one
+rounding at the output) and PyTorch's bf16 scaled-dot-product attention; no fp32 emulation there.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from torch import Tensor, nn
 
 @torch.library.custom_op("localrl::linear", mutates_args=())
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    if x.is_cuda:  # cuBLAS bf16 GEMM
+        return F.linear(x, weight, bias)
     b = None if bias is None else bias.float()
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
@@ -40,6 +45,10 @@ def _linear_setup(ctx, inputs, output):
 
 def _linear_backward(ctx, grad):
     x, weight = ctx.saved_tensors
+    if grad.is_cuda:  # bf16 GEMMs, as autograd of F.linear runs them
+        g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])
+        db = g2.sum(0, dtype=torch.float32).to(weight.dtype) if ctx.has_bias else None
+        return grad @ weight, g2.T @ x2, db
     g = grad.float()
     # Each gradient is itself a GEMM: fp32 accumulation, one rounding at its output.
     dx = (g @ weight.float()).to(x.dtype)
@@ -55,7 +64,10 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 # attention: o = bf16(softmax(q k^T * scale + mask) v), fp32 inside
 
 
-def _sdpa_fp32(q, k, v, mask, causal: bool, scale: float):
+def _sdpa(q, k, v, mask, causal: bool, scale: float):
+    if q.is_cuda:  # the GPU attention kernel on the bf16 values themselves
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
     return F.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],
@@ -65,7 +77,7 @@ def _sdpa_fp32(q, k, v, mask, causal: bool, scale: float):
 @torch.library.custom_op("localrl::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor:
     """q: (B, H, T, D); k, v: (B, Hkv, S, D); mask: bool (B|1, 1, T, S), True = attend."""
-    return _sdpa_fp32(q, k, v, mask, causal, scale).to(q.dtype)
+    return _sdpa(q, k, v, mask, causal, scale).to(q.dtype)
 
 
 @attention.register_fake
@@ -81,10 +93,11 @@ def _attention_setup(ctx, inputs, output):
 
 def _attention_backward(ctx, grad):
     q, k, v, mask = ctx.saved_tensors
+    on_gpu = q.is_cuda  # the GPU kernel's own backward in bf16; fp32 on the CPU
     with torch.enable_grad():
-        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-        out = _sdpa_fp32(qf, kf, vf, mask, ctx.causal, ctx.scale)
-        dq, dk, dv = torch.autograd.grad(out, (qf, kf, vf), grad.float())
+        qf, kf, vf = ((t.detach() if on_gpu else t.detach().float()).requires_grad_() for t in (q, k, v))
+        out = _sdpa(qf, kf, vf, mask, ctx.causal, ctx.scale)
+        dq, dk, dv = torch.autograd.grad(out, (qf, kf, vf), grad if on_gpu else grad.float())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
 
 

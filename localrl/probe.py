@@ -77,6 +77,7 @@ class Forward:
 
 def next_token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
     """Raw logprobs (temperature 1) as both sides compute them: fp32 log-softmax of bf16 logits."""
+    ids = ids.to(logits.device)
     return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
@@ -88,7 +89,7 @@ def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -
         layers = engine_model.layer_outputs
     finally:
         engine_model.layer_outputs = None
-    embed = engine_model.weights["embed"][ids]
+    embed = engine_model.weights["embed"][ids.to(engine_model.device)]
     # The engine records each layer's fp32 sum; its residual stream stores that sum in bf16.
     return Forward(next_token_logprobs(logits, ids), [embed] + [h.to(embed.dtype) for h in layers], logits)
 
@@ -119,7 +120,9 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
     handles.append(model.get_input_embeddings().register_forward_hook(record))
     try:
         with patches.aligned(setting.regions, reduction=setting.reduction):
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+            device = next(model.parameters()).device
+            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                           use_cache=False).logits
     finally:
         for h in handles:
             h.remove()
@@ -213,6 +216,7 @@ def layer_rows(train: Forward, ref: Forward, mask: Tensor) -> list[dict]:
 def _binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     g = frame.groupby(key, observed=True, sort=True)
     out = g.agg(n_tokens=("abs_d", "size"), mean_abs_dlogprob=("abs_d", "mean"),
+                mean_dlogprob=("d", "mean"),  # signed: a biased error does not average out
                 max_abs_dlogprob=("abs_d", "max"), mean_abs_dprob=("abs_dp", "mean"),
                 frac_identical=("identical", "mean"), sum_abs=("abs_d", "sum"))
     total = out["sum_abs"].sum()
@@ -224,7 +228,7 @@ def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) ->
     sel = {"response": layout.response, "sequence": layout.sequence}[scope]
     d = (train_lp - ref_lp)[sel].double()
     p_ref = ref_lp[sel].double().exp()
-    return pd.DataFrame({"abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
                          "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
                          "position": layout.scored_positions[sel].numpy()})
 

@@ -35,6 +35,9 @@ class Batch:
     def rows(self, index: Tensor) -> "Batch":
         return Batch(**{k: (None if v is None else v[index]) for k, v in vars(self).items()})
 
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(**{k: (None if v is None else v.to(device)) for k, v in vars(self).items()})
+
 
 def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     """Prompt + response ids, attention mask and positions (0 at each prompt's first real token)."""
@@ -61,12 +64,14 @@ class Trainer:
         import patches
         from transformers import AutoModelForCausalLM
 
+        from localrl.device import device
         from localrl.kernels import use_local_kernels
 
         self.rl = rl
+        self.device = device()
         # Patches replace transformers' classes process-wide: apply before the model is built.
         self.regions = patches.apply(ablation)
-        self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         if self.regions:
             patches.check_model(self.master)
         self.model = self._compute_copy(self.master)
@@ -108,7 +113,7 @@ class Trainer:
     # -- log-probs --------------------------------------------------------------------------
     def _logits(self, model, batch: Batch) -> Tensor:
         """bf16 logits predicting each response token, divided by the temperature in bf16 (as verl)."""
-        ids, mask, positions = sequence_inputs(batch)
+        ids, mask, positions = (t.to(self.device) for t in sequence_inputs(batch))
         R = batch.responses.shape[1]
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=R + 1).logits
         logits = logits[:, :-1]
@@ -125,7 +130,8 @@ class Trainer:
         from verl.utils.torch_functional import entropy_from_logits
 
         logits = self._logits(model or self.model, batch)
-        return self._token_log_probs(logits, batch.responses), entropy_from_logits(logits.float())
+        labels = batch.responses.to(self.device)
+        return self._token_log_probs(logits, labels).cpu(), entropy_from_logits(logits.float()).cpu()
 
     # -- update -----------------------------------------------------------------------------
     @staticmethod
@@ -145,12 +151,13 @@ class Trainer:
         from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 
         rl = self.rl
+        batch = batch.to(self.device)
         policy_loss = get_policy_loss_fn("vanilla")
         n = batch.responses.shape[0]
         per_mb = rl["ppo_mini_batch_size"] * rl["samples_per_prompt"]
         sums: dict[str, list[float]] = {}
         for start in range(0, n, per_mb):
-            mb = batch.rows(torch.arange(start, start + per_mb))
+            mb = batch.rows(torch.arange(start, start + per_mb, device=self.device))
             mask = mb.response_mask.float()
             logits = self._logits(self.model, mb)
             log_prob = self._token_log_probs(logits, mb.responses)

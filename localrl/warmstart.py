@@ -50,11 +50,11 @@ def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: 
     truths = [rm["ground_truth"] for rm in frame["reward_model"]]
     eos, total = tokenizer.eos_token_id, 0.0
     for start in range(0, len(prompts), batch_size):
-        ids, mask = left_pad(prompts[start:start + batch_size], tokenizer.pad_token_id)
+        ids, mask = (t.to(model.device) for t in left_pad(prompts[start:start + batch_size], tokenizer.pad_token_id))
         mask = mask.long()
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
-        done = torch.zeros(len(ids), dtype=torch.bool)
+        done = torch.zeros(len(ids), dtype=torch.bool, device=model.device)
         out = []
         for _ in range(max_new_tokens):
             logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
@@ -83,7 +83,9 @@ def warmstart(cfg: dict, model_name: str, data_dir: str | Path, out_dir: str | P
     train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
     ids, loss_mask = encode_examples(train, tokenizer)
 
-    model = build_model(spec, tokenizer, seed=ws["seed"])
+    from localrl.device import device
+
+    model = build_model(spec, tokenizer, seed=ws["seed"]).to(device())  # initialised on the CPU: same weights
     print(f"[warmstart] {model_name}: {num_parameters(model) / 1e6:.2f}M parameters, {len(ids)} examples, "
           f"{ws['steps']} steps x {ws['batch_size']}", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=ws["lr"], weight_decay=ws["weight_decay"], betas=(0.9, 0.95))
@@ -94,7 +96,7 @@ def warmstart(cfg: dict, model_name: str, data_dir: str | Path, out_dir: str | P
     model.train()
     for step in range(ws["steps"]):
         idx = torch.randint(len(ids), (ws["batch_size"],), generator=gen)
-        batch, m = ids[idx], loss_mask[idx]
+        batch, m = ids[idx].to(model.device), loss_mask[idx].to(model.device)
         width = int(m.nonzero()[:, 1].max()) + 1  # drop all-pad columns
         batch, m = batch[:, :width], m[:, :width]
         logits = model(input_ids=batch).logits[:, :-1]

@@ -39,19 +39,22 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 def prefill_mask(prompt_mask: Tensor) -> Tensor:
     """(B, 1, P, P): causal, real keys only; a pad query sees itself (no empty softmax rows)."""
     P = prompt_mask.shape[1]
-    causal = torch.ones(P, P, dtype=torch.bool).tril()
-    eye = torch.eye(P, dtype=torch.bool)
+    causal = torch.ones(P, P, dtype=torch.bool, device=prompt_mask.device).tril()
+    eye = torch.eye(P, dtype=torch.bool, device=prompt_mask.device)
     return (causal & (prompt_mask[:, None, :] | eye))[:, None]
 
 
 class Engine:
     """Inference engine: `EngineModel` (compiled engine formulations) + a sampling loop."""
 
-    def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None):
+    def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None,
+                 device: torch.device | str | None = None):
+        from localrl.device import device as default_device
         from localrl.engine.model import EngineModel
 
         self.max_positions = max_positions or model_config.max_position_embeddings
-        self.model = EngineModel(model_config, self.max_positions)
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = EngineModel(model_config, self.max_positions, device=self.device)
         self.eos_id, self.pad_id = eos_id, pad_id
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
@@ -63,7 +66,7 @@ class Engine:
                  generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:
         from localrl.engine.model import KVCache
 
-        ids, prompt_mask = left_pad(prompts, self.pad_id)
+        ids, prompt_mask = (t.to(self.device) for t in left_pad(prompts, self.pad_id))
         B, P = ids.shape
         if P + max_new_tokens > self.max_positions:
             raise ValueError(f"prompt width {P} + max_new_tokens {max_new_tokens} exceeds the engine's "
@@ -72,16 +75,16 @@ class Engine:
         positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
         logits = self.model(ids, positions, prefill_mask(prompt_mask), kv_cache=cache, cache_len=0)[:, -1]
         next_pos = positions[:, -1] + 1
-        key_mask = torch.cat([prompt_mask, torch.ones(B, max_new_tokens, dtype=torch.bool)], 1)
+        key_mask = torch.cat([prompt_mask, torch.ones(B, max_new_tokens, dtype=torch.bool, device=self.device)], 1)
 
-        done = torch.zeros(B, dtype=torch.bool)
+        done = torch.zeros(B, dtype=torch.bool, device=self.device)
         tokens, logps, masks = [], [], []
         for t in range(max_new_tokens):
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
             if greedy:
                 tok = logp.argmax(-1)
-            else:
-                tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(-1)
+            else:  # drawn on the CPU (a CPU generator on every device): the same seed, the same stream
+                tok = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(self.device)
             alive = ~done
             tokens.append(torch.where(alive, tok, self.pad_id))
             logps.append(torch.where(alive, logp.gather(-1, tok[:, None]).squeeze(-1), 0.0))
@@ -92,4 +95,5 @@ class Engine:
             mask = key_mask[:, None, None, : P + t + 1]
             logits = self.model(tok[:, None], next_pos[:, None], mask, kv_cache=cache, cache_len=P + t)[:, -1]
             next_pos = next_pos + 1
-        return Rollout(ids, prompt_mask, torch.stack(tokens, 1), torch.stack(masks, 1), torch.stack(logps, 1))
+        return Rollout(*(t.cpu() for t in (ids, prompt_mask, torch.stack(tokens, 1), torch.stack(masks, 1),
+                                            torch.stack(logps, 1))))

@@ -48,14 +48,15 @@ class KVCache:
     @classmethod
     def allocate(cls, model: "EngineModel", batch: int, max_len: int) -> "KVCache":
         shape = (batch, model.num_kv_heads, max_len, model.head_dim)
-        n = model.num_layers
-        return cls([torch.zeros(shape, dtype=model.dtype) for _ in range(n)],
-                   [torch.zeros(shape, dtype=model.dtype) for _ in range(n)])
+        n, kw = model.num_layers, {"dtype": model.dtype, "device": model.device}
+        return cls([torch.zeros(shape, **kw) for _ in range(n)], [torch.zeros(shape, **kw) for _ in range(n)])
 
 
 class EngineModel(nn.Module):
-    def __init__(self, config, max_positions: int | None = None, dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, config, max_positions: int | None = None, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str = "cpu"):
         super().__init__()
+        self.device = torch.device(device)
         if config.model_type not in ("qwen2", "qwen3"):
             raise ValueError(f"EngineModel supports model_type qwen2 or qwen3, got {config.model_type!r}")
         self.config, self.dtype = config, dtype
@@ -71,7 +72,8 @@ class EngineModel(nn.Module):
             raise ValueError(f"EngineModel supports default RoPE only, got {rope.get('rope_type')!r}")
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         max_positions = max_positions or config.max_position_embeddings
-        self.register_buffer("cos_sin_cache", ops.rope_cos_sin_cache(self.head_dim, theta, max_positions, dtype))
+        self.register_buffer("cos_sin_cache",
+                             ops.rope_cos_sin_cache(self.head_dim, theta, max_positions, dtype, self.device))
         self.weights: dict[str, Tensor] = {}
         self.layer_outputs: list[Tensor] | None = None  # set to [] to record each layer's fp32 output
 
@@ -85,7 +87,7 @@ class EngineModel(nn.Module):
     @torch.no_grad()
     def load_hf_weights(self, state_dict: dict[str, Tensor]) -> None:
         """HF parameter names in, bf16 engine layout (merged qkv and gate_up, as vLLM loads them)."""
-        sd = {k.removeprefix("model."): v.detach().to(self.dtype) for k, v in state_dict.items()}
+        sd = {k.removeprefix("model."): v.detach().to(device=self.device, dtype=self.dtype) for k, v in state_dict.items()}
         w = {"embed": sd["embed_tokens.weight"], "final_norm": sd["norm.weight"],
              "lm_head": sd.get("lm_head.weight", sd["embed_tokens.weight"])}
         for i in range(self.num_layers):
@@ -115,6 +117,8 @@ class EngineModel(nn.Module):
             raise RuntimeError("EngineModel has no weights: call load_hf_weights() first")
         B, T = input_ids.shape
         w = self.weights
+        input_ids, positions = input_ids.to(self.device), positions.to(self.device)
+        mask = None if mask is None else mask.to(self.device)
         pos = positions.reshape(-1)
         h = w["embed"][input_ids.reshape(-1)]           # (N, hidden), N = B*T
         residual = None

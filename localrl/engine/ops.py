@@ -15,14 +15,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def rope_inv_freq(head_dim: int, base: float) -> Tensor:
-    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+def rope_inv_freq(head_dim: int, base: float, device=None) -> Tensor:
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device=device) / head_dim))
 
 
-def rope_cos_sin_cache(head_dim: int, base: float, max_positions: int, dtype: torch.dtype) -> Tensor:
-    """vLLM's RotaryEmbedding._compute_cos_sin_cache: (max_positions, head_dim) = [cos | sin] halves."""
-    t = torch.arange(max_positions, dtype=torch.float)
-    freqs = torch.einsum("i,j -> ij", t, rope_inv_freq(head_dim, base))
+def rope_cos_sin_cache(head_dim: int, base: float, max_positions: int, dtype: torch.dtype, device=None) -> Tensor:
+    """vLLM's RotaryEmbedding._compute_cos_sin_cache: (max_positions, head_dim) = [cos | sin] halves,
+    computed on the device the model lives on (vLLM builds its modules there)."""
+    t = torch.arange(max_positions, dtype=torch.float, device=device)
+    freqs = torch.einsum("i,j -> ij", t, rope_inv_freq(head_dim, base, device))
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
 
 

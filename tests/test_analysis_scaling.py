@@ -1,0 +1,105 @@
+"""analysis.scaling on hand-made tables: exponents, byte-reproducible figures, no backend import."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import scaling
+from tests.standalone import BACKENDS, ROOT
+
+EXPONENT = {"none": 0.5, "rope": 0.4, "swiglu": 0.5, "rmsnorm": 0.3, "all": 2.0}
+
+
+def synthetic_table() -> pd.DataFrame:
+    rows = []
+    for arch in ("qwen2", "qwen3"):
+        for factor, values in (("depth", [2, 4, 8, 16]), ("width", [64, 128, 256]), ("length", [16, 64, 256])):
+            for value in values:
+                for setting, a in EXPONENT.items():
+                    y = 1e-3 * value ** a
+                    rows.append({"factor": factor, "value": float(value), "arch": arch, "setting": setting,
+                                 "mean_abs_dlogprob": y, "k3_kl": y * y, "seq_logratio_var": 3 * y,
+                                 "frac_abs_d_gt_1e-2": min(1.0, y)})
+    return pd.DataFrame(rows)
+
+
+def synthetic_bins(low_key: str, high_key: str, edges) -> pd.DataFrame:
+    """Bins whose mean |d| grows as position^0.5 (for `none`; `all` is flat)."""
+    rows = []
+    for setting in ("none", "all", "swiglu+rmsnorm", "rope+rmsnorm", "rope+swiglu"):
+        for low, high in zip(edges[:-1], edges[1:]):
+            mid = (low + high) / 2
+            rows.append({"factor": "length", "arch": "qwen2", "value": 256.0, "setting": setting, low_key: low,
+                         high_key: high - 1 if low_key == "position_low" else high, "n_tokens": 10,
+                         "mean_abs_dlogprob": 1e-3 * (mid ** 0.5 if setting == "none" else 1.0),
+                         "mean_dlogprob": -1e-4})
+    return pd.DataFrame(rows)
+
+
+def test_where_table_measures_growth_with_position():
+    pos = synthetic_bins("position_low", "position_high", [0, 16, 32, 64, 128])
+    prob = synthetic_bins("p_low", "p_high", [0.0, 0.01, 0.1, 0.5, 0.9, 1.0])
+    where = scaling.where_table(pos, prob, {"factor": "length", "arch": "qwen2", "value": 256.0}).set_index("error_of")
+    assert where.loc["none", "position_slope"] == pytest.approx(0.5, abs=1e-9)
+    assert where.loc["all", "position_slope"] == pytest.approx(0.0, abs=1e-9)
+    assert where.loc["rope alone", "setting"] == "swiglu+rmsnorm"
+
+
+def test_power_laws_give_their_exponents():
+    fits = scaling.fit_exponents(synthetic_table())
+    none = fits[(fits["setting"] == "none") & (fits["factor"] == "depth") & (fits["arch"] == "qwen2")]
+    by_metric = none.set_index("metric")["exponent"]
+    assert by_metric["mean_abs_dlogprob"] == pytest.approx(0.5, abs=1e-9)
+    assert by_metric["k3_kl"] == pytest.approx(1.0, abs=1e-9)
+    all_ = fits[fits["setting"] == "all"].query("metric == 'mean_abs_dlogprob'")["exponent"]
+    assert np.allclose(all_, 2.0, rtol=0, atol=1e-9)
+    assert (none["r2"] > 0.999).all() and (none["n_points"] == 4).all()
+
+
+def test_points_that_a_log_scale_cannot_hold_are_left_out_of_fits():
+    table = synthetic_table()
+    table.loc[(table["setting"] == "all") & (table["value"] == 2), "mean_abs_dlogprob"] = 0.0
+    fits = scaling.fit_exponents(table)
+    row = fits.query("setting == 'all' and factor == 'depth' and metric == 'mean_abs_dlogprob'").iloc[0]
+    assert row["n_points"] == 3 and row["exponent"] == pytest.approx(2.0, abs=1e-9)
+
+
+def test_figures_are_byte_reproducible(tmp_path):
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    synthetic_table().to_csv(tables / "mismatch_scaling.csv", index=False)
+    synthetic_bins("position_low", "position_high", [0, 16, 32, 64]).to_csv(
+        tables / "mismatch_scaling_by_position.csv", index=False)
+    synthetic_bins("p_low", "p_high", [0.0, 0.01, 0.5, 0.9, 1.0]).to_csv(
+        tables / "mismatch_scaling_by_probability.csv", index=False)
+    first = scaling.run(tables, tmp_path / "a")
+    second = scaling.run(tables, tmp_path / "b")
+    names = {p.name for p in first}
+    assert {"mismatch_scaling.png", "mismatch_scaling.pdf", "mismatch_where.png", "mismatch_scaling_fits.csv"} <= names
+    for a, b in zip(sorted(first), sorted(second)):
+        assert a.read_bytes() == b.read_bytes(), a.name
+    assert b"CreationDate" not in (tmp_path / "a/mismatch_scaling.pdf").read_bytes()
+
+
+def test_missing_table_and_columns_are_named(tmp_path, capsys):
+    assert scaling.main(["--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert "mismatch_scaling.csv not found" in capsys.readouterr().err
+    synthetic_table().drop(columns="k3_kl").to_csv(tmp_path / "mismatch_scaling.csv", index=False)
+    assert scaling.main(["--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert "k3_kl" in capsys.readouterr().err
+
+
+def test_runs_without_any_backend(tmp_path):
+    synthetic_table().to_csv(tmp_path / "mismatch_scaling.csv", index=False)
+    code = ("import runpy, sys\nsys.argv = ['x', '--tables', sys.argv[1], '--out', sys.argv[2]]\n"
+            "try:\n    runpy.run_module('analysis.scaling', run_name='__main__')\n"
+            "except SystemExit as stop:\n    assert stop.code == 0, stop.code\n"
+            f"print('LOADED', sorted(m for m in {BACKENDS!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "figs")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("LOADED []")
+    assert np.isfinite(pd.read_csv(tmp_path / "figs/mismatch_scaling_fits.csv")["exponent"]).all()
