@@ -1,6 +1,6 @@
 """The mismatch scaling study (`python -m localrl scaling`): points, metrics and the command line."""
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
