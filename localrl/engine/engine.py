@@ -47,15 +47,16 @@ def prefill_mask(prompt_mask: Tensor) -> Tensor:
 class Engine:
     """Inference engine: `EngineModel` (compiled engine formulations) + a sampling loop."""
 
-    def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None):
+    def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None,
+                 dtype: torch.dtype = torch.bfloat16):
         from localrl.engine.model import EngineModel
 
         self.max_positions = max_positions or model_config.max_position_embeddings
-        self.model = EngineModel(model_config, self.max_positions)
+        self.model = EngineModel(model_config, self.max_positions, dtype)
         self.eos_id, self.pad_id = eos_id, pad_id
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Receive the trainer's weights (HF names, any dtype -> bf16 inside the engine model)."""
+        """Receive the trainer's weights (HF names, any dtype -> the engine's dtype, bf16 or fp16)."""
         self.model.load_hf_weights(state_dict)
 
     @torch.no_grad()
