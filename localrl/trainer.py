@@ -99,6 +99,16 @@ def policy_loss_config(rl: dict):
                              "global_batch_info": {}})
 
 
+def policy_loss(batch: Batch, log_prob: Tensor, rl: dict) -> tuple[Tensor, dict]:
+    """verl's vanilla PPO loss (clip-higher, dual-clip) over the kept tokens, weighted by the rollout
+    correction's importance weights when there are any."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    return get_policy_loss_fn("vanilla")(batch.old_log_probs, log_prob, batch.advantages, batch.kept_mask().float(),
+                                         rl["loss_agg_mode"], policy_loss_config(rl),
+                                         rollout_is_weights=batch.rollout_is_weights)
+
+
 class Trainer:
     """The policy under training. Patching is process-wide: `close()` (or leaving a `with Trainer(...)`
     block) gives the process back stock transformers."""
@@ -203,10 +213,9 @@ class Trainer:
     def update(self, batch: Batch) -> dict[str, float]:
         """One PPO epoch over the batch, one optimizer step per `ppo_mini_batch_size` prompts (with their
         samples, as verl splits); returns verl-named metrics."""
-        from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+        from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
 
         rl = self.rl
-        policy_loss = get_policy_loss_fn("vanilla")
         n = batch.responses.shape[0]
         per_mb = rl["ppo_mini_batch_size"] * rl["samples_per_prompt"]
         sums: dict[str, list[float]] = {}
@@ -215,9 +224,7 @@ class Trainer:
             mask = mb.kept_mask().float()
             logits = self._logits(self.model, mb)
             log_prob = self._token_log_probs(logits, mb.responses)
-            pg_loss, pg_metrics = policy_loss(mb.old_log_probs, log_prob, mb.advantages, mask,
-                                              rl["loss_agg_mode"], policy_loss_config(rl),
-                                              rollout_is_weights=mb.rollout_is_weights)
+            pg_loss, pg_metrics = policy_loss(mb, log_prob, rl)
             loss = pg_loss
             metrics = {"actor/pg_loss": pg_loss.item(), **pg_metrics}
             if rl["entropy_coeff"]:

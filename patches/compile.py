@@ -33,6 +33,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def compile_layer(layer: torch.nn.Module) -> None:
+    """Compile the forward the layer has now (with the regions applied now, if any)."""
     if layer not in _compiled:
         layer.forward = torch.compile(layer.forward)
         _compiled.add(layer)
@@ -44,6 +45,13 @@ def compile_layers(model: torch.nn.Module) -> int:
     for layer in layers:
         compile_layer(layer)
     return len(layers)
+
+
+def uncompile_layers(model: torch.nn.Module) -> None:
+    """Give `model`'s decoder layers their class's forward again."""
+    for layer in decoder_layers(model):
+        vars(layer).pop("forward", None)
+        _compiled.discard(layer)
 
 
 def is_compiled(layer: torch.nn.Module) -> bool:
