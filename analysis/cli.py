@@ -1,5 +1,6 @@
 """Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...``;
-``python -m analysis probe --probe DIR --out FIGURES`` (see :mod:`analysis.probe`)."""
+``python -m analysis probe --probe DIR --out FIGURES`` (see :mod:`analysis.probe`);
+``python -m analysis treatments --tables DIR --out FIGURES`` (see :mod:`analysis.treatments`)."""
 
 from __future__ import annotations
 
@@ -128,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     from analysis.probe import add_parser as add_probe_parser
 
     add_probe_parser(sub)
+    from analysis.treatments import add_parser as add_treatments_parser
+
+    add_treatments_parser(sub)
     return parser
 
 
@@ -137,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.probe import main as probe_main
 
         return probe_main(args)
+    if args.command == "treatments":  # reads tables and a benchmark file, not runs
+        from analysis.treatments import main as treatments_main
+
+        return treatments_main(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     # Data warnings name the file and line themselves: print them without the source-code echo.

@@ -35,12 +35,13 @@ log = logging.getLogger(__name__)
 MAIN_REFERENCE = "engine_forward"
 SAMPLING_REFERENCE = "engine_sampling"
 ENGINE_ORDER = "all+engine_order"
+TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligned, another training side
 SETTING_ORDER = ("none", "rope", "swiglu", "rmsnorm", "rope+swiglu", "rope+rmsnorm", "swiglu+rmsnorm", "all",
-                 ENGINE_ORDER)
-LAYER_SETTINGS = ("none", "rope", "swiglu", "rmsnorm", "all", ENGINE_ORDER)
-WHERE_SETTINGS = ("none", "rope", "all", ENGINE_ORDER)
+                 ENGINE_ORDER) + TREATMENTS
+LAYER_SETTINGS = ("none", "rope", "swiglu", "rmsnorm", "all", ENGINE_ORDER) + TREATMENTS
+WHERE_SETTINGS = ("none", "rope", "all", ENGINE_ORDER) + TREATMENTS
 PAIR_COLOR = "#999999"
-LABELS = {ENGINE_ORDER: "all + engine\nsummation order"}
+LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
 REQUIRED = {
     "subsets": ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
                 "k3_kl", "probs_diff_mean", "frac_identical"],
@@ -121,6 +122,8 @@ def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
     """Each region's Shapley share of the stock mismatch, then the summation order and the rest.
     Columns: component, reduction (in units of `metric`), share (of the stock value)."""
     rows = training_settings(subsets, reference)
+    if "treatment" in rows:  # compile / fp16 rows align no region: not part of the region subsets
+        rows = rows[rows["treatment"].fillna("") == ""]
     eager = rows[rows["reduction"] == "eager"]
     value = {_regions_of(r): v for r, v in zip(eager["regions"], eager[metric])}
     subsets_needed = [frozenset(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]

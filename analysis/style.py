@@ -5,17 +5,23 @@ from __future__ import annotations
 import warnings
 
 # Okabe-Ito colours (readable with colour-vision deficiencies). The baseline is vermillion, full
-# alignment green; single regions get the remaining distinct hues.
+# alignment green; single regions get the remaining distinct hues; the treatments (rla.names) after them.
 ABLATION_COLORS: dict[str, str] = {
     "none": "#D55E00",
     "rope": "#0072B2",
     "swiglu": "#E69F00",
     "rmsnorm": "#CC79A7",
     "all": "#009E73",
+    "compile": "#56B4E9",
+    "fp16": "#000000",
+    "tis": "#8C510A",
+    "mis": "#999999",
+    "rope+tis": "#6A3D9A",
+    "all+tis": "#B8860B",
 }
 ABLATION_ORDER: tuple[str, ...] = tuple(ABLATION_COLORS)
 # Ablations outside the fixed set (a user's own) get these, in order of first appearance.
-_EXTRA_COLORS = ("#56B4E9", "#000000", "#F0E442", "#999999", "#8C510A", "#01665E")
+_EXTRA_COLORS = ("#F0E442", "#01665E", "#FB9A99", "#B2DF8A", "#CAB2D6", "#777777")
 
 
 class StyleWarning(UserWarning):
@@ -30,7 +36,7 @@ def order(found: list[str] | set[str], preferred: tuple[str, ...] = ()) -> list[
 
 
 def ablation_order(found: list[str] | set[str], preferred: tuple[str, ...] = ()) -> list[str]:
-    """Ablations in the fixed order (none, rope, swiglu, rmsnorm, all), then the config's, then others."""
+    """Ablations in the fixed order (regions, then treatments), then the config's, then others."""
     return order(found, ABLATION_ORDER + tuple(preferred))
 
 

@@ -77,7 +77,8 @@ def _sdpa(q, k, v, mask, causal: bool, scale: float):
 @torch.library.custom_op("localrl::attention", mutates_args=())
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float) -> Tensor:
     """q: (B, H, T, D); k, v: (B, Hkv, S, D); mask: bool (B|1, 1, T, S), True = attend."""
-    return _sdpa(q, k, v, mask, causal, scale).to(q.dtype)
+    # contiguous, as the fake below says: compiled callers (the `compile` treatment) check strides
+    return _sdpa(q, k, v, mask, causal, scale).to(q.dtype, memory_format=torch.contiguous_format)
 
 
 @attention.register_fake

@@ -4,7 +4,10 @@ For one model, a fixed set of test prompts and responses sampled once from the e
 seeded), the training side (transformers + patches, bf16 weights, fp32 buffers, shared GEMM and
 attention kernels: `localrl.trainer.Trainer`'s model) scores the responses under every subset of
 {rope, swiglu, rmsnorm}, plus "all" with the compiled engine's summation order for the RMSNorm
-variance (`reduction="inductor_cpu"`). Each setting is compared with the inference side:
+variance (`reduction="inductor_cpu"`), plus two treatments a user might pick instead: `compile` (the
+stock training forward with each decoder layer compiled by torch.compile) and `fp16` (both sides in
+FP16: the training model's FP16 copy of the master weights against the engine in FP16, which gets the
+same master weights). Each setting is compared with the inference side:
 
 - reference `engine_forward` (the main one): the engine's full forward of prompt + response, in the
   same batch layout as the trainer. Both sides then see the same tokens, positions and masks, and share
@@ -13,7 +16,7 @@ variance (`reduction="inductor_cpu"`). Each setting is compared with the inferen
 - reference `engine_sampling`: the logprobs the engine returned while sampling (KV-cache decode), which
   is what verl compares with. On top of the regions it holds the engine's own prefill-vs-decode
   difference, which no training-side alignment can remove; the row `engine_forward` under this
-  reference measures that part alone.
+  reference measures that part alone. The responses were sampled in BF16, so `fp16` has no row here.
 
 Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; then
 `analysis.probe` writes subsets.md and the figures from those CSV files.
@@ -33,10 +36,11 @@ import torch
 from torch import Tensor
 
 import patches
+from patches import compile as compiled_layers
 from rla.config import ConfigError
 from rla.names import REGIONS, subset_name
 from localrl.engine.engine import Engine, Rollout, prefill_mask
-from localrl.trainer import Batch, sequence_inputs
+from localrl.trainer import Batch, Trainer, sequence_inputs
 
 MAIN_REFERENCE = "engine_forward"
 SAMPLING_REFERENCE = "engine_sampling"
@@ -49,19 +53,27 @@ DEFAULT_POSITION_BIN = 16
 
 @dataclass(frozen=True)
 class Setting:
-    """One training-side configuration: the aligned regions and the RMSNorm summation order."""
+    """One configuration of both sides: the aligned regions, the RMSNorm summation order, decoder
+    layers compiled or not, and the dtype both sides compute in."""
 
     name: str
     regions: tuple[str, ...]
     reduction: str = "eager"
+    compiled: bool = False
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def treatment(self) -> str:
+        return "compile" if self.compiled else ("fp16" if self.dtype == torch.float16 else "")
 
 
 def probe_settings() -> list[Setting]:
-    """Every subset of the regions (by size, in `REGIONS` order), then all + engine order."""
+    """Every subset of the regions (by size, in `REGIONS` order), all + engine order, then the treatments."""
     regions = REGIONS
     subsets = [c for k in range(len(regions) + 1) for c in itertools.combinations(regions, k)]
     settings = [Setting(subset_name(c), c) for c in subsets]
-    return settings + [Setting(ENGINE_ORDER, tuple(regions), "inductor_cpu")]
+    return settings + [Setting(ENGINE_ORDER, tuple(regions), "inductor_cpu"), Setting("compile", (), compiled=True),
+                       Setting("fp16", (), dtype=torch.float16)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,25 +119,30 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
     `hidden_states` (whose last entry is the final norm's output, not the last layer's)."""
     from patches.rmsnorm import unpack_hidden
 
-    hidden = model.config.hidden_size
+    hidden, dtype = model.config.hidden_size, model.get_input_embeddings().weight.dtype
     recorded: list[Tensor] = []
 
     def record(module, args, output):
         out = output[0] if isinstance(output, tuple) else output
         # With the rmsnorm region a layer returns the pending pair cat(residual, delta): the stream
-        # value is their fp32 sum, stored in bf16 by the next fused add + norm.
-        recorded.append(unpack_hidden(out, hidden).to(torch.bfloat16))
+        # value is their fp32 sum, stored in bf16 (fp16) by the next fused add + norm.
+        recorded.append(unpack_hidden(out, hidden).to(dtype))
 
-    handles = [layer.register_forward_hook(record) for layer in _decoder_layers(model)]
+    layers = _decoder_layers(model)
+    handles = [layer.register_forward_hook(record) for layer in layers]
     handles.append(model.get_input_embeddings().register_forward_hook(record))
     try:
         with patches.aligned(setting.regions, reduction=setting.reduction):
+            if setting.compiled:  # the forward each layer has under these regions; hooks stay outside
+                compiled_layers.compile_layers(model)
             device = next(model.parameters()).device
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
                            use_cache=False).logits
     finally:
         for h in handles:
             h.remove()
+        if setting.compiled:
+            compiled_layers.uncompile_layers(model)
     # hooks fire in execution order: the embedding first, then each decoder layer
     if len(recorded) != len(handles):
         raise RuntimeError(f"recorded {len(recorded)} residual-stream values, expected {len(handles)}")
@@ -276,7 +293,8 @@ class ProbeResult:
 
 def _describe(setting: Setting) -> dict:
     return {"setting": setting.name, "regions": ",".join(setting.regions) or "none",
-            "n_regions": len(setting.regions), "reduction": setting.reduction,
+            "n_regions": len(setting.regions), "reduction": setting.reduction, "treatment": setting.treatment,
+            "dtype": str(setting.dtype).removeprefix("torch."),
             **{region: region in setting.regions for region in REGIONS}}
 
 
@@ -285,27 +303,59 @@ def sample_rollout(engine: Engine, prompts: list[list[int]], max_new_tokens: int
     return engine.generate(prompts, max_new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(seed))
 
 
+class Sides:
+    """Both sides' models per compute dtype: the given BF16 pair, and FP16 ones built on first use from
+    the master weights (FP16 training copy with the shared kernels; an FP16 engine loaded with the
+    master weights, as the `fp16` rig's engine gets the trainer's FP16 copy of them)."""
+
+    def __init__(self, train_model, engine: Engine, master=None):
+        self.train = {torch.bfloat16: train_model}
+        self.engine = {torch.bfloat16: engine.model}
+        self.master, self.max_positions = master, engine.max_positions
+
+    def get(self, dtype: torch.dtype):
+        if dtype not in self.train:
+            from localrl.engine.model import EngineModel
+            from localrl.kernels import use_local_kernels
+
+            if self.master is None:
+                raise ValueError(f"a {dtype} setting needs the fp32 master weights (run_probe(..., master=...))")
+            self.train[dtype] = use_local_kernels(Trainer._compute_copy(self.master, dtype))
+            self.engine[dtype] = EngineModel(self.master.config, self.max_positions, dtype)
+            self.engine[dtype].load_hf_weights(self.master.state_dict())
+        return self.train[dtype], self.engine[dtype]
+
+
 def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int = DEFAULT_POSITION_BIN,
-              settings: list[Setting] | None = None, log=print) -> ProbeResult:
-    """Score `rollout` on the training model under every setting and compare with the engine."""
+              settings: list[Setting] | None = None, log=print, master=None) -> ProbeResult:
+    """Score `rollout` on the training model under every setting and compare with the engine. `master`
+    (the fp32 weights the BF16 model was cast from) is needed for FP16 settings."""
     settings = settings or probe_settings()
     layout = Layout.from_rollout(rollout)
-    ref = engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
+    sides = Sides(train_model, engine, master)
+    refs = {torch.bfloat16: engine_forward(engine.model, layout.ids, layout.mask, layout.positions)}
     subsets, layers, prob_rows, pos_rows = [], [], [], []
 
     # The engine's own prefill-vs-decode part, which no training-side alignment can remove.
-    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "",
-                  **{region: np.nan for region in REGIONS}}
+    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
+                  "dtype": "bfloat16", **{region: np.nan for region in REGIONS}}
     subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
-                    **mismatch_summary(ref.logprobs, layout.sampling, layout)})
+                    **mismatch_summary(refs[torch.bfloat16].logprobs, layout.sampling, layout)})
 
     for i, setting in enumerate(settings, 1):
         start = time.perf_counter()
-        train = train_forward(train_model, layout.ids, layout.mask, layout.positions, setting)
+        model, engine_model = sides.get(setting.dtype)
+        if setting.dtype not in refs:
+            refs[setting.dtype] = engine_forward(engine_model, layout.ids, layout.mask, layout.positions)
+        ref = refs[setting.dtype]
+        train = train_forward(model, layout.ids, layout.mask, layout.positions, setting)
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
         described = _describe(setting)
-        for reference, ref_lp in ((MAIN_REFERENCE, ref.logprobs), (SAMPLING_REFERENCE, layout.sampling)):
+        references = [(MAIN_REFERENCE, ref.logprobs)]
+        if setting.dtype == torch.bfloat16:  # the responses were sampled by the BF16 engine
+            references.append((SAMPLING_REFERENCE, layout.sampling))
+        for reference, ref_lp in references:
             subsets.append({**described, "reference": reference, **mismatch_summary(train.logprobs, ref_lp, layout)})
         layers += [{"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask)]
         response_tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
@@ -313,7 +363,7 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
         for scope in ("response", "sequence"):
             tokens = response_tokens if scope == "response" else token_frame(train.logprobs, ref.logprobs, layout, scope)
             pos_rows.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
-        main = subsets[-2]
+        main = subsets[-len(references)]
         log(f"[{i}/{len(settings)}] {setting.name:18s} mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
             f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%}  "
             f"({time.perf_counter() - start:.1f} s)")
@@ -370,7 +420,6 @@ def main(args, cfg: dict | None = None) -> int:
     from localrl.data import load_split
     from localrl.config import default_paths
     from localrl.task import render_prompt
-    from localrl.trainer import Trainer
 
     cfg = load_config(args.config) if cfg is None else cfg
     model_spec(cfg, args.model, "local")  # an unknown model fails before any work
@@ -407,7 +456,7 @@ def main(args, cfg: dict | None = None) -> int:
         start = time.perf_counter()
         rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
         log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
-        result = run_probe(trainer.model, engine, rollout, position_bin, log=log)
+        result = run_probe(trainer.model, engine, rollout, position_bin, log=log, master=trainer.master)
     out = Path(args.out)
     for path in result.write(out):
         log(f"wrote {path}")

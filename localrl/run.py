@@ -114,7 +114,7 @@ def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path) -> Rig:
     prompts, truths = encode(load_split(data_dir, "train"))
     val_prompts, val_truths = encode(load_split(data_dir, "test").iloc[: rl["test_size"]])
     trainer = Trainer(str(model_dir), rl, cell["ablation"])
-    engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=trainer.dtype)
     engine.load_weights(trainer.weights_for_engine())
     return Rig(cell, trainer, engine, tokenizer, prompts, truths, val_prompts, val_truths,
                PromptSampler(len(prompts), gens["data"]), gens)
@@ -135,7 +135,7 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
     """One RL step; returns its metrics under verl's names."""
     from verl.trainer.ppo.core_algos import agg_loss
 
-    from localrl.trainer import Batch
+    from localrl.trainer import Batch, correct_rollout
 
     rl, trainer = rig.cell["rl"], rig.trainer
     t_step, metrics = time.perf_counter(), {}
@@ -159,7 +159,9 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
         batch.ref_log_probs, _ = trainer.compute_log_probs(batch, trainer.ref)
     metrics["timing_s/old_log_prob"] = time.perf_counter() - t0
     metrics["actor/entropy"] = agg_loss(entropy, batch.response_mask.float(), rl["loss_agg_mode"]).item()
-    batch.advantages = trainer.grpo_advantages(scores, batch.response_mask, np.repeat(np.arange(n), group))
+    if trainer.correction is not None:  # tis, mis: verl's rollout correction, before the advantages (as verl)
+        metrics.update(correct_rollout(batch, trainer.correction))
+    batch.advantages = trainer.grpo_advantages(scores, batch.kept_mask(), np.repeat(np.arange(n), group))
 
     t0 = time.perf_counter()
     metrics.update(trainer.update(batch))

@@ -7,6 +7,12 @@
   rounding), everything else is transformers' own eager code, or the patches for an ablation;
 - the objective is verl's: GRPO advantages, PPO clipped loss with clip-higher and dual-clip,
   token-mean aggregation, optional low-variance KL, all from `verl.trainer.ppo.core_algos`.
+
+An ablation's treatments (`rla.names.TREATMENTS`) change only what they name: `compile` compiles each
+decoder layer of the compute copies (patches/compile.py); `fp16` makes the compute copies (and the
+engine, `compute_dtype`) FP16 and adds dynamic loss scaling as verl's FSDP engine does for an FP16
+`param_dtype` (a GradScaler with growth_interval 400: unscale, clip, step or skip, update); `tis` /
+`mis` reweight and mask the PPO loss with verl's rollout correction (`correct_rollout`).
 """
 
 from __future__ import annotations
@@ -31,12 +37,18 @@ class Batch:
     old_log_probs: Tensor | None = None
     ref_log_probs: Tensor | None = None
     advantages: Tensor | None = None
+    loss_mask: Tensor | None = None  # response_mask less rollout correction's rejections (None: none)
+    rollout_is_weights: Tensor | None = None  # rollout correction's importance weights (None: none)
 
     def rows(self, index: Tensor) -> "Batch":
         return Batch(**{k: (None if v is None else v[index]) for k, v in vars(self).items()})
 
     def to(self, device: torch.device) -> "Batch":
         return Batch(**{k: (None if v is None else v.to(device)) for k, v in vars(self).items()})
+
+    def kept_mask(self) -> Tensor:
+        """The tokens the loss and the advantages count."""
+        return self.response_mask if self.loss_mask is None else self.loss_mask
 
 
 def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
@@ -45,6 +57,40 @@ def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     mask = torch.cat([batch.prompt_mask, batch.response_mask], 1).long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return ids, mask, positions
+
+
+def compute_dtype(ablation: str) -> torch.dtype:
+    """The dtype both sides compute in: FP16 under the `fp16` treatment, else BF16."""
+    from rla.names import treatments_of
+
+    return torch.float16 if "fp16" in treatments_of(ablation) else torch.bfloat16
+
+
+def rollout_correction_config(ablation: str):
+    """verl's RolloutCorrectionConfig of the ablation's preset, with the preset's defaults (None: none)."""
+    from rla.names import rollout_correction_of
+
+    preset = rollout_correction_of(ablation)
+    if preset is None:
+        return None
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    return getattr(RolloutCorrectionConfig, preset)()
+
+
+def correct_rollout(batch: Batch, config) -> dict[str, float]:
+    """verl's rollout correction in decoupled mode, as its trainer applies it once the old log-probs are
+    known: importance weights and rejections from (old, rollout) log-probs, into `batch.rollout_is_weights`
+    and `batch.loss_mask`; returns verl's `rollout_corr/*` metrics."""
+    from verl import DataProto
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+
+    data = DataProto.from_dict(tensors={"old_log_probs": batch.old_log_probs, "rollout_log_probs": batch.rollout_log_probs,
+                                        "response_mask": batch.response_mask.float()})
+    data, metrics = compute_rollout_correction_and_add_to_batch(data, config)
+    batch.loss_mask = data.batch["response_mask"]
+    batch.rollout_is_weights = data.batch["rollout_is_weights"] if "rollout_is_weights" in data.batch else None
+    return metrics
 
 
 def policy_loss_config(rl: dict):
@@ -56,6 +102,16 @@ def policy_loss_config(rl: dict):
                              "global_batch_info": {}})
 
 
+def policy_loss(batch: Batch, log_prob: Tensor, rl: dict) -> tuple[Tensor, dict]:
+    """verl's vanilla PPO loss (clip-higher, dual-clip) over the kept tokens, weighted by the rollout
+    correction's importance weights when there are any."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    return get_policy_loss_fn("vanilla")(batch.old_log_probs, log_prob, batch.advantages, batch.kept_mask().float(),
+                                         rl["loss_agg_mode"], policy_loss_config(rl),
+                                         rollout_is_weights=batch.rollout_is_weights)
+
+
 class Trainer:
     """The policy under training. Patching is process-wide: `close()` (or leaving a `with Trainer(...)`
     block) gives the process back stock transformers."""
@@ -65,22 +121,26 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         from localrl.device import device
-        from localrl.kernels import use_local_kernels
+        from rla.names import regions_of, treatments_of
 
         self.rl = rl
         self.device = device()
         # Patches replace transformers' classes process-wide: apply before the model is built.
-        self.regions = patches.apply(ablation)
+        self.regions = patches.apply(regions_of(ablation))
+        self.dtype = compute_dtype(ablation)
+        self.compiled = "compile" in treatments_of(ablation)
+        self.correction = rollout_correction_config(ablation)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         if self.regions:
             patches.check_model(self.master)
-        self.model = self._compute_copy(self.master)
-        use_local_kernels(self.model)
+        self.model = self._numerics(self._compute_copy(self.master, self.dtype))
         self.ref = None
         if rl["kl_coef"] > 0:  # the reference policy: the initial weights, same numerics
-            self.ref = use_local_kernels(self._compute_copy(self.master)).requires_grad_(False)
+            self.ref = self._numerics(self._compute_copy(self.master, self.dtype)).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl["lr"], betas=tuple(rl["betas"]),
                                            weight_decay=rl["weight_decay"])
+        # FP16 gradients underflow without loss scaling; verl's FSDP engine: ShardedGradScaler(growth_interval=400).
+        self.scaler = torch.amp.GradScaler(self.device.type, growth_interval=400) if self.dtype == torch.float16 else None
 
     def close(self) -> None:
         import patches
@@ -94,11 +154,21 @@ class Trainer:
         self.close()
 
     @staticmethod
-    def _compute_copy(master):
-        """bf16 parameters, fp32 buffers (model.to(bf16) would also round RoPE's inv_freq)."""
+    def _compute_copy(master, dtype: torch.dtype = torch.bfloat16):
+        """bf16 (or fp16) parameters, fp32 buffers (model.to(bf16) would also round RoPE's inv_freq)."""
         model = copy.deepcopy(master)
         for p in model.parameters():
-            p.data = p.data.to(torch.bfloat16)
+            p.data = p.data.to(dtype)
+        return model
+
+    def _numerics(self, model):
+        """The shared GEMM/attention kernels, and the decoder layers compiled under `compile`."""
+        from localrl.kernels import use_local_kernels
+        from patches.compile import compile_layers
+
+        use_local_kernels(model)
+        if self.compiled:
+            compile_layers(model)
         return model
 
     @torch.no_grad()
@@ -107,8 +177,8 @@ class Trainer:
             p.copy_(m)  # fp32 -> bf16, round to nearest
 
     def weights_for_engine(self) -> dict[str, Tensor]:
-        """What the engine receives after each update: the bf16 compute weights."""
-        return {k: v.detach() for k, v in self.model.state_dict().items() if v.dtype == torch.bfloat16}
+        """What the engine receives after each update: the bf16 (fp16) compute weights."""
+        return {k: v.detach() for k, v in self.model.state_dict().items() if v.dtype == self.dtype}
 
     # -- log-probs --------------------------------------------------------------------------
     def _logits(self, model, batch: Batch) -> Tensor:
@@ -148,21 +218,19 @@ class Trainer:
     def update(self, batch: Batch) -> dict[str, float]:
         """One PPO epoch over the batch, one optimizer step per `ppo_mini_batch_size` prompts (with their
         samples, as verl splits); returns verl-named metrics."""
-        from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+        from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
 
         rl = self.rl
         batch = batch.to(self.device)
-        policy_loss = get_policy_loss_fn("vanilla")
         n = batch.responses.shape[0]
         per_mb = rl["ppo_mini_batch_size"] * rl["samples_per_prompt"]
         sums: dict[str, list[float]] = {}
         for start in range(0, n, per_mb):
             mb = batch.rows(torch.arange(start, start + per_mb, device=self.device))
-            mask = mb.response_mask.float()
+            mask = mb.kept_mask().float()
             logits = self._logits(self.model, mb)
             log_prob = self._token_log_probs(logits, mb.responses)
-            pg_loss, pg_metrics = policy_loss(mb.old_log_probs, log_prob, mb.advantages, mask,
-                                              rl["loss_agg_mode"], policy_loss_config(rl))
+            pg_loss, pg_metrics = policy_loss(mb, log_prob, rl)
             loss = pg_loss
             metrics = {"actor/pg_loss": pg_loss.item(), **pg_metrics}
             if rl["entropy_coeff"]:
@@ -176,13 +244,19 @@ class Trainer:
                 loss = loss + rl["kl_coef"] * kl_loss
                 metrics["actor/kl_loss"] = kl_loss.item()
             self.model.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss if self.scaler is None else self.scaler.scale(loss)).backward()
             # bf16 gradients -> fp32 master gradients (FSDP reduces in fp32).
             for p, m in zip(self.model.parameters(), self.master.parameters()):
                 m.grad = None if p.grad is None else p.grad.float()
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # clip the true gradient, as verl's engine
             grad_norm = torch.nn.utils.clip_grad_norm_(self.master.parameters(), rl["grad_clip"])
             metrics["actor/grad_norm"] = grad_norm.item()
-            if torch.isfinite(grad_norm):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # skipped on inf/nan gradients (an overflow of the scaled loss)
+                self.scaler.update()
+                metrics["actor/loss_scale"] = self.scaler.get_scale()
+            elif torch.isfinite(grad_norm):
                 self.optimizer.step()  # verl skips the step on a non-finite grad norm
             self.optimizer.zero_grad(set_to_none=True)
             self.sync_compute_weights()
@@ -194,9 +268,14 @@ class Trainer:
 
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"master": self.master.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"master": self.master.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.master.load_state_dict(state["master"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.sync_compute_weights()

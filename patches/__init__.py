@@ -5,7 +5,7 @@ where the compiled inference engine rounds, in three regions (RoPE, SwiGLU, resi
     patches.apply("all")          # or "rope", "swiglu,rmsnorm", ("rope",), "none"
     patches.check_model(model)    # raises if some layer is not covered
     with patches.aligned("rope"): ...
-    patches.remove()              # stock transformers again, bit for bit
+    patches.remove()              # stock transformers again, bit for bit (and no compiled layers)
     patches.apply("all", reduction="inductor_cpu")  # + a CPU-compiled engine's summation order
     patches.apply("all", impl="fused")  # compiled region kernels (the default on CUDA: impl="auto")
 
@@ -18,9 +18,11 @@ import contextlib
 from collections.abc import Iterable
 
 from patches import _precision
+from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES, check_transformers
-from rla.names import ABLATIONS, REGIONS
+from rla.names import REGION_ABLATIONS as ABLATIONS  # patches know regions only
+from rla.names import REGIONS
 
 _MISSING = object()
 _saved: list[tuple[object, str, object]] = []  # (owner, attribute, stock value) in patch order
@@ -59,7 +61,12 @@ def resolve(spec: str | Iterable[str] | None) -> frozenset[str]:
 
 
 def remove() -> None:
-    """Restore stock transformers."""
+    """Restore stock transformers: no aligned region, no compiled decoder layer (patches/compile.py)."""
+    _remove_regions()
+    _compile.remove()
+
+
+def _remove_regions() -> None:
     global _active
     _precision.set_reduction("eager")
     _precision.set_impl("auto")
@@ -84,7 +91,7 @@ def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: s
     _precision.check(reduction, REDUCTIONS, "reduction order")
     _precision.check(impl, IMPLS, "implementation")
     check_transformers()
-    remove()
+    _remove_regions()
     _precision.set_reduction(reduction)
     _precision.set_impl(impl)
     for family in FAMILIES.values():

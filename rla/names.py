@@ -1,4 +1,4 @@
-"""The suite's names, defined once: regions, ablations, the sections of an experiment config.
+"""The suite's names, defined once: regions, treatments, ablations, the sections of an experiment config.
 
 Torch-free, so that the workflow, the analysis and the verl launcher can import it on any machine.
 """
@@ -6,17 +6,46 @@ Torch-free, so that the workflow, the analysis and the verl launcher can import 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 # Where the training side is aligned with the engine's rounding (the paper's three regions).
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
 
-# An ablation of the grid: which regions are aligned.
-ABLATIONS: dict[str, tuple[str, ...]] = {
+# The region subsets the grid runs (what `patches.apply` accepts by name).
+REGION_ABLATIONS: dict[str, tuple[str, ...]] = {
     "none": (),
     "rope": ("rope",),
     "swiglu": ("swiglu",),
     "rmsnorm": ("rmsnorm",),
     "all": REGIONS,
+}
+
+# The fixes a user can switch on instead of aligning regions (or beside it).
+TREATMENTS: dict[str, str] = {
+    "compile": "stock training forward, each decoder layer compiled by torch.compile (Inductor); engine unchanged",
+    "fp16": "FP16 weights, activations and engine on both sides; FP32 master weights; dynamic loss scaling",
+    "tis": "stock numerics + verl's token-level truncated importance sampling (rollout correction)",
+    "mis": "stock numerics + verl's sequence-level importance sampling with sequence rejection (rollout correction)",
+}
+# verl's `RolloutCorrectionConfig` preset (a classmethod, called with its defaults) behind each
+# rollout-correction treatment: Token-TIS and Seq-MIS in verl's own words.
+ROLLOUT_CORRECTION: dict[str, str] = {"tis": "decoupled_token_is", "mis": "decoupled_seq_is_rs"}
+# Treatments that act inside verl's FSDP workers (through patches.verl_plugin), not through verl's config.
+WORKER_TREATMENTS: tuple[str, ...] = ("compile",)
+
+
+class Ablation(NamedTuple):
+    """One value of the grid's ablation axis: the aligned regions plus treatments."""
+
+    regions: tuple[str, ...]
+    treatments: tuple[str, ...] = ()
+
+
+ABLATIONS: dict[str, Ablation] = {
+    **{name: Ablation(regions) for name, regions in REGION_ABLATIONS.items()},
+    **{name: Ablation((), (name,)) for name in TREATMENTS},
+    "rope+tis": Ablation(("rope",), ("tis",)),
+    "all+tis": Ablation(REGIONS, ("tis",)),
 }
 
 # The sections of an experiment config (experiments/*.yaml) besides its top-level keys.
@@ -26,13 +55,30 @@ SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "collapse
 # Environment variables that carry the alignment into verl's Ray workers (patches.verl_plugin).
 REGIONS_ENV = "RLA_REGIONS"
 IMPL_ENV = "RLA_IMPL"
+TREATMENTS_ENV = "RLA_TREATMENTS"  # the WORKER_TREATMENTS of a cell, comma-separated
 
 
-def regions_of(ablation: str) -> tuple[str, ...]:
+def ablation(name: str) -> Ablation:
+    """An ablation's regions and treatments; a ValueError names an unknown one and the allowed ones."""
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown ablation {name!r}; allowed: {', '.join(ABLATIONS)}")
+    return ABLATIONS[name]
+
+
+def regions_of(name: str) -> tuple[str, ...]:
     """The regions an ablation aligns; a ValueError names an unknown one and the allowed ones."""
-    if ablation not in ABLATIONS:
-        raise ValueError(f"unknown ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
-    return ABLATIONS[ablation]
+    return ablation(name).regions
+
+
+def treatments_of(name: str) -> tuple[str, ...]:
+    """The treatments an ablation switches on; a ValueError names an unknown one and the allowed ones."""
+    return ablation(name).treatments
+
+
+def rollout_correction_of(name: str) -> str | None:
+    """The verl rollout-correction preset of an ablation (None: no rollout correction)."""
+    presets = [ROLLOUT_CORRECTION[t] for t in treatments_of(name) if t in ROLLOUT_CORRECTION]
+    return presets[0] if presets else None
 
 
 def subset_name(regions: Iterable[str]) -> str:

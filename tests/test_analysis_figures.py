@@ -23,13 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_palette_is_fixed_and_distinct():
-    assert list(ABLATION_COLORS) == ["none", "rope", "swiglu", "rmsnorm", "all"]
-    assert len({mcolors.to_hex(c) for c in ABLATION_COLORS.values()}) == 5
+    from rla.names import ABLATIONS
+
+    assert list(ABLATION_COLORS) == list(ABLATIONS)  # every ablation of the grid, in rla.names' order
+    assert len({mcolors.to_hex(c) for c in ABLATION_COLORS.values()}) == len(ABLATIONS)
     # the same colour whatever else is plotted alongside
     assert ablation_palette(["all", "rope"])["rope"] == ablation_palette(["rope"])["rope"]
-    with pytest.warns(StyleWarning, match="ablation 'fp16' has no fixed colour"):
-        palette = ablation_palette(["none", "fp16"])
-    assert palette["fp16"] not in ABLATION_COLORS.values()
+    with pytest.warns(StyleWarning, match="ablation 'bf8' has no fixed colour"):
+        palette = ablation_palette(["none", "bf8"])
+    assert palette["bf8"] not in ABLATION_COLORS.values()
 
 
 def test_ablation_order_is_fixed_then_config_then_sorted():

@@ -222,3 +222,48 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes(setup, tmp_path):
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert [r["step"] for r in _rows(out / "metrics.jsonl")] == list(range(1, stopped_at + 3))
     assert not metrics.exists()
+
+
+def _first_step(setup, ablation: str) -> tuple[dict, dict]:
+    """(metrics of step 1, what the rig ran) for one ablation, from the same seed and weights."""
+    from localrl.run import build_rig, rl_step
+    from patches.compile import decoder_layers, is_compiled
+
+    cell = resolve_cell(setup["cfg"], MODEL, ablation, 0, 1)
+    with build_rig(cell, setup["model"], setup["data"]) as rig:
+        metrics = rl_step(rig, 1)
+        ran = {"engine": rig.engine.model.dtype, "trainer": next(rig.trainer.model.parameters()).dtype,
+               "compiled": [is_compiled(layer) for layer in decoder_layers(rig.trainer.model)],
+               "scaler": rig.trainer.scaler is not None}
+    return metrics, ran
+
+
+SAMPLED = ("critic/score/mean", "response_length/mean", "response_length/max")  # what the engine sampled
+
+
+def test_treatments_change_only_their_side_in_one_rl_step(setup):
+    none, stock = _first_step(setup, "none")
+    assert stock == {"engine": torch.bfloat16, "trainer": torch.bfloat16, "compiled": [False, False], "scaler": False}
+    assert "actor/loss_scale" not in none and "rollout_corr/rollout_is_mean" not in none
+    for ablation in ("tis", "mis"):
+        metrics, ran = _first_step(setup, ablation)
+        assert ran == stock
+        # the same samples and the same numerics on both sides: the same mismatch, bit for bit ...
+        for key in SAMPLED + ("rollout_corr/k3_kl", "training/rollout_probs_diff_mean"):
+            assert metrics[key] == none[key], (ablation, key)
+        # ... and another loss: verl's importance weights (and MIS's rejections) on the PPO loss
+        assert metrics["actor/pg_loss"] != none["actor/pg_loss"] and "rollout_corr/rollout_is_mean" in metrics
+    metrics, ran = _first_step(setup, "fp16")
+    assert ran == {**stock, "engine": torch.float16, "trainer": torch.float16, "scaler": True}
+    assert metrics["actor/loss_scale"] == 2.0 ** 16 and "rollout_corr/rollout_is_mean" not in metrics
+    # 3 more mantissa bits on both sides: a smaller mismatch (measured: ~100x smaller k3 on these models)
+    assert 0 < metrics["rollout_corr/k3_kl"] < none["rollout_corr/k3_kl"]
+
+
+@pytest.mark.slow
+def test_compile_changes_the_training_side_only(setup):
+    none, stock = _first_step(setup, "none")
+    metrics, ran = _first_step(setup, "compile")
+    assert ran == {**stock, "compiled": [True, True]}
+    assert all(metrics[key] == none[key] for key in SAMPLED)  # the engine is unchanged
+    assert metrics["rollout_corr/k3_kl"] != none["rollout_corr/k3_kl"] and metrics["rollout_corr/k3_kl"] > 0

@@ -40,7 +40,7 @@ def probed(model_dir):
     prompts = [torch.randint(2, 256, (int(n),), generator=gen).tolist()
                for n in torch.randint(8, 40, (8,), generator=gen)]
     rollout = probe.sample_rollout(engine, prompts, max_new_tokens=12, seed=0)
-    result = probe.run_probe(trainer.model, engine, rollout, position_bin=8)
+    result = probe.run_probe(trainer.model, engine, rollout, position_bin=8, master=trainer.master)
     patches.remove()
     return trainer, engine, rollout, result
 
@@ -50,13 +50,13 @@ def main_rows(result) -> pd.DataFrame:
     return rows.set_index("setting")
 
 
-def test_table_holds_every_subset_and_the_summation_order_row(probed):
+def test_table_holds_every_subset_the_summation_order_and_the_treatments(probed):
     result = probed[3]
     expected = {subset_name(c) for k in range(4) for c in itertools.combinations(REGIONS, k)}
     assert len(expected) == 8
-    for reference in (probe.MAIN_REFERENCE, probe.SAMPLING_REFERENCE):
+    for reference, treatments in ((probe.MAIN_REFERENCE, {"compile", "fp16"}), (probe.SAMPLING_REFERENCE, {"compile"})):
         rows = result.subsets[result.subsets["reference"] == reference]
-        assert set(rows["setting"]) - {probe.MAIN_REFERENCE} == expected | {probe.ENGINE_ORDER}
+        assert set(rows["setting"]) - {probe.MAIN_REFERENCE} == expected | {probe.ENGINE_ORDER} | treatments
     order_row = main_rows(result).loc[probe.ENGINE_ORDER]
     assert order_row["reduction"] == "inductor_cpu" and order_row["n_regions"] == 3
     assert set(main_rows(result).drop(index=probe.ENGINE_ORDER)["reduction"]) == {"eager"}
@@ -90,7 +90,7 @@ def test_layer_divergence_is_zero_until_a_region_differs(probed):
     assert list(layers.drop_duplicates("layer").sort_values("layer")["stage"]) == (
         ["embedding"] + ["layer"] * N_LAYERS + ["logits"])
     embedding = layers[layers["stage"] == "embedding"]
-    assert len(embedding) == 9
+    assert len(embedding) == 11
     assert (embedding["frac_identical"] == 1).all() and (embedding["rel_l2"] == 0).all()
     none = layers[layers["setting"] == "none"].set_index("layer")
     assert none.loc[1, "rel_l2"] > 0 and none.loc[1, "frac_identical"] < 1
@@ -201,7 +201,7 @@ def test_cli_writes_every_table_and_figure(tiny_setup):
         assert (out / name).stat().st_size > 0, name
     subsets = pd.read_csv(out / "subsets.csv")
     rows = subsets[subsets["reference"] == probe.MAIN_REFERENCE].set_index("setting")
-    assert len(rows) == 9 and rows.loc["none", "n_tokens"] > 0
+    assert len(rows) == 11 and rows.loc["none", "n_tokens"] > 0
     assert rows.loc[probe.ENGINE_ORDER, "frac_identical"] == 1
     assert rows.loc["none", "mean_abs_dlogprob"] > rows.loc["all", "mean_abs_dlogprob"]
 

@@ -81,3 +81,12 @@ def test_analysis_probe_runs_without_any_backend(tmp_path):
     shares = pd.read_csv(tmp_path / "tables" / "probe_shares.csv")
     assert shares["reduction"].sum() == pytest.approx(1.0)
     assert "| rope |" in (tmp_path / "tables" / "probe.md").read_text()
+
+
+def test_treatment_rows_are_not_region_subsets():
+    """compile / fp16 rows align no region (regions 'none'): they must not stand in for the stock subset."""
+    frame = synthetic_subsets(lambda s: 10.0 - len(s)).assign(treatment="")
+    treated = frame[frame["setting"] == "none"].assign(setting="compile", treatment="compile", mean_abs_dlogprob=99.0)
+    shares = region_shares(pd.concat([frame, treated], ignore_index=True))
+    pd.testing.assert_frame_equal(shares, region_shares(frame))
+    assert shares.loc[shares["component"] == "rope", "share"].item() == pytest.approx(0.1)

@@ -43,7 +43,7 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
         cell = tmp_path / "runs" / model / ablation / f"seed{seed}"
         cfg = compose(build_overrides(paper, model, ablation, seed, cell, tmp_path / "data"))
         env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-        assert env.RLA_REGIONS == ",".join(ABLATIONS[ablation])
+        assert env.RLA_REGIONS == ",".join(ABLATIONS[ablation].regions)
         assert Path(env.VERL_FILE_LOGGER_PATH) == cell.resolve() / "metrics.running.jsonl"
         assert Path(cfg.trainer.default_local_dir) == cell.resolve() / "checkpoints"
         assert cfg.trainer.resume_mode == "auto"

@@ -31,7 +31,8 @@ def command(overrides: list[str], cell_dir: Path) -> list[str]:
 def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int, overrides: list[str], cmd: list[str]) -> dict:
     """The experiment config narrowed to this cell, with everything derived for it."""
     cell = copy.deepcopy(cfg)
-    cell.update(models=[model], ablations=[ablation], seeds=[seed], steps=steps, rl=cell_settings(cfg, model)[0])
+    cell.update(models=[model], ablations=[ablation], seeds=[seed], steps=steps,
+                rl=cell_settings(cfg, model, ablation)[0])
     cell["model_specs"] = {model: model_spec(cfg, model, "verl")}
     cell["cell"] = {
         "backend": "verl",
@@ -39,6 +40,7 @@ def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int,
         "ablation": ablation,
         "seed": seed,
         "regions": list(names.regions_of(ablation)),
+        "treatments": list(names.treatments_of(ablation)),
         "experiment_name": experiment_name(model, ablation, seed),
         "verl_overrides": overrides,
         "command": shlex.join(cmd),
@@ -77,7 +79,7 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
     cmd = command(overrides, cell_dir)
     # Fail here, in a second, rather than after Ray and vLLM have started.
     compose(overrides)
-    rl, verl = cell_settings(cfg, model)
+    rl, verl = cell_settings(cfg, model, ablation)
     new = cell.identity(rl, verl, model_spec(cfg, model, "verl"), model, ablation, seed, Path(data))
     plan = cell.decide(cell_dir, new, steps)
     moved = None if dry_run else cell.prepare(cell_dir, plan, new, steps)

@@ -17,7 +17,8 @@ from rla.metricslog import RUNNING
 from verlrun import memory, models
 
 # verl imports this module in every worker before `from_pretrained`; it applies the alignment
-# patches named by RLA_REGIONS (nothing for the `none` ablation).
+# patches named by RLA_REGIONS (nothing for the `none` ablation) and the worker treatments named by
+# RLA_TREATMENTS (`compile`).
 PLUGIN_MODULE = "patches.verl_plugin"
 ENV_PREFIX = "+ray_kwargs.ray_init.runtime_env.env_vars"
 A = "actor_rollout_ref."
@@ -49,9 +50,13 @@ def hydra_value(value) -> str:
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as a Hydra override")
 
 
-def cell_settings(cfg: dict, model: str) -> tuple[dict, dict]:
-    """(rl, verl) settings of one model's cells, checked (`rla.config`)."""
-    return rl_settings(cfg, "verl", model), verl_settings(cfg, model)
+def cell_settings(cfg: dict, model: str, ablation: str | None = None) -> tuple[dict, dict]:
+    """(rl, verl) settings of one model's cells, checked (`rla.config`); the `fp16` treatment sets
+    `rl.dtype` (verl's FP16 mixed precision with loss scaling, and vLLM in FP16)."""
+    rl = rl_settings(cfg, "verl", model)
+    if ablation is not None and "fp16" in names.treatments_of(ablation):
+        rl["dtype"] = "float16"
+    return rl, verl_settings(cfg, model)
 
 
 def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]:
@@ -61,6 +66,7 @@ def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]
     pythonpath = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH", "")) if p)
     env = {
         names.REGIONS_ENV: ",".join(names.regions_of(ablation)),
+        names.TREATMENTS_ENV: ",".join(t for t in names.treatments_of(ablation) if t in names.WORKER_TREATMENTS),
         "VERL_FILE_LOGGER_PATH": str(cell_dir / RUNNING),  # metrics.jsonl: only once the cell finished
         # The patches package lives in this repository; workers on other nodes need it on the path.
         "PYTHONPATH": pythonpath,
@@ -134,6 +140,19 @@ def _precision(rl: dict) -> dict:
     }
 
 
+def _rollout_correction(ablation: str) -> dict:
+    """verl's `algorithm.rollout_correction`: every field of the ablation's preset at the preset's
+    defaults (tis, mis), or correction off (rollout_is and rollout_rs null), written out either way."""
+    import dataclasses
+
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    preset = names.rollout_correction_of(ablation)
+    config = getattr(RolloutCorrectionConfig, preset)() if preset else RolloutCorrectionConfig(rollout_is=None)
+    return {f"algorithm.rollout_correction.{f.name}": getattr(config, f.name)
+            for f in dataclasses.fields(config) if not f.name.startswith("_")}
+
+
 def build_overrides(
     cfg: dict,
     model: str,
@@ -145,7 +164,7 @@ def build_overrides(
 ) -> list[str]:
     """All Hydra overrides for one cell. Paths are made absolute: Hydra changes the working
     directory of `main_ppo` to `hydra.run.dir`."""
-    rl, verl = cell_settings(cfg, model)
+    rl, verl = cell_settings(cfg, model, ablation)
     spec = model_spec(cfg, model, "verl")
     cell_dir = Path(cell_dir).resolve()
     data_dir = Path(data_dir).resolve()
@@ -160,6 +179,7 @@ def build_overrides(
         # GRPO on rule-based rewards, no critic, no KL in the reward.
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,
+        **_rollout_correction(ablation),
         "data.train_files": str(data_dir / "train.parquet"),
         "data.val_files": str(data_dir / "test.parquet"),
         "data.train_batch_size": rl["prompts_per_step"],

@@ -48,17 +48,17 @@ class Engine:
     """Inference engine: `EngineModel` (compiled engine formulations) + a sampling loop."""
 
     def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
         from localrl.device import device as default_device
         from localrl.engine.model import EngineModel
 
         self.max_positions = max_positions or model_config.max_position_embeddings
         self.device = torch.device(device) if device is not None else default_device()
-        self.model = EngineModel(model_config, self.max_positions, device=self.device)
+        self.model = EngineModel(model_config, self.max_positions, dtype, device=self.device)
         self.eos_id, self.pad_id = eos_id, pad_id
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Receive the trainer's weights (HF names, any dtype -> bf16 inside the engine model)."""
+        """Receive the trainer's weights (HF names, any dtype -> the engine's dtype, bf16 or fp16)."""
         self.model.load_hf_weights(state_dict)
 
     @torch.no_grad()

@@ -150,7 +150,7 @@ shell.prefix(_prefix)
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["model_specs"]),
-    ablation="|".join(ABLATIONS),
+    ablation="|".join(re.escape(a) for a in ABLATIONS),
     seed=r"\d+",
 
 

@@ -1,0 +1,76 @@
+"""analysis.treatments on hand-made tables: ratios to none per model, the summary, errors, no backend import."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.treatments import per_model, run, summary
+from tests.standalone import run_analysis_alone
+
+K3 = {("a", "none"): 1e-4, ("a", "fp16"): 1e-6, ("a", "tis"): 1e-4, ("b", "none"): 2e-4, ("b", "fp16"): 4e-6,
+      ("b", "tis"): 3e-4}
+
+
+def write_tables(tables, collapsed=("b", "tis")):
+    rows = []
+    for (model, ablation), k3 in K3.items():
+        for seed in (0, 1):
+            run_id = f"{model}/{ablation}/seed{seed}"
+            for step, factor in ((1, 0.5), (2, 1.5)):  # step mean = k3
+                rows += [{"run": run_id, "model": model, "ablation": ablation, "seed": seed, "step": step,
+                          "metric": "rollout_corr/k3_kl", "value": k3 * factor, "finite": True},
+                         {"run": run_id, "model": model, "ablation": ablation, "seed": seed, "step": step,
+                          "metric": "training/rollout_probs_diff_mean", "value": 10 * k3, "finite": True}]
+    tables.mkdir(parents=True)
+    pd.DataFrame(rows).to_parquet(tables / "metrics.parquet")
+    pd.DataFrame([{"model": m, "ablation": a, "seed": s, "steps": 2, "collapsed": (m, a) == collapsed and s == 0}
+                  for m, a in K3 for s in (0, 1)]).to_csv(tables / "stability.csv", index=False)
+    pd.DataFrame([{"model": m, "setting": a, "reference": ref, "mean_abs_dlogprob": 100 * k3 if ref == "engine_forward"
+                   else 1.0} for (m, a), k3 in K3.items() if a != "tis"
+                  for ref in ("engine_forward", "engine_sampling")]).to_csv(tables / "probe_subsets.csv", index=False)
+
+
+def bench_file(path):
+    ratios = {"none": (1.0, 1.0), "fp16": (1.2, 1.0), "tis": (1.05, 1.01)}
+    path.write_text(json.dumps({"models": {m: {"ablations": {a: {
+        "update_s_median": 0.1 * t, "update_vs_none_median": t, "update_peak_bytes": int(1e6 * p),
+        "update_peak_vs_none": p, "first_update_s": 0.2} for a, (t, p) in ratios.items()}} for m in ("a", "b")}}))
+    return path
+
+
+def test_ratios_are_per_model_and_the_summary_spans_the_models(tmp_path):
+    write_tables(tmp_path / "tables")
+    frame = per_model(tmp_path / "tables", json.loads(bench_file(tmp_path / "bench.json").read_text()))
+    row = frame.set_index(["model", "ablation"])
+    assert row.loc[("a", "fp16"), "k3_kl"] == pytest.approx(1e-6)
+    assert row.loc[("a", "fp16"), "k3_kl_vs_none"] == pytest.approx(0.01)
+    assert row.loc[("b", "fp16"), "k3_kl_vs_none"] == pytest.approx(0.02)
+    assert row.loc[("b", "tis"), "probs_diff_vs_none"] == pytest.approx(1.5)
+    assert row.loc[("a", "fp16"), "probe_dlogprob_vs_none"] == pytest.approx(0.01)
+    assert pd.isna(row.loc[("a", "tis"), "probe_dlogprob"])  # the probe has no loss: no tis row
+    assert row.loc[("b", "tis"), "collapsed"] == 1 and row.loc[("b", "tis"), "seeds"] == 2
+    table = summary(frame).set_index("ablation")
+    assert list(table.index) == ["none", "fp16", "tis"]
+    assert table.loc["fp16", "k3 KL, RL loop vs none"] == "0.015 (0.01-0.02)"
+    assert table.loc["fp16", "update time vs none"] == "1.20 (1.20-1.20)"
+    assert table.loc["tis", "collapsed / runs"] == "1/4" and table.loc["none", "collapsed / runs"] == "0/4"
+
+
+def test_runs_without_torch_and_writes_table_and_figure(tmp_path):
+    write_tables(tmp_path / "tables")
+    done = run_analysis_alone("treatments", "--tables", tmp_path / "tables", "--bench", bench_file(tmp_path / "b.json"),
+                              "--out", tmp_path / "fig", "-q")
+    assert done.returncode == 0, done.stderr
+    assert "LOADED []" in done.stdout
+    assert {p.name for p in (tmp_path / "fig").iterdir()} == {"treatments.csv", "treatments.md", "treatments.png",
+                                                              "treatments.pdf"}
+    assert "| fp16 |" in (tmp_path / "fig" / "treatments.md").read_text()
+
+
+def test_missing_inputs_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="metrics.parquet not found"):
+        run(tmp_path, None, tmp_path / "fig")
+    write_tables(tmp_path / "tables")
+    with pytest.raises(FileNotFoundError, match="nope.json not found: run `python benchmarks/bench_treatments.py`"):
+        run(tmp_path / "tables", tmp_path / "nope.json", tmp_path / "fig")
