@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
 
-.PHONY: run test test-fast test-isa figures bench clean test-slurm check-env
+.PHONY: run test test-fast test-isa figures bench treatments clean test-slurm check-env
 
 $(STAMP): envs/requirements-cpu.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -48,6 +48,15 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_regions.py
 	$(PY) benchmarks/bench_localrl.py step
 	$(PY) benchmarks/bench_figures.py
+
+# The fixes side by side on the tiny models: the treatment grid (results/treatments), the update's
+# cost measured side by side, and the comparison report (figures/treatments). ~1.5 h on 2 cores.
+TREATMENTS := none,rope,all,compile,fp16,tis,mis,rope+tis,all+tis
+treatments: $(STAMP)
+	.venv/bin/snakemake --cores $(CORES) --config profile=treatments 'ablations=[$(TREATMENTS)]'
+	$(PY) benchmarks/bench_treatments.py --results results/treatments
+	$(PY) -m analysis treatments --tables results/treatments/tables --bench benchmarks/results/treatments.json \
+	    --out figures/treatments
 
 clean:
 	rm -rf .snakemake results

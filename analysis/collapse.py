@@ -18,7 +18,11 @@ in prior work: reward falls after an initial rise; a NaN/inf loss is collapse; t
    ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much.
 2. **Non-finite training signal** (reason ``nonfinite:<metric>``). The first step at which
    ``actor/pg_loss`` or ``actor/grad_norm`` [nonfinite_metrics] is logged as NaN or +-inf (verl's
-   logger writes these as ``null``) is a collapse at that step.
+   logger writes these as ``null``) is a collapse at that step. Under FP16 (an ablation with the
+   ``fp16`` treatment) the loss is scaled: an infinite gradient norm is the scaler's overflow, on
+   which it skips the step and halves the scale (verl's FSDP engine and the local rig alike), so there
+   a non-finite ``actor/grad_norm`` counts only when [patience] consecutive logged steps have one
+   (the scaler did not recover); ``collapse_step`` is the first of them.
 3. **Mismatch blow-up**, a separate flag that does not by itself mark collapse: ``k3_blowup`` is
    true when ``rollout_corr/k3_kl`` [k3_metric] is ever above [k3_kl_threshold] (or logged as
    non-finite); ``k3_blowup_step`` is the first such step.
@@ -39,6 +43,7 @@ import pandas as pd
 from analysis.config import CollapseConfig
 from analysis.load import Run
 from analysis.series import finite_series, smooth
+from rla.names import ABLATIONS, treatments_of
 
 GRAD_NORM = "actor/grad_norm"
 
@@ -84,15 +89,29 @@ def score_collapse(score: pd.Series, cfg: CollapseConfig) -> dict:
     return out
 
 
-def first_nonfinite(run: Run, metrics: tuple[str, ...]) -> tuple[int | None, str | None]:
-    """Rule 2: first step where one of ``metrics`` was logged non-finite, and which metric."""
+def first_nonfinite(run: Run, metrics: tuple[str, ...], patience: int = 1) -> tuple[int | None, str | None]:
+    """Rule 2: first step where one of ``metrics`` was logged non-finite, and which metric; under loss
+    scaling the gradient norm's only after ``patience`` consecutive logged steps."""
     long = run.long
     bad = long[long["metric"].isin(metrics) & ~np.isfinite(long["value"].to_numpy())]
+    if run.ablation in ABLATIONS and "fp16" in treatments_of(run.ablation):
+        overflow = bad["metric"] == GRAD_NORM
+        bad = pd.concat([bad[~overflow], _persistent(bad[overflow], run, patience)])
     if bad.empty:
         return None, None
     step = int(bad["step"].min())
     names = sorted(set(bad.loc[bad["step"] == step, "metric"]))
     return step, "+".join(f"nonfinite:{m}" for m in names)
+
+
+def _persistent(bad: pd.DataFrame, run: Run, patience: int) -> pd.DataFrame:
+    """The rows of ``bad`` that start ``patience`` consecutive logged steps all in ``bad``."""
+    logged = run.long.loc[run.long["metric"] == GRAD_NORM, "step"].drop_duplicates().sort_values().to_numpy()
+    hit = np.isin(logged, bad["step"].to_numpy()).astype(np.int64)
+    if len(hit) < patience:
+        return bad.iloc[:0]
+    starts = logged[np.flatnonzero(np.convolve(hit, np.ones(patience, dtype=np.int64), "valid") == patience)]
+    return bad[bad["step"].isin(starts)]
 
 
 def k3_blowup(run: Run, cfg: CollapseConfig) -> tuple[bool, int | None, float]:
@@ -112,7 +131,7 @@ def assess_run(run: Run, cfg: CollapseConfig) -> dict:
     """One stability row for ``run``."""
     score_part = score_collapse(finite_series(run.wide, cfg.score_metric), cfg)
     score_status = score_part.pop("score_status")
-    nonfinite_step, nonfinite_reason = first_nonfinite(run, cfg.nonfinite_metrics)
+    nonfinite_step, nonfinite_reason = first_nonfinite(run, cfg.nonfinite_metrics, cfg.patience)
     blew_up, blowup_step, max_k3 = k3_blowup(run, cfg)
     grad = finite_series(run.wide, GRAD_NORM)
 

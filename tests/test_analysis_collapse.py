@@ -23,12 +23,12 @@ def step_score(low_until=10, high_until=50, steps=80, low=0.1, high=0.8, fallen=
     return np.where(step <= low_until, low, np.where(step <= high_until, high, fallen))
 
 
-def make_run(tmp_path, score, name="seed0", edit=None, **write):
+def make_run(tmp_path, score, name="seed0", edit=None, ablation="none", **write):
     records = [{"critic/score/mean": float(s), "actor/pg_loss": 0.01, "actor/grad_norm": 0.5,
                 "rollout_corr/k3_kl": 1e-4} for s in score]
     for step, changes in (edit or {}).items():
         records[step - 1].update(changes)
-    run_dir = tmp_path / "runs" / "m" / "none" / name
+    run_dir = tmp_path / "runs" / "m" / ablation / name
     write_metrics(run_dir / "metrics.jsonl", records, **write)
     return load_run(run_dir)
 
@@ -74,6 +74,25 @@ def test_inf_grad_norm_before_a_score_fall_wins(tmp_path):
     assert row["reason"] == "nonfinite:actor/grad_norm"
     assert row["score_collapse_step"] == 53  # the later score fall is still reported
     assert row["max_grad_norm"] == 0.5       # max over finite values
+
+
+def test_fp16_overflow_skips_are_not_collapse_unless_they_persist(tmp_path):
+    """Under loss scaling an inf gradient norm is a skipped step; the same log without fp16 is a collapse."""
+    overflows = {7: {"actor/grad_norm": float("inf")}, 40: {"actor/grad_norm": float("inf")}}
+    with pytest.warns(LogWarning, match="2 non-finite value"):
+        scaled = verdict(make_run(tmp_path / "a", score_curve("rise", 100), edit=overflows, ablation="fp16"))
+    assert not scaled["collapsed"] and scaled["reason"] == "stable" and scaled["n_nonfinite"] == 2
+    with pytest.warns(LogWarning, match="2 non-finite value"):
+        stock = verdict(make_run(tmp_path / "b", score_curve("rise", 100), edit=overflows))
+    assert stock["collapsed"] and stock["collapse_step"] == 7
+    stuck = {step: {"actor/grad_norm": float("inf")} for step in range(60, 60 + DEFAULT.patience)}
+    with pytest.warns(LogWarning):
+        row = verdict(make_run(tmp_path / "c", score_curve("rise", 100), edit=stuck, ablation="fp16"))
+    assert row["collapsed"] and row["collapse_step"] == 60 and row["reason"] == "nonfinite:actor/grad_norm"
+    with pytest.warns(LogWarning):  # a NaN loss is a collapse under FP16 too
+        row = verdict(make_run(tmp_path / "d", score_curve("rise", 100), edit={20: {"actor/pg_loss": None}},
+                               ablation="fp16"))
+    assert row["collapsed"] and row["collapse_step"] == 20
 
 
 def test_k3_spike_without_score_fall_is_flagged_not_collapse(tmp_path):
