@@ -51,7 +51,7 @@ METRICS = {
     "seq_logratio_var": "var of sequence log-ratio",
     "frac_abs_d_gt_1e-2": "fraction |Δ| > 1e-2",
 }
-ABLATIONS = ("none", "rope", "swiglu", "rmsnorm", "all")
+ABLATIONS = ("none", "rope", "swiglu", "rmsnorm", "all", "compile", "fp16")  # those present are drawn
 # The error of one region alone: the setting that aligns the other two.
 ALONE = {"rope": "swiglu+rmsnorm", "swiglu": "rope+rmsnorm", "rmsnorm": "rope+swiglu"}
 ARCH_STYLE = {"qwen2": "-", "qwen3": "--"}
@@ -102,8 +102,8 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
     return written
 
 
-def _legend(fig, archs):
-    handles = [plt.Line2D([], [], color=ABLATION_COLORS[a], lw=2, label=a) for a in ABLATIONS]
+def _legend(fig, archs, settings):
+    handles = [plt.Line2D([], [], color=ABLATION_COLORS[a], lw=2, label=a) for a in ABLATIONS if a in settings]
     handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
     fig.legend(handles=handles, loc="center right", frameon=False, title="ablation / arch")
 
@@ -144,7 +144,7 @@ def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
                 ax.set_ylabel(label)
     fig.subplots_adjust(left=0.07, right=1 - 1.5 / fig.get_figwidth(), top=0.95, bottom=0.08, wspace=0.35,
                         hspace=0.3)
-    _legend(fig, archs)
+    _legend(fig, archs, set(table["setting"]))
     return _save(fig, out_dir, "mismatch_scaling")
 
 

@@ -321,7 +321,7 @@ class Sides:
             if self.master is None:
                 raise ValueError(f"a {dtype} setting needs the fp32 master weights (run_probe(..., master=...))")
             self.train[dtype] = use_local_kernels(Trainer._compute_copy(self.master, dtype))
-            self.engine[dtype] = EngineModel(self.master.config, self.max_positions, dtype)
+            self.engine[dtype] = EngineModel(self.master.config, self.max_positions, dtype, device=self.master.device)
             self.engine[dtype].load_hf_weights(self.master.state_dict())
         return self.train[dtype], self.engine[dtype]
 

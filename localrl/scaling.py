@@ -38,6 +38,7 @@ FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bi
 ABLATION_OF = {"none": "none", "rope": "rope", "swiglu": "swiglu", "rmsnorm": "rmsnorm", "all": "all"}
 # The region each two-region setting leaves stock: its error is that region's error alone.
 ALONE_OF = {"swiglu+rmsnorm": "rope", "rope+rmsnorm": "swiglu", "rope+swiglu": "rmsnorm"}
+MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no FP16 settings)
 NORM_SPREAD = 0.2  # norm weights 1 + 0.2 N(0, 1): trained norms are not all ones (x * 1 is exact)
 LOG_POSITION_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -262,12 +263,15 @@ def entropy_per_token(logits: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return torch.cat(out).cpu()
 
 
-def _settings(device: torch.device | None = None) -> list[probe.Setting]:
-    """Every subset of the regions, plus all + the compiled engine's norm summation order - on the CPU
-    only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
+def _settings(device: torch.device | None = None, fp16: bool = True) -> list[probe.Setting]:
+    """Every subset of the regions, `compile`, `fp16` (only with the fp32 master weights at hand: the
+    real shapes cast theirs in place), plus all + the compiled engine's norm summation order - on the
+    CPU only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
     settings = probe.probe_settings()
     if device is not None and device.type != "cpu":
         settings = [s for s in settings if s.name != probe.ENGINE_ORDER]
+    if not fp16:
+        settings = [s for s in settings if s.dtype == torch.bfloat16]
     return settings
 
 
@@ -350,19 +354,29 @@ def measure(point: Point, log=print) -> PointResult:
     device = default_device()
     max_positions = point.prompt_len + point.response_len
     master = build_model(point, max_positions).to(device)  # initialised on the CPU: the same weights anywhere
-    model = compute_copy(master, keep_master=bool(point.update))
+    # Both sides' FP16 copies need the fp32 master; the real shapes (a billion parameters and more)
+    # have no room for a second copy and are measured in BF16 only.
+    keep_master = bool(point.update) or point.shape.parameters < MASTER_KEPT_BELOW
+    model = compute_copy(master, keep_master=keep_master)
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     start = time.perf_counter()
     rollout = sample(engine, point)
     layout = probe.Layout.from_rollout(rollout)
-    ref = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
+    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask,
+                                                                   layout.positions))}
     t_sample = time.perf_counter() - start
 
-    settings = _settings(device)
+    settings = _settings(device, fp16=keep_master)
+    sides = probe.Sides(model, engine, master if keep_master else None)
     rows, pos_frames, prob_frames, errors = [], [], [], {}
     for setting in settings:
-        train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
+        train_model, engine_model = sides.get(setting.dtype)
+        if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
+            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, layout.ids, layout.mask,
+                                                                        layout.positions))
+        ref = refs[setting.dtype]
+        train = _logprobs_on_cpu(probe.train_forward(train_model, layout.ids, layout.mask, layout.positions, setting))
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
@@ -384,6 +398,10 @@ def measure(point: Point, log=print) -> PointResult:
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
         ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
         for row, setting in zip(rows, settings):
+            if setting.dtype != torch.bfloat16:  # persistence is measured on the BF16 pair only
+                row["persistence_corr"] = row["frac_error_unchanged"] = float("nan")
+                row["frac_bf16_weights_changed"] = changed
+                continue
             train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
             after = (train.logprobs - ref2.logprobs)[layout.response].double()
             before = errors[setting.name]
@@ -415,6 +433,7 @@ def region_shares(rows: list[dict], settings: list[probe.Setting]) -> dict[str, 
     reductions = {s.name: s.reduction for s in settings}
     frame = pd.DataFrame(rows).assign(reference=probe.MAIN_REFERENCE)
     frame["reduction"] = frame["setting"].map(reductions)
+    frame["treatment"] = frame["setting"].map({s.name: s.treatment for s in settings})
     out = {}
     for metric, prefix in (("mean_abs_dlogprob", "share"), ("k3_kl", "k3_share")):
         table = shapley(frame, metric).set_index("component")["share"]

@@ -90,6 +90,9 @@ def test_every_region_subset_is_scored_and_alignment_reduces_the_mismatch(measur
     assert none["mean_abs_dlogprob"] > 1e-4 and none["frac_identical"] < 0.5
     assert all_["mean_abs_dlogprob"] < 0.5 * none["mean_abs_dlogprob"]
     assert rows.loc["swiglu+rmsnorm", "stock_regions"] == "rope"
+    # fp16 is both sides in FP16 against the FP16 engine (3 more mantissa bits), not the BF16 pair again
+    assert 0 < rows.loc["fp16", "mean_abs_dlogprob"] < 0.5 * none["mean_abs_dlogprob"]
+    assert 0 < rows.loc["compile", "mean_abs_dlogprob"] != none["mean_abs_dlogprob"]
 
 
 def test_metrics_are_consistent(measured):
