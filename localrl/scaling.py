@@ -5,8 +5,9 @@ RL rig builds its training model - bf16 parameters, fp32 buffers (as FSDP keeps 
 attention through the shared `localrl.kernels` - against the compiled engine of `localrl.engine`.
 Per point: a batch of random prompts, responses sampled from the engine at temperature 1 (the tokens
 a rollout would score), the engine's full forward of prompt + response as the reference, and the
-training side's forward under every subset of the three regions (`probe.probe_settings`, without the
-CPU-only summation-order row). The probe's pieces do the work (`engine_forward`, `train_forward`,
+training side's forward under every setting of the probe (`probe.probe_settings`): every subset of
+the three regions, all + the engine's norm summation order (CPU only), `compile`, and `fp16` (both
+sides in FP16 from the fp32 master; not at the real shapes, which keep no master copy). The probe's pieces do the work (`engine_forward`, `train_forward`,
 `Layout`, `mismatch_summary`, `token_frame`, `by_position`, `by_probability`).
 
 Factors (`FACTORS`): depth, width (Qwen ratios of heads, KV heads and intermediate size), vocabulary,
