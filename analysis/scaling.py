@@ -12,7 +12,7 @@
 
 Figures are byte-reproducible (no timestamps: PDF CreationDate off, PNG without dates).
 
-    python -m analysis.scaling --tables results/scaling --out figures/scaling
+    python -m analysis.scaling --tables results/tables --out figures/scaling
 """
 
 from __future__ import annotations

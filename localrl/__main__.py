@@ -4,7 +4,7 @@
     python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/tiny/models/NAME
     python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
     python -m localrl probe --config CFG --model NAME --out results/tiny/probe/NAME
-    python -m localrl scaling --out results/scaling [--factors ...] [--big] [--real]
+    python -m localrl scaling --out results/tables [--factors ...] [--big] [--real]
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ response length, sharpness (output-layer scale -> entropy per token), attention 
 and `update` (error persistence: the same tokens scored after a weight update of a given size).
 `shape` points are the tiny grid's shapes and the published Qwen2.5-1.5B / Qwen3-1.7B shapes.
 
-    python -m localrl scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
+    python -m localrl scaling --out results/tables [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]
 """
 
