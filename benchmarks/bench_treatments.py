@@ -26,32 +26,21 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import platform
 import random
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.machine import describe  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results" / "treatments.json"
 CONFIG = ROOT / "experiments" / "tiny.yaml"
 ABLATIONS = ("none", "rope", "all", "compile", "fp16", "tis", "mis", "rope+tis", "all+tis")
 WARMUP = 2
-
-
-def machine() -> dict:
-    import torch
-
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "")
-    return {"cpu": model, "cpus": os.cpu_count(), "vector_isa": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "python": platform.python_version(),
-            "loadavg_1m_at_start": os.getloadavg()[0]}
 
 
 def peak_bytes(run) -> int:
@@ -186,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"command": "python benchmarks/bench_treatments.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "machine": machine(), "rounds": args.rounds, "warmup": WARMUP, "models": {}}
+              "machine": {**describe(), "threads": torch.get_num_threads()}, "rounds": args.rounds, "warmup": WARMUP, "models": {}}
     for model in models:
         report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
     out = ROOT / args.out

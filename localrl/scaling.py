@@ -282,7 +282,7 @@ def _logprobs_on_cpu(forward: probe.Forward) -> probe.Forward:
 
 
 def token_metrics(train: probe.Forward, ref: probe.Forward, layout: probe.Layout) -> dict:
-    """The issue's per-point metrics over response tokens; d = logp_train - logp_engine."""
+    """The per-point metrics over response tokens; d = logp_train - logp_engine."""
     summary = probe.mismatch_summary(train.logprobs, ref.logprobs, layout)
     sel = layout.response
     d = (train.logprobs - ref.logprobs).double()
