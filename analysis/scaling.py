@@ -115,33 +115,42 @@ def _plain_minor_ticks(ax) -> None:
     ax.yaxis.set_major_locator(LogLocator(numticks=5))
 
 
-def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    factors = [f for f in FACTORS if f in set(table["factor"])]
-    if not factors:
-        raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
+def _line_grid(table: pd.DataFrame, factors: list[str], metrics: dict[str, str],
+               lines: dict[str, tuple[str, str]], log2_factors, figsize: tuple[float, float]):
+    """One panel per metric (rows) x factor (columns), log-log; `lines`: label -> (setting, colour),
+    one line per arch and label (solid Qwen2, dashed Qwen3)."""
     archs = sorted(set(table["arch"]))
-    fig, axes = plt.subplots(len(METRICS), len(factors), figsize=(2.6 * len(factors) + 1.6, 2.2 * len(METRICS)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(metrics), len(factors), figsize=figsize, squeeze=False)
     for col, factor in enumerate(factors):
         data = table[table["factor"] == factor]
-        for row, (metric, label) in enumerate(METRICS.items()):
+        for row, (metric, label) in enumerate(metrics.items()):
             ax = axes[row, col]
             for arch in archs:
-                for ablation in ABLATIONS:
-                    line = data[(data["arch"] == arch) & (data["setting"] == ablation)].sort_values("value")
+                for setting, colour in lines.values():
+                    line = data[(data["arch"] == arch) & (data["setting"] == setting)].sort_values("value")
                     line = line[(line[metric] > 0) & (line["value"] > 0)]
                     if len(line):
                         ax.plot(line["value"], line[metric], ARCH_STYLE.get(arch, ":"), marker="o", ms=2.5,
-                                color=ABLATION_COLORS[ablation], lw=1.2)
-            ax.set_xscale("log", base=2 if factor in ("depth", "attention") else 10)
+                                color=colour, lw=1.2)
+            ax.set_xscale("log", base=2 if factor in log2_factors else 10)
             ax.set_yscale("log")
             _plain_minor_ticks(ax)
             if row == 0:
                 ax.set_title(factor)
-            if row == len(METRICS) - 1:
+            if row == len(metrics) - 1:
                 ax.set_xlabel(FACTORS[factor])
             if col == 0:
                 ax.set_ylabel(label)
+    return fig, archs
+
+
+def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    factors = [f for f in FACTORS if f in set(table["factor"])]
+    if not factors:
+        raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
+    lines = {a: (a, ABLATION_COLORS[a]) for a in ABLATIONS}
+    fig, archs = _line_grid(table, factors, METRICS, lines, ("depth", "attention"),
+                            (2.6 * len(factors) + 1.6, 2.2 * len(METRICS)))
     fig.subplots_adjust(left=0.07, right=1 - 1.5 / fig.get_figwidth(), top=0.95, bottom=0.08, wspace=0.35,
                         hspace=0.3)
     _legend(fig, archs, set(table["setting"]))
@@ -160,30 +169,9 @@ def regions_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     factors = [f for f in REGION_FACTORS if f in set(table["factor"])]
     if not factors:
         return []
-    archs = sorted(set(table["arch"]))
     metrics = {"mean_abs_dlogprob": METRICS["mean_abs_dlogprob"], "k3_kl": METRICS["k3_kl"]}
-    fig, axes = plt.subplots(len(metrics), len(factors), figsize=(2.8 * len(factors) + 1.8, 2.4 * len(metrics)),
-                             squeeze=False)
-    for col, factor in enumerate(factors):
-        data = table[table["factor"] == factor]
-        for row, (metric, label) in enumerate(metrics.items()):
-            ax = axes[row, col]
-            for arch in archs:
-                for name, (setting, colour) in _region_lines().items():
-                    line = data[(data["arch"] == arch) & (data["setting"] == setting)].sort_values("value")
-                    line = line[(line[metric] > 0) & (line["value"] > 0)]
-                    if len(line):
-                        ax.plot(line["value"], line[metric], ARCH_STYLE.get(arch, ":"), marker="o", ms=2.5,
-                                color=colour, lw=1.2)
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            _plain_minor_ticks(ax)
-            if row == 0:
-                ax.set_title(factor)
-            if row == len(metrics) - 1:
-                ax.set_xlabel(FACTORS[factor])
-            if col == 0:
-                ax.set_ylabel(label)
+    fig, archs = _line_grid(table, factors, metrics, _region_lines(), factors,
+                            (2.8 * len(factors) + 1.8, 2.4 * len(metrics)))
     fig.subplots_adjust(left=0.08, right=1 - 1.7 / fig.get_figwidth(), top=0.92, bottom=0.13, wspace=0.35,
                         hspace=0.3)
     handles = [plt.Line2D([], [], color=c, lw=2, label=n) for n, (_, c) in _region_lines().items()]
