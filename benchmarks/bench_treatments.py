@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"command": "python benchmarks/bench_treatments.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-              "machine": {**describe(), "threads": torch.get_num_threads()}, "rounds": args.rounds, "warmup": WARMUP, "models": {}}
+              "machine": {**describe(), "threads": torch.get_num_threads()},
+              "rounds": args.rounds, "warmup": WARMUP, "models": {}}
     for model in models:
         report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
     out = ROOT / args.out

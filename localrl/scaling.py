@@ -7,8 +7,9 @@ Per point: a batch of random prompts, responses sampled from the engine at tempe
 a rollout would score), the engine's full forward of prompt + response as the reference, and the
 training side's forward under every setting of the probe (`probe.probe_settings`): every subset of
 the three regions, all + the engine's norm summation order (CPU only), `compile`, and `fp16` (both
-sides in FP16 from the fp32 master; not at the real shapes, which keep no master copy). The probe's pieces do the work (`engine_forward`, `train_forward`,
-`Layout`, `mismatch_summary`, `token_frame`, `by_position`, `by_probability`).
+sides in FP16 from the fp32 master; not at the real shapes, which keep no master copy). The probe's
+pieces do the work (`engine_forward`, `train_forward`, `Layout`, `mismatch_summary`, `token_frame`,
+`by_position`, `by_probability`).
 
 Factors (`FACTORS`): depth, width (Qwen ratios of heads, KV heads and intermediate size), vocabulary,
 response length, sharpness (output-layer scale -> entropy per token), attention sharpness (q/k scale),
