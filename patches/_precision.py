@@ -12,6 +12,9 @@ Inductor generates on the machine running it (the order depends on the CPU's vec
 Inductor's tiling: 16 fp32 lanes per bf16 tile with AVX2, 32 with AVX-512). With it, the aligned
 eager side equals a CPU-compiled engine, and the fused implementation, bit for bit.
 
+Target: which engine build the regions round like (patches/targets.py); it decides whether the
+residual stream is rounded between layers.
+
 Implementation: every region is a pair of pure functions (forward, backward) wrapped in an autograd
 Function. "eager" runs them op by op; "fused" runs them compiled (patches/fused.py: one or a few
 fused kernels each, same rounding locations, the kernel's own summation order); "auto" is fused on
@@ -23,10 +26,13 @@ from collections.abc import Callable
 
 import torch
 
+from patches.targets import DEFAULT_TARGET, TARGETS, Target
+
 REDUCTIONS = ("eager", "inductor_cpu")
 IMPLS = ("auto", "eager", "fused")
 _reduction = "eager"
 _impl = "auto"
+_target = TARGETS[DEFAULT_TARGET]
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -61,6 +67,16 @@ def set_impl(name: str) -> None:
 
 def impl() -> str:
     return _impl
+
+
+def set_target(name: str) -> None:
+    global _target
+    _target = TARGETS[check(name, tuple(TARGETS), "alignment target")]
+
+
+def target() -> Target:
+    """The engine build the aligned regions round like (patches/targets.py)."""
+    return _target
 
 
 @contextlib.contextmanager

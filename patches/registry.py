@@ -4,16 +4,12 @@ Patches are class- and module-level, so models built before and after `apply` bo
 verl builds its models inside Ray workers, after `external_lib` has been imported.
 
 The replacements copy transformers' own forwards (Qwen3Attention, the decoder layers) with the
-regions swapped in. They were checked against the transformers releases in TRANSFORMERS: the
-upstream forwards they replace are the same source, byte for byte, from 5.5.3 to 5.17.0
-(tests/test_patches_api.py fingerprints them). Another release is refused, unless
-RLA_TRANSFORMERS_UNCHECKED=1 says you checked it yourself.
+regions swapped in; patches/upstream.py holds the source they were checked against, per release.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 
 from patches import rmsnorm, rope, swiglu
@@ -37,42 +33,21 @@ class Family:
         m, cls = self.modeling(), self.cls
         out = []
         if "rope" in regions:
-            rotary = cls("RotaryEmbedding")
             out += [(m, "apply_rotary_pos_emb", rope.apply_rotary_pos_emb),
-                    (rotary, "_rla_stock_forward", rotary.__dict__["forward"]),
-                    (rotary, "forward", rope.rotary_embedding_forward)]
+                    (cls("RotaryEmbedding"), "forward", rope.rotary_embedding_forward)]
             if self.qk_norm:
                 out += [(cls("Attention"), "_rla_modeling", m),
                         (cls("Attention"), "forward", rope.qwen3_attention_forward)]
         if "swiglu" in regions:
             out.append((cls("MLP"), "forward", swiglu.mlp_forward))
         if "rmsnorm" in regions:
-            norm = cls("RMSNorm")
+            norm, model = cls("RMSNorm"), cls("Model")
             out += [(cls("DecoderLayer"), "forward", rmsnorm.decoder_layer_forward),
                     (norm, "_rla_stock_forward", norm.__dict__["forward"]),
-                    (norm, "forward", rmsnorm.norm_forward)]
+                    (norm, "forward", rmsnorm.norm_forward),
+                    (model, "_rla_stock_forward", model.__dict__["forward"]),
+                    (model, "forward", rmsnorm.model_forward)]
         return out
-
-
-TRANSFORMERS = ((5, 5, 3), (5, 18))  # checked releases: >= first, < second
-UNCHECKED_ENV = "RLA_TRANSFORMERS_UNCHECKED"
-
-
-def check_transformers(version: str | None = None) -> str:
-    """The installed transformers version, or a RuntimeError saying what is supported and how to override."""
-    import transformers
-
-    version = version or transformers.__version__
-    numbers = tuple(int(part) for part in version.split("+")[0].split(".")[:3] if part.isdigit())
-    low, high = TRANSFORMERS
-    if low <= numbers < high or os.environ.get(UNCHECKED_ENV) == "1":
-        return version
-    raise RuntimeError(
-        f"transformers {version} is not a release the alignment patches were checked against "
-        f"(>= {'.'.join(map(str, low))}, < {'.'.join(map(str, high))}): they replace copies of its Qwen2/Qwen3 "
-        f"forwards. Install a checked release, or set {UNCHECKED_ENV}=1 after comparing "
-        "tests/test_patches_api.py's fingerprints with your version's forwards."
-    )
 
 
 FAMILIES: dict[str, Family] = {

@@ -1,14 +1,20 @@
-"""Residual RMSNorm region: residual add fused with RMSNorm, as the compiled engine computes it.
+"""Residual RMSNorm region: the residual stream and its norms, stored where the target engine stores.
 
-Engine (vLLM's fused_add_rms_norm, native formulation under Inductor): sum = residual + x in fp32;
-the residual stream stores bf16(sum); the variance comes from the *unrounded* fp32 sum; the output
-`(sum * rstd) * weight` is rounded once. Stock HF rounds the sum first, then `x * rstd`, then
-`weight * .`: the norm reads a rounded sum and rounds twice.
+Engine (vLLM's `fused_add_rms_norm` and `rms_norm`, native formulation, compiled by Inductor): the
+sum `residual + x` is computed in FP32, the variance comes from that unrounded sum, and the output
+`(sum * rstd) * weight` is rounded once (the `.to(bf16)` of the normalized value is elided inside the
+fused kernel). Whether the *sum itself* is ever rounded depends on where the compiled graph stores
+it (patches/targets.py): the post-attention sum never; the layer's output once, when the next layer
+takes it as its residual, on `vllm` (piecewise GPU graph), never on `vllm-cpu` (one graph).
+Stock HF rounds the sum after every add, then `x * rstd`, then `weight * .`.
 
-To give the next norm the unrounded sum, an aligned decoder layer does not finish its last residual
-add: it returns `cat(residual, mlp_out)` (width 2*hidden, bf16) - the pair the engine also carries -
-and the next layer's input norm (or the model's final norm) performs the fused add. The pair is
-bf16, so FSDP2's `cast_forward_inputs` leaves it untouched; it has the size of one fp32 tensor.
+An aligned decoder layer therefore carries the FP32 stream: it returns `residual + mlp_out` in FP32,
+bit-cast into a BF16 tensor of twice the width (patches/stream.py: FSDP2's input cast leaves it alone),
+and the next layer's input norm, or the model's final norm, reads the FP32 value. The model's
+`output_hidden_states` reports each layer's stream rounded to BF16, width hidden (stream.hidden_state).
+
+Backward passes recompute the normalized value: they save the norm's inputs (BF16, or the FP32 stream,
+which the next layer holds anyway) and one FP32 statistic per row.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from patches import stream
 from patches._precision import inductor_sums, kernel, rows_total, sums_by_inductor, wide
 
 
 def _stream(x: Tensor, residual: Tensor | None) -> Tensor:
-    """The fp32 value the norm reads: the input, or the unrounded sum of input and residual."""
+    """The value the norm reads: the input, or the unrounded sum of input and residual."""
     return wide(x) if residual is None else wide(x) + wide(residual)
 
 
@@ -33,7 +40,7 @@ def _sums(g: Tensor, w: Tensor, x_hat: Tensor) -> tuple[Tensor, Tensor]:
     return ((g * w) * x_hat).mean(dim=-1, keepdim=True), rows_total(g * x_hat)
 
 
-# The same sums from the kernel's bf16 inputs (reduction="inductor_cpu" compiles these on their own).
+# The same sums from the kernel's own inputs (reduction="inductor_cpu" compiles these on their own).
 def _variance(x: Tensor, residual: Tensor | None) -> Tensor:
     return _mean_square(_stream(x, residual))
 
@@ -58,9 +65,9 @@ def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, 
     return rstd * ((g * w) - x_hat * mean), d_weight.to(weight.dtype)
 
 
-def rms_norm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def rms_norm_forward(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     out, _, rstd = _normalize(x, None, weight, eps)
-    return out.to(x.dtype), rstd
+    return out.to(out_dtype), rstd
 
 
 def rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
@@ -68,25 +75,27 @@ def rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
     return dx.to(x.dtype), dw
 
 
-def add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+def add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                         out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
+    """(normed, sum, rstd): normed rounded to `out_dtype` once; the sum unrounded (FP32)."""
     out, s, rstd = _normalize(x, residual, weight, eps)
-    return out.to(x.dtype), s.to(residual.dtype), rstd
+    return out.to(out_dtype), s, rstd
 
 
-def add_rms_norm_backward(g_out: Tensor, g_residual: Tensor | None, x: Tensor, residual: Tensor, weight: Tensor,
-                          rstd: Tensor) -> tuple[Tensor, Tensor]:
+def add_rms_norm_backward(g_out: Tensor, g_sum: Tensor | None, x: Tensor, residual: Tensor, weight: Tensor,
+                          rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     d_sum, dw = _normalize_backward(g_out, weight, rstd, x, residual)
-    if g_residual is not None:
-        d_sum = d_sum + wide(g_residual)
-    return d_sum.to(x.dtype), dw
+    if g_sum is not None:
+        d_sum = d_sum + wide(g_sum)
+    return d_sum.to(x.dtype), d_sum.to(residual.dtype), dw
 
 
 class RMSNorm(torch.autograd.Function):
-    """bf16((x * rstd) * w) with x, rstd in fp32."""
+    """out_dtype((x * rstd) * w), x and rstd in FP32 (x: an activation or the FP32 stream)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
-        out, rstd = kernel(rms_norm_forward, x)(x, weight, eps)
+    def forward(ctx, x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
+        out, rstd = kernel(rms_norm_forward, x)(x, weight, eps, out_dtype)
         ctx.save_for_backward(x, weight, rstd)
         return out
 
@@ -94,54 +103,53 @@ class RMSNorm(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, weight, rstd = ctx.saved_tensors
         dx, dw = kernel(rms_norm_backward, grad)(grad, x, weight, rstd)
-        return dx, dw, None
+        return dx, dw, None, None
 
 
 class AddRMSNorm(torch.autograd.Function):
-    """(normed, residual_out) = (bf16(norm(x + residual)), bf16(x + residual)), sum kept in fp32."""
+    """(normed, sum): normed = out_dtype(norm(x + residual)), sum = x + residual in FP32, unrounded."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float):
-        out, residual_out, rstd = kernel(add_rms_norm_forward, x)(x, residual, weight, eps)
-        ctx.save_for_backward(x, residual, weight, rstd)
-        return out, residual_out
+    def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype):
+        out, s, rstd = kernel(add_rms_norm_forward, x)(x, residual, weight, eps, out_dtype)
+        ctx.save_for_backward(x, residual, weight, rstd)  # the sum is recomputed: one FP32 tensor less
+        return out, s
 
     @staticmethod
-    def backward(ctx, g_out: Tensor, g_residual: Tensor):
+    def backward(ctx, g_out: Tensor, g_sum: Tensor):
         x, residual, weight, rstd = ctx.saved_tensors
-        d, dw = kernel(add_rms_norm_backward, g_out)(g_out, g_residual, x, residual, weight, rstd)
-        return d, d, dw, None
+        dx, dr, dw = kernel(add_rms_norm_backward, g_out)(g_out, g_sum, x, residual, weight, rstd)
+        return dx, dr, dw, None, None
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return RMSNorm.apply(x, weight, eps)
+def rms_norm(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype | None = None) -> Tensor:
+    return RMSNorm.apply(x, weight, eps, out_dtype or x.dtype)
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    return AddRMSNorm.apply(x, residual, weight, eps)
-
-
-def _norm(norm_module, hidden_states: Tensor) -> tuple[Tensor, Tensor]:
-    """Apply a norm module to a plain or pending (residual, x) input; returns (normed, residual)."""
-    width = norm_module.weight.shape[-1]
-    if hidden_states.shape[-1] == 2 * width:
-        residual, pending = hidden_states.split(width, dim=-1)
-        return add_rms_norm(pending, residual, norm_module.weight, norm_module.variance_epsilon)
-    return rms_norm(hidden_states, norm_module.weight, norm_module.variance_epsilon), hidden_states
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                 out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    return AddRMSNorm.apply(x, residual, weight, eps, out_dtype or x.dtype)
 
 
 def norm_forward(self, hidden_states: Tensor) -> Tensor:
-    """RMSNorm.forward: a pending pair (from an aligned layer) gets the fused add; others stay stock.
-    Stock for plain inputs keeps Qwen3's q_norm/k_norm (the RoPE region's business) untouched."""
-    if hidden_states.shape[-1] == 2 * self.weight.shape[-1]:
-        return _norm(self, hidden_states)[0]
+    """RMSNorm.forward: a packed stream (an aligned layer's output, into the final norm) is read in
+    FP32; plain inputs stay stock, which keeps Qwen3's q_norm/k_norm (the RoPE region's) untouched."""
+    width = self.weight.shape[-1]
+    if stream.is_packed(hidden_states, width):
+        return rms_norm(stream.unpack(hidden_states, width), self.weight, self.variance_epsilon, hidden_states.dtype)
     return type(self)._rla_stock_forward(self, hidden_states)
 
 
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                           use_cache=False, position_embeddings=None, **kwargs):
-    """Qwen2/Qwen3 DecoderLayer.forward with both norms fused with the residual add before them."""
-    h, residual = _norm(self.input_layernorm, hidden_states)
+    """Qwen2/Qwen3 DecoderLayer.forward on the FP32 residual stream, rounded where the target rounds."""
+    from patches import _precision
+
+    width = self.input_layernorm.weight.shape[-1]
+    dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
+    s = stream.unpack(hidden_states, width)
+    h = rms_norm(s, self.input_layernorm.weight, self.input_layernorm.variance_epsilon, dtype)
+    residual = s.to(dtype) if _precision.target().rounds_layer_output else s  # residual.layer_output
     h, _ = self.self_attn(
         hidden_states=h,
         attention_mask=attention_mask,
@@ -151,15 +159,20 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
         position_embeddings=position_embeddings,
         **kwargs,
     )
-    h, residual = add_rms_norm(h, residual, self.post_attention_layernorm.weight,
-                               self.post_attention_layernorm.variance_epsilon)
-    h = self.mlp(h)
-    return torch.cat((residual, h), dim=-1)  # the add is finished by the next norm
+    h, s = add_rms_norm(h, residual, self.post_attention_layernorm.weight,
+                        self.post_attention_layernorm.variance_epsilon, dtype)  # residual.post_attention: FP32
+    s = s + wide(self.mlp(h))
+    return stream.pack(s, dtype)
 
 
-def unpack_hidden(hidden_states: Tensor, hidden_size: int) -> Tensor:
-    """The residual-stream value (fp32) of a layer output, pending pair or plain."""
-    if hidden_states.shape[-1] == 2 * hidden_size:
-        residual, pending = hidden_states.split(hidden_size, dim=-1)
-        return wide(residual) + wide(pending)
-    return wide(hidden_states)
+def model_forward(self, *args, **kwargs):
+    """Qwen2Model/Qwen3Model.forward: stock, with `hidden_states` reported as transformers reports them
+    (each layer's stream rounded to the activation dtype, width hidden). Costs nothing otherwise."""
+    return_dict = kwargs.pop("return_dict", None)
+    out = type(self)._rla_stock_forward(self, *args, return_dict=True, **kwargs)
+    if getattr(out, "hidden_states", None) is not None:
+        width = self.config.hidden_size
+        out.hidden_states = tuple(None if t is None else stream.hidden_state(t, width) for t in out.hidden_states)
+    if return_dict is False or (return_dict is None and not getattr(self.config, "return_dict", True)):
+        return out.to_tuple()
+    return out

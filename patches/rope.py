@@ -115,17 +115,30 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
 
 
+def _check_rope(module) -> None:
+    """The aligned rotation and table implement default RoPE over the whole head: refuse anything else."""
+    from patches import UnsupportedModelError
+
+    config = module.config
+    partial = getattr(config, "partial_rotary_factor", 1.0) or 1.0
+    if module.rope_type != "default" or partial != 1.0:
+        raise UnsupportedModelError(
+            f"{type(module).__name__}: rope_type {module.rope_type!r} with partial_rotary_factor {partial} is not "
+            "covered by the aligned RoPE (it implements rope_type 'default' over the full head_dim); "
+            "leave the rope region off for this model")
+
+
 @torch.no_grad()
 def rotary_embedding_forward(self, x, position_ids):
     """cos/sin as the engine's table holds them: fp32 `position * inv_freq` (an exact product, never a
     matmul that TF32 could shorten), inv_freq rebuilt in fp32 from the config (immune to a model cast
-    to bf16), cos/sin rounded to the model dtype. Non-default RoPE types keep the stock table."""
-    if self.rope_type != "default":
-        return type(self)._rla_stock_forward(self, x, position_ids)
+    to bf16: vLLM computes it in fp32 from the config too), cos/sin rounded to the model dtype."""
+    _check_rope(self)
     inv_freq = getattr(self, "_rla_inv_freq", None)
     if inv_freq is None or inv_freq.device != x.device:
-        inv_freq, _ = self.compute_default_rope_parameters(self.config, x.device)
-        self._rla_inv_freq = inv_freq = inv_freq.float()
+        # (config) is the signature every checked transformers release accepts (5.19 dropped `device`)
+        inv_freq, _ = self.compute_default_rope_parameters(self.config)
+        self._rla_inv_freq = inv_freq = inv_freq.to(device=x.device, dtype=torch.float32)
     freqs = position_ids[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)

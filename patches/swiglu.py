@@ -67,6 +67,15 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return SwiGLU.apply(gate, up)
 
 
+SILU = ("silu", "swish")
+
+
 def mlp_forward(self, x):
-    """Drop-in for Qwen2MLP/Qwen3MLP.forward (SiLU-gated MLP)."""
+    """Drop-in for Qwen2MLP/Qwen3MLP.forward (SiLU-gated MLP); any other activation is refused."""
+    act = getattr(self.config, "hidden_act", "silu")
+    if act not in SILU:
+        from patches import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{type(self).__name__}: hidden_act {act!r} is not covered by the aligned SwiGLU "
+                                    f"(it computes silu(gate) * up; supported: {', '.join(SILU)})")
     return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))

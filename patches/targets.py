@@ -1,0 +1,77 @@
+"""Alignment targets: which engine build the training side rounds like, and where that build stores BF16.
+
+Inductor computes a fused chain in FP32 and rounds where it stores a buffer; it drops a BF16 downcast
+whose value is only upcast again (`torch._inductor.config.emulate_precision_casts` is off, and vLLM
+never sets it). So where vLLM rounds follows from where its compiled graph stores values, and that
+follows from how vLLM cuts the model into graphs:
+
+- `vllm`: vLLM's default path on a GPU (compilation mode VLLM_COMPILE). The model is split into
+  pieces at the attention ops (`CompilationConfig.splitting_ops`: the attention and
+  `vllm::unified_kv_cache_update`); a piece runs from one layer's o_proj through add + norm, the
+  MLP, add + norm of the next layer, its qkv GEMM and RoPE. Piece outputs keep their graph dtype:
+  the residual leaves each piece as BF16, once per layer (after the MLP add); the post-attention
+  sum stays inside the piece and is never rounded.
+- `vllm-cpu`: vLLM's CPU build (`vllm/platforms/cpu.py`: mode DYNAMO_TRACE_ONCE, one graph for the
+  whole model, attention an opaque op inside it). No piece boundary: the residual is never
+  rounded; Inductor re-sums it in FP32 or stores it as FP32.
+
+Everything else rounds the same on both: each value below is stored (rounded) or stays in FP32 inside
+a fused kernel. `python -m patches.roundmap` reads these off the compiled graphs, and the tests check
+that the table equals what vLLM's own graph stores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The values the regions compute, in the order they occur in a decoder layer.
+VALUES: dict[str, str] = {
+    "rope.out": "q and k after the rotation (`x1*cos - x2*sin`, `x2*cos + x1*sin`)",
+    "qk_norm.out": "Qwen3: q/k after the per-head RMSNorm, before the rotation",
+    "swiglu.silu": "silu(gate), before `* up`",
+    "swiglu.out": "silu(gate) * up, the down projection's input",
+    "rmsnorm.normalized": "x * rsqrt(mean(x^2) + eps), before `* weight`",
+    "rmsnorm.out": "the norm's output, the next GEMM's input",
+    "residual.post_attention": "residual + attention output (read by the post-attention norm)",
+    "residual.layer_output": "residual + MLP output: the layer's output (read by the next input norm)",
+}
+
+# What both targets store (True: rounded to BF16 there; False: kept in FP32 inside a fused kernel).
+_COMMON: dict[str, bool] = {
+    "rope.out": True,               # attention input: a buffer
+    "qk_norm.out": False,           # fused with the rotation (vllm/model_executor/models/qwen3.py: q_norm -> rotary_emb)
+    "swiglu.silu": False,           # vllm/model_executor/layers/activation.py SiluAndMul.forward_native: silu(x[:d]) * x[d:]
+    "swiglu.out": True,             # down_proj input
+    "rmsnorm.normalized": False,    # vllm/ir/ops/layernorm.py: `x = x.to(weight.dtype) * weight`, the cast elided
+    "rmsnorm.out": True,            # qkv / gate_up input
+    "residual.post_attention": False,  # inside one piece (GPU) or one graph (CPU): `x_residual = x.to(orig_dtype)` elided
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    engine: str
+    stores: dict[str, bool]  # VALUES key -> stored as BF16
+    source: str              # where vLLM decides it
+
+    @property
+    def rounds_layer_output(self) -> bool:
+        """Whether the residual stream is rounded to BF16 between layers (the only difference)."""
+        return self.stores["residual.layer_output"]
+
+
+TARGETS: dict[str, Target] = {
+    "vllm": Target(
+        "vllm", "vLLM on a GPU, default compiled path (piecewise graphs split at attention)",
+        {**_COMMON, "residual.layer_output": True},
+        "vllm/config/compilation.py (mode VLLM_COMPILE, splitting_ops = attention ops); the residual is a piece "
+        "output, stored in its graph dtype",
+    ),
+    "vllm-cpu": Target(
+        "vllm-cpu", "vLLM's CPU build (one graph for the whole model)",
+        {**_COMMON, "residual.layer_output": False},
+        "vllm/platforms/cpu.py (mode DYNAMO_TRACE_ONCE: no split); no piece output carries the residual",
+    ),
+}
+DEFAULT_TARGET = "vllm"

@@ -1,0 +1,207 @@
+"""The transformers source the patches were checked against, as fingerprints, and the check of it.
+
+The patches replace or copy transformers' own Qwen2/Qwen3 forwards (with the regions swapped in) and
+call a few of its functions. A release that changes one of these could make a patch silently drop
+what it changed, so `patches.apply` refuses a transformers whose functions are not, byte for byte, a
+set checked here. Each set below was compared by hand with the patches and tested; the releases it
+covers were read from their wheels with `python -m patches.upstream 5.9.0 5.19.0 ...`.
+
+RLA_TRANSFORMERS_UNCHECKED=1 lets an unchecked source through, once you have compared it yourself.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib
+import os
+import sys
+
+UNCHECKED_ENV = "RLA_TRANSFORMERS_UNCHECKED"
+
+# The functions of each family's modeling file the patches depend on (replace, copy, wrap or call).
+FUNCTIONS = ("apply_rotary_pos_emb", "{P}RotaryEmbedding.forward", "{P}RotaryEmbedding.compute_default_rope_parameters",
+             "{P}MLP.forward", "{P}RMSNorm.forward", "{P}Attention.forward", "{P}DecoderLayer.forward",
+             "{P}Model.forward")
+PREFIXES = {"qwen2": "Qwen2", "qwen3": "Qwen3"}
+
+# releases -> family -> function -> sha256[:16] of its source
+CHECKED: dict[str, dict[str, dict[str, str]]] = {
+    "5.5.3, 5.9.0, 5.10.4, 5.11.0, 5.12.1, 5.13.1, 5.14.1": {
+        "qwen2": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen2RotaryEmbedding.forward": "c718955d8b60e9df",
+            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "f746f13e40451da9",
+            "Qwen2MLP.forward": "3997a4458faa14a5",
+            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen2Attention.forward": "c5e7f9c63c52302c",
+            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen2Model.forward": "eed5a7789297b488",
+        },
+        "qwen3": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen3RotaryEmbedding.forward": "c718955d8b60e9df",
+            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "eb2039ded764b5e8",
+            "Qwen3MLP.forward": "3997a4458faa14a5",
+            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
+            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen3Model.forward": "eed5a7789297b488",
+        },
+    },
+    "5.15.1, 5.16.1, 5.17.0": {
+        "qwen2": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen2RotaryEmbedding.forward": "c718955d8b60e9df",
+            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "cabdcf57f32910c8",
+            "Qwen2MLP.forward": "3997a4458faa14a5",
+            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen2Attention.forward": "c5e7f9c63c52302c",
+            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen2Model.forward": "eed5a7789297b488",
+        },
+        "qwen3": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen3RotaryEmbedding.forward": "c718955d8b60e9df",
+            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "bf41ffc8b0fc6d18",
+            "Qwen3MLP.forward": "3997a4458faa14a5",
+            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
+            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen3Model.forward": "eed5a7789297b488",
+        },
+    },
+    "5.18.0": {
+        "qwen2": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen2RotaryEmbedding.forward": "d8eb9919d7ae4572",
+            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "cabdcf57f32910c8",
+            "Qwen2MLP.forward": "3997a4458faa14a5",
+            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen2Attention.forward": "c5e7f9c63c52302c",
+            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen2Model.forward": "eed5a7789297b488",
+        },
+        "qwen3": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen3RotaryEmbedding.forward": "d8eb9919d7ae4572",
+            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "bf41ffc8b0fc6d18",
+            "Qwen3MLP.forward": "3997a4458faa14a5",
+            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
+            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen3Model.forward": "eed5a7789297b488",
+        },
+    },
+    "5.19.0": {
+        "qwen2": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",
+            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "e9de12c49703d725",
+            "Qwen2MLP.forward": "3997a4458faa14a5",
+            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen2Attention.forward": "c5e7f9c63c52302c",
+            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen2Model.forward": "eed5a7789297b488",
+        },
+        "qwen3": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen3RotaryEmbedding.forward": "ec4e845686d12335",
+            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "0cdc01245e403858",
+            "Qwen3MLP.forward": "3997a4458faa14a5",
+            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
+            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen3Model.forward": "eed5a7789297b488",
+        },
+    },
+}
+
+
+def fingerprints_of_source(text: str, prefix: str) -> dict[str, str]:
+    """sha256 (16 hex digits) of each function in FUNCTIONS, from a modeling file's source text."""
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef):
+            found[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            found.update({f"{node.name}.{item.name}": item for item in node.body if isinstance(item, ast.FunctionDef)})
+    names = [f.format(P=prefix) for f in FUNCTIONS]
+    return {name: hashlib.sha256(ast.get_source_segment(text, found[name]).encode()).hexdigest()[:16]
+            if name in found else "missing" for name in names}
+
+
+@functools.lru_cache(maxsize=None)
+def installed_fingerprints() -> dict[str, dict[str, str]]:
+    """The fingerprints of the installed transformers, per family."""
+    import inspect
+
+    out = {}
+    for family, prefix in PREFIXES.items():
+        module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        out[family] = fingerprints_of_source(inspect.getsource(module), prefix)
+    return out
+
+
+def checked_release(fingerprints: dict[str, dict[str, str]]) -> str | None:
+    """The checked releases whose source these fingerprints are, or None."""
+    for releases, expected in CHECKED.items():
+        if expected == fingerprints:
+            return releases
+    return None
+
+
+def check_transformers() -> str:
+    """The checked releases the installed transformers' source matches; else a RuntimeError that names
+    the installed version, the functions that differ from the nearest checked set, and the override."""
+    import transformers
+
+    found = installed_fingerprints()
+    releases = checked_release(found)
+    if releases is not None or os.environ.get(UNCHECKED_ENV) == "1":
+        return releases or f"{transformers.__version__} (unchecked, {UNCHECKED_ENV}=1)"
+    nearest = min(CHECKED.values(), key=lambda exp: _differences(exp, found))
+    changed = sorted(f"{fam}:{name}" for fam in found for name in found[fam] if found[fam][name] != nearest[fam].get(name))
+    raise RuntimeError(
+        f"transformers {transformers.__version__} is not a release the alignment patches were checked against "
+        f"(checked: {', '.join(CHECKED)}); its source differs in {', '.join(changed)}. The patches copy these "
+        f"forwards: install a checked release, or set {UNCHECKED_ENV}=1 after comparing them yourself.")
+
+
+def _differences(expected, found) -> int:
+    return sum(expected[f].get(n) != found[f][n] for f in found for n in found[f])
+
+
+def fingerprints_of_wheel(version: str) -> dict[str, dict[str, str]]:
+    """Download transformers==version (no dependencies) and fingerprint its Qwen modeling files."""
+    import subprocess
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        f"transformers=={version}", "-d", tmp], check=True)
+        wheel = zipfile.ZipFile(next(Path(tmp).glob("*.whl")))
+        return {family: fingerprints_of_source(
+                    wheel.read(f"transformers/models/{family}/modeling_{family}.py").decode(), prefix)
+                for family, prefix in PREFIXES.items()}
+
+
+def main(argv: list[str]) -> int:
+    """Print each release's fingerprints and which checked set it matches."""
+    import json
+
+    if not argv:
+        print("usage: python -m patches.upstream VERSION [VERSION ...]", file=sys.stderr)
+        return 2
+    for version in argv:
+        found = fingerprints_of_wheel(version)
+        print(f"{version}: matches {checked_release(found) or 'no checked set'}")
+        print(json.dumps(found, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
