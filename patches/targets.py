@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rla import names as rla_names
+
 # The values the regions compute, in the order they occur in a decoder layer.
 VALUES: dict[str, str] = {
     "rope.out": "q and k after the rotation (`x1*cos - x2*sin`, `x2*cos + x1*sin`)",
@@ -75,3 +77,4 @@ TARGETS: dict[str, Target] = {
     ),
 }
 DEFAULT_TARGET = "vllm"
+assert tuple(TARGETS) == rla_names.TARGETS, "rla.names.TARGETS and patches.targets.TARGETS must name the same targets"

