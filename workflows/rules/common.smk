@@ -97,6 +97,7 @@ def _check_sections(cfg):
         raise WorkflowError(f"backend {backend!r} needs a {needed!r} section")
     checks = {"model_specs": lambda m: settings.model_spec(cfg, m, backend),
               "rl": lambda m: settings.rl_settings(cfg, backend, m)}
+    checks["engine"] = lambda m: settings.engine_settings(cfg, backend)
     if backend == "verl":
         checks["verl"] = lambda m: settings.verl_settings(cfg, m)
     else:
@@ -191,6 +192,12 @@ def data_settings():
     return config.get("data") if BACKEND == "verl" else config.get("task")
 
 
+def _engine_identity():
+    """The engine settings a cell's results depend on (the KV cache size is operational)."""
+    engine = settings.engine_settings(config)
+    return {k: engine[k] for k in ("name", "target")}
+
+
 def cell_settings(model):
     """Everything one training cell depends on besides its wildcards (provenance of train):
     changing these reruns the cell; adding seeds or models does not touch existing cells."""
@@ -198,6 +205,7 @@ def cell_settings(model):
         "backend": BACKEND,
         "model": config["model_specs"][model],
         "rl": config.get("rl"),
+        "engine": _engine_identity() if BACKEND == "local" else None,
         "verl": config.get("verl") if BACKEND == "verl" else None,
     }
 
