@@ -6,7 +6,7 @@ import copy
 from pathlib import Path
 
 from rla import layout
-from rla.config import ConfigError, model_spec, rl_settings
+from rla.config import ConfigError, engine_settings, model_spec, rl_settings
 from rla.names import ABLATIONS
 
 
@@ -16,8 +16,13 @@ def default_paths(cfg: dict, model: str) -> tuple[Path, Path]:
 
 
 def resolve_cell(cfg: dict, model: str, ablation: str, seed: int, steps: int | None) -> dict:
-    """The resolved config of one cell (written as the cell's config.yaml); checks every value first."""
+    """The resolved config of one cell (written as the cell's config.yaml); checks every value first.
+    `engine` is resolved on this machine (`auto` becomes the engine that runs: localrl.engines)."""
+    from localrl import engines
+    from localrl.device import device
+
     spec = model_spec(cfg, model, "local")
+    engine = engine_settings(cfg)
     if ablation not in ABLATIONS:
         raise ConfigError(f"unknown ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
     steps = cfg.get("steps") if steps is None else steps
@@ -25,7 +30,8 @@ def resolve_cell(cfg: dict, model: str, ablation: str, seed: int, steps: int | N
         raise ConfigError(f"steps must be a positive integer, got {steps!r}")
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+    rl = rl_settings(cfg, "local", model)
     cell = copy.deepcopy(cfg)
     cell.update({"model": model, "ablation": ablation, "seed": seed, "steps": steps,
-                 "model_spec": spec, "rl": rl_settings(cfg, "local", model)})
+                 "model_spec": spec, "rl": rl, "engine": engines.resolve(engine, device().type)})
     return cell

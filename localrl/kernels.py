@@ -125,8 +125,10 @@ def _linear_forward(self, x):
     return linear(x, self.weight, self.bias)
 
 
-def use_local_kernels(model: nn.Module) -> nn.Module:
-    """Route every nn.Linear and the attention of a transformers model through the shared kernels."""
+def use_local_kernels(model: nn.Module, linear: bool = True) -> nn.Module:
+    """Route the attention of a transformers model, and with `linear` every nn.Linear, through the
+    shared kernels (`linear=False` keeps torch's own GEMM: localrl.gemm_match decides which one an
+    engine computes)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
@@ -135,6 +137,6 @@ def use_local_kernels(model: nn.Module) -> nn.Module:
     AttentionMaskInterface.register(HF_ATTENTION_NAME, sdpa_mask)
     model.set_attn_implementation(HF_ATTENTION_NAME)
     for module in model.modules():
-        if isinstance(module, nn.Linear):
+        if linear and isinstance(module, nn.Linear):
             module.forward = _linear_forward.__get__(module)
     return model

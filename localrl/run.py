@@ -74,33 +74,53 @@ class Rig:
     val_truths: list[str]
     sampler: PromptSampler
     gens: dict[str, torch.Generator]
+    numerics: dict  # how the two sides compute: the engine's build, the trainer's target and GEMM
+    owns_engine: bool = True
 
     def __enter__(self) -> "Rig":
         return self
 
     def __exit__(self, *exc) -> None:
         self.trainer.close()
+        if self.owns_engine and hasattr(self.engine, "close"):
+            self.engine.close()
 
     def state_dict(self) -> dict:
         return {"trainer": self.trainer.state_dict(), "sampler": self.sampler.state_dict(),
-                "rng": checkpoint.rng_state(self.gens)}
+                "rng": checkpoint.rng_state(self.gens), "numerics": self.numerics}
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("numerics")
+        if saved is not None and saved != self.numerics:
+            changed = "; ".join(cells.differences(saved, self.numerics))
+            log.warning(f"resuming with other numerics than the checkpoint's: {changed}")
         self.trainer.load_state_dict(state["trainer"])
         self.sampler.load_state_dict(state["sampler"])
         checkpoint.set_rng_state(state["rng"], self.gens)
         self.engine.load_weights(self.trainer.weights_for_engine())
 
 
-def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path) -> Rig:
-    """Trainer (patched for the cell's ablation), engine, tokenized prompts and seeded generators."""
-    from transformers import AutoTokenizer
+def _check_engine(engine, cell: dict, model_dir: Path, dtype: torch.dtype) -> None:
+    """A given (shared) engine must be the one the cell would start."""
+    name = getattr(engine, "name", "local")
+    if name != cell["engine"]["name"] or getattr(engine, "dtype", dtype) != dtype or (
+            name == "vllm" and Path(engine.model_dir).resolve() != model_dir.resolve()):
+        raise ValueError(f"the given engine ({name}, {getattr(engine, 'dtype', '?')}, "
+                         f"{getattr(engine, 'model_dir', '-')}) is not the cell's ({cell['engine']['name']}, {dtype}, "
+                         f"{model_dir})")
 
+
+def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path, engine=None) -> Rig:
+    """Engine, trainer (patched for the cell's ablation and target, with the engine's GEMM), tokenized
+    prompts and seeded generators. `engine`: an already started engine of the cell's kind to use
+    (and leave running) instead of starting one; it gets the trainer's weights here."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from localrl import engines
     from localrl.data import load_split
-    from localrl.engine.engine import Engine
-    from localrl.trainer import Trainer
+    from localrl.trainer import Trainer, compute_dtype
 
-    seed, rl = cell["seed"], cell["rl"]
+    seed, rl, model_dir = cell["seed"], cell["rl"], Path(model_dir)
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
@@ -113,11 +133,25 @@ def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path) -> Rig:
 
     prompts, truths = encode(load_split(data_dir, "train"))
     val_prompts, val_truths = encode(load_split(data_dir, "test").iloc[: rl["test_size"]])
-    trainer = Trainer(str(model_dir), rl, cell["ablation"])
-    engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=trainer.dtype)
-    engine.load_weights(trainer.weights_for_engine())
+    dtype, hf_config, owns = compute_dtype(cell["ablation"]), AutoConfig.from_pretrained(model_dir), engine is None
+    log.info(engines.describe(cell["engine"]))
+    if owns:
+        engine = engines.start(cell["engine"], model_dir, tokenizer, hf_config, dtype, seed, log=log.info)
+    else:
+        _check_engine(engine, cell, model_dir, dtype)
+    try:
+        from localrl.device import device
+
+        gemm = engines.trainer_gemm(engine, model_dir, hf_config, dtype, device(), log=log.info)
+        trainer = Trainer(str(model_dir), rl, cell["ablation"], target=cell["engine"]["target"], gemm=gemm)
+        engine.load_weights(trainer.weights_for_engine())
+    except BaseException:
+        if owns and hasattr(engine, "close"):
+            engine.close()
+        raise
+    numerics = {**engines.identity(cell["engine"]), "trainer_gemm": gemm}
     return Rig(cell, trainer, engine, tokenizer, prompts, truths, val_prompts, val_truths,
-               PromptSampler(len(prompts), gens["data"]), gens)
+               PromptSampler(len(prompts), gens["data"]), gens, numerics, owns)
 
 
 def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
@@ -181,9 +215,11 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
 
 def cell_identity(cell: dict, model_dir: Path, data_dir: Path) -> dict:
     """What the cell's results depend on (besides `steps`): see `rla.cells`."""
+    from localrl import engines
+
     return cells.canonical({
         "backend": "local", "model": cell["model"], "model_spec": cell["model_spec"],
-        "ablation": cell["ablation"], "seed": cell["seed"],
+        "ablation": cell["ablation"], "seed": cell["seed"], "engine": engines.identity(cell["engine"]),
         "rl": {k: v for k, v in cell["rl"].items() if k not in OPERATIONAL_RL_KEYS},
         "data": cells.fingerprint(data_dir / "train.parquet", data_dir / "test.parquet"),
         "initial_model": cells.fingerprint(model_dir / "model.safetensors"),
@@ -230,9 +266,10 @@ def _duration(seconds: float) -> str:
 
 
 def train_cell(cell: dict, out_dir: str | Path, model_dir: str | Path, data_dir: str | Path,
-               stop_after: int | None = None) -> int:
+               stop_after: int | None = None, engine=None) -> int:
     """Run (or resume) one cell; returns the last completed step. `stop_after` stops like a
-    preemption after that many steps of this call (checkpoint, return)."""
+    preemption after that many steps of this call (checkpoint, return); `engine`: a started engine
+    of the cell's kind to use instead of starting one (`build_rig`)."""
     out_dir, model_dir, data_dir = Path(out_dir), Path(model_dir), Path(data_dir)
     if not (model_dir / "model.safetensors").exists():
         raise ConfigError(f"warm-started model {model_dir} not found: run `python -m localrl warmstart "
@@ -248,7 +285,7 @@ def train_cell(cell: dict, out_dir: str | Path, model_dir: str | Path, data_dir:
     try:
         log.info(f"cell {cell['model']}/{cell['ablation']}/seed{cell['seed']}: {plan.message}"
                  + (f"; the previous folder is now {moved}" if moved else ""))
-        with build_rig(cell, model_dir, data_dir) as rig:
+        with build_rig(cell, model_dir, data_dir, engine) as rig:
             return _loop(rig, out_dir, state if plan.restores else None, identity, stop_after)
     finally:
         for h in handlers:
@@ -265,7 +302,7 @@ def _loop(rig: Rig, out_dir: Path, state: dict | None, identity: dict, stop_afte
     metrics_log = MetricsLog(out_dir, state["metrics"] if state else [])
     log.info(f"steps {start + 1}..{steps}, regions {sorted(rig.trainer.regions) or 'none'}; "
              f"progress in {out_dir / 'train.log'}")
-    if start < steps:
+    if start < steps and rig.cell["engine"]["name"] == "local":
         log.info(f"step {start + 1} first compiles the engine's kernels (Inductor, a one-off 10-60 s on a CPU)")
     run, began, step = _wandb_run(rig.cell, out_dir), time.perf_counter(), start
 

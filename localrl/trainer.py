@@ -3,8 +3,10 @@
 - fp32 master weights, fp32 gradients and AdamW state;
 - a bf16 compute copy for forward/backward, with buffers (RoPE `inv_freq`) kept fp32, as FSDP's
   MixedPrecision(param_dtype=bf16, buffer_dtype=fp32) does;
-- GEMMs and attention through the shared `localrl.kernels` (as on GPU: fp32 accumulate, one
-  rounding), everything else is transformers' own eager code, or the patches for an ablation;
+- attention through the shared `localrl.kernels` (as on GPU: fp32 accumulate, one rounding), GEMMs
+  through them too or torch's own, whichever equals the engine's (`gemm`, `localrl.gemm_match`),
+  everything else is transformers' own eager code, or the patches for an ablation (rounding like
+  the engine's build: `target`);
 - the objective is verl's: GRPO advantages, PPO clipped loss with clip-higher and dual-clip,
   token-mean aggregation, optional low-variance KL, all from `verl.trainer.ppo.core_algos`.
 
@@ -116,17 +118,23 @@ class Trainer:
     """The policy under training. Patching is process-wide: `close()` (or leaving a `with Trainer(...)`
     block) gives the process back stock transformers."""
 
-    def __init__(self, model_dir: str, rl: dict, ablation: str):
+    def __init__(self, model_dir: str, rl: dict, ablation: str, target: str = "vllm", gemm: str = "fp32"):
+        """`target`: the engine build the aligned regions round like (patches.apply); `gemm`: the GEMM
+        that equals the engine's (localrl.gemm_match: "fp32" the shared FP32-rounded-once kernel,
+        "bf16" torch's own F.linear); attention is the shared FP32-rounded-once kernel either way."""
         import patches
         from transformers import AutoModelForCausalLM
 
         from localrl.device import device
+        from localrl.gemm_match import CANDIDATES
         from rla.names import regions_of, treatments_of
 
-        self.rl = rl
+        if gemm not in CANDIDATES:
+            raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
+        self.rl, self.target, self.gemm = rl, target, gemm
         self.device = device()
         # Patches replace transformers' classes process-wide: apply before the model is built.
-        self.regions = patches.apply(regions_of(ablation))
+        self.regions = patches.apply(regions_of(ablation), target=target)
         self.dtype = compute_dtype(ablation)
         self.compiled = "compile" in treatments_of(ablation)
         self.correction = rollout_correction_config(ablation)
@@ -166,7 +174,7 @@ class Trainer:
         from localrl.kernels import use_local_kernels
         from patches.compile import compile_layers
 
-        use_local_kernels(model)
+        use_local_kernels(model, linear=self.gemm == "fp32")
         if self.compiled:
             compile_layers(model)
         return model

@@ -43,3 +43,13 @@ def conda_on_path(tmp_path, monkeypatch):
     (bin_dir / "conda").write_text(CONDA_STAND_IN)
     (bin_dir / "conda").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.fixture(scope="session")
+def vllm_model(tmp_path_factory):
+    """A warm-started tiny model and its data for the tests that run vLLM (tests/vllm_setup.py)."""
+    from tests.vllm_setup import REASON, build
+
+    if REASON is not None:
+        pytest.skip(f"vLLM cannot run here: {REASON}")
+    return build(tmp_path_factory.mktemp("vllm_model"))

@@ -1,4 +1,4 @@
-"""localrl end to end on a reduced setting: warm start, engine, trainer, metrics, resume.
+"""localrl end to end on a reduced setting with the local engine: warm start, engine, trainer, metrics, resume.
 
 One module-scoped warm start (qwen2-s spec, small data) feeds every test here.
 """
@@ -31,6 +31,7 @@ def _reduced_config() -> dict:
     cfg["warmstart"] = {"steps": 200, "batch_size": 32, "lr": 5.0e-3, "eval_size": 40}
     cfg["rl"].update({"prompts_per_step": 4, "samples_per_prompt": 4, "test_every": 2, "test_size": 8,
                       "checkpoint_every": 2})
+    cfg["engine"] = {"name": "local"}  # the local engine's loop; vLLM's: tests/test_vllm_rig.py
     return cfg
 
 

