@@ -183,6 +183,17 @@ def markdown_report(frames: dict[str, pd.DataFrame], title: str) -> str:
         parts.append(f"\nThe engine's own forward against its sampling logprobs (prefill vs KV-cache decode, "
                      f"beyond any training-side alignment): mean |d logprob| {r['mean_abs_dlogprob']:.3g}, "
                      f"bit-identical {r['frac_identical']:.1%}.\n")
+    if "target" in subsets:  # a probe against vLLM: the other target's rows, and which engine
+        engines = subsets["engine"].dropna().unique() if "engine" in subsets else []
+        if len(engines):
+            parts.insert(1, f"Engine: {', '.join(map(str, engines))}; training side rounding like target "
+                            f"{', '.join(sorted(set(main['target'].dropna())))}.\n")
+        other = subsets[(subsets["reference"] == MAIN_REFERENCE) & subsets["setting"].str.contains("@", na=False)]
+        if len(other):
+            parts += ["\n## The other alignment target (subsets with rmsnorm; the targets differ only in where the "
+                      "residual stream is stored)\n",
+                      to_markdown(other[["setting", "mean_abs_dlogprob", "max_abs_dlogprob", "k3_kl",
+                                         "probs_diff_mean", "frac_identical"]].reset_index(drop=True))]
     try:
         shares = region_shares(subsets)
     except ValueError as err:
@@ -343,7 +354,10 @@ def write_model_report(probe_dir: str | Path, title: str | None = None, figures_
         written.append(probe_dir / "subsets.md")
         write_text(markdown_report(frames, title), written[0])
     written += plot_subsets(frames["subsets"], figures_dir, title, f"{prefix}subsets")
-    written += plot_layers(frames["layers"], figures_dir, title, f"{prefix}layers")
+    if len(frames["layers"]):
+        written += plot_layers(frames["layers"], figures_dir, title, f"{prefix}layers")
+    else:  # a probe against vLLM: its residual stream stays inside its compiled graph
+        log.info("%s: no per-layer values in layers.csv, so no layers figure", title)
     written += plot_where(frames["by_probability"], frames["by_position"], figures_dir, title, f"{prefix}where")
     return written
 

@@ -4,6 +4,7 @@
     python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/tiny/models/NAME
     python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
     python -m localrl probe --config CFG --model NAME --out results/tiny/probe/NAME
+    python -m localrl probe --engine vllm --model CHECKPOINT_DIR --out DIR     # any Qwen2/2.5/3 checkpoint
     python -m localrl scaling --out results/tables [--factors ...] [--big] [--real]
 """
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             from localrl.scaling import main as scaling
 
             return scaling(args)
-        cfg = load(args.config)
+        cfg = load(args.config) if args.config is not None else None  # probe: --model may be a checkpoint
         {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train, "probe": _probe}[args.command](args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

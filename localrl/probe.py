@@ -38,7 +38,7 @@ from torch import Tensor
 import patches
 from patches import compile as compiled_layers
 from rla.config import ConfigError
-from rla.names import REGIONS, subset_name
+from rla.names import ENGINES, REGIONS, subset_name
 from localrl.engine.engine import Engine, Rollout, prefill_mask
 from localrl.trainer import Batch, Trainer, sequence_inputs
 
@@ -385,8 +385,12 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
 
 def add_parser(subparsers):
     p = subparsers.add_parser("probe", help="per-region training-inference mismatch of one model")
-    p.add_argument("--config", required=True)
-    p.add_argument("--model", required=True)
+    p.add_argument("--config", help="experiment config; --model is then one of its model_specs (without it: "
+                                    "--model is a checkpoint directory, probed against vLLM)")
+    p.add_argument("--model", required=True, help="a model of the config, or a Hugging Face Qwen2 / Qwen2.5 / "
+                                                  "Qwen3 checkpoint directory")
+    p.add_argument("--engine", choices=ENGINES, help="the inference side: vllm (localrl.probe_vllm), local "
+                                                     "(localrl/engine), auto (default: the config's engine)")
     p.add_argument("--out", required=True, help="output dir, e.g. results/probe/NAME")
     p.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
     p.add_argument("--data", help="data dir with test.parquet (default: {results_dir}/data)")
@@ -396,7 +400,32 @@ def add_parser(subparsers):
     p.add_argument("--position-bin", type=int, default=DEFAULT_POSITION_BIN,
                    help=f"width of the position bins (default {DEFAULT_POSITION_BIN})")
     p.add_argument("--no-figures", action="store_true", help="CSV files only")
+    p.add_argument("--batch-size", type=int, default=16, help="vllm: sequences per training-side forward (default 16)")
+    p.add_argument("--gpu-memory-utilization", type=float, help="vllm on a GPU: vLLM's share of GPU memory "
+                                                                 "(default: vLLM's)")
+    p.add_argument("--kv-cache-gib", type=int, help="vllm on a CPU: KV cache in GiB (default: the config's, else 1)")
+    p.add_argument("--no-fp16", action="store_true", help="vllm: skip the fp16 treatment (a second, FP16 engine)")
     return p
+
+
+def _engine_of(args, cfg: dict | None) -> str:
+    """The engine the probe runs against: --engine, else the config's (auto: vllm where it runs)."""
+    from localrl import engines
+    from localrl.device import device
+    from rla.config import engine_settings
+
+    settings = engine_settings(cfg) if cfg is not None else engine_settings({})
+    if args.engine is not None:
+        settings = {**settings, "name": args.engine}
+    if cfg is None:  # a checkpoint directory: checked first (fast), and only vLLM probes one
+        from localrl.probe_vllm import check_checkpoint
+
+        if settings["name"] == "local":
+            raise ConfigError(f"--model {args.model} without --config is a checkpoint directory, probed against "
+                              "vLLM; the local engine probes a model of an experiment config (--config CFG --model NAME)")
+        check_checkpoint(args.model)
+        settings = {**settings, "name": "vllm"}  # auto: vLLM or an error saying why it cannot run
+    return engines.resolve(settings, device().type)["name"]
 
 
 def _positive(name: str, value) -> int:
@@ -421,7 +450,12 @@ def main(args, cfg: dict | None = None) -> int:
     from localrl.config import default_paths
     from localrl.task import render_prompt
 
-    cfg = load_config(args.config) if cfg is None else cfg
+    if cfg is None and args.config is not None:
+        cfg = load_config(args.config)
+    if _engine_of(args, cfg) == "vllm":
+        from localrl.probe_vllm import main as probe_vllm
+
+        return probe_vllm(args, cfg)
     model_spec(cfg, args.model, "local")  # an unknown model fails before any work
     rl = rl_settings(cfg, "local", args.model)
     n_prompts = _positive("--n-prompts", args.n_prompts)
