@@ -31,7 +31,9 @@ def resolve_cell(cfg: dict, model: str, ablation: str, seed: int, steps: int | N
     if not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     rl = rl_settings(cfg, "local", model)
+    resolved = engines.resolve(engine, device().type)
+    engines.check_shape(resolved, model, spec)
     cell = copy.deepcopy(cfg)
     cell.update({"model": model, "ablation": ablation, "seed": seed, "steps": steps,
-                 "model_spec": spec, "rl": rl, "engine": engines.resolve(engine, device().type)})
+                 "model_spec": spec, "rl": rl, "engine": resolved})
     return cell

