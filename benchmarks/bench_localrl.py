@@ -1,13 +1,14 @@
 """Benchmarks of the local backend (measurements, not tests).
 
-    python benchmarks/bench_localrl.py step [--model qwen2-s] [--steps 10]
-        one RL step (rollout + old log-probs + update + weight sync), median over steps
+    python benchmarks/bench_localrl.py step [--models qwen2-s,qwen3-m] [--engine vllm|local] [--steps 10]
+        the rig's start-up and one RL step (rollout + old log-probs + update + weight sync) of the
+        real loop, median over steps, per model
     python benchmarks/bench_localrl.py grid [--jobs 2] [--steps N]
         the whole default grid from scratch (data, warm starts, every cell) in a temporary
         results dir, cells run `--jobs` at a time with one thread each; wall time and per-cell
         scores / k3 KL
 
-Results go to benchmarks/results/localrl_{step,grid}.json.
+Results go to benchmarks/results/localrl_step-{engine}.json and localrl_grid.json.
 """
 
 from __future__ import annotations
@@ -30,62 +31,43 @@ CONFIG = ROOT / "experiments" / "tiny.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def bench_step(model: str, steps: int, ablation: str) -> dict:
-    import numpy as np
+def bench_step(models: list[str], steps: int, ablation: str, engine: str) -> dict:
+    """The real loop (`build_rig`, `rl_step`) on each model with the given engine: the rig's start-up
+    (engine, GEMM check, trainer) and the median phase times of `steps` RL steps after two warm-up steps."""
     import torch
 
     from localrl.config import resolve_cell
-    from rla.config import load as load_config
     from localrl.data import write_splits
-    from localrl.engine.engine import Engine
-    from localrl.run import PromptSampler
-    from localrl.task import TaskSettings, render_prompt, score
-    from localrl.tokenizer import build_tokenizer
-    from localrl.trainer import Batch, Trainer
+    from localrl.run import build_rig, rl_step
+    from localrl.task import TaskSettings
     from localrl.warmstart import warmstart
+    from rla.config import load as load_config
 
     torch.set_num_threads(1)
     cfg = load_config(CONFIG)
-    cell = resolve_cell(cfg, model, ablation, 0, steps)
-    rl = cell["rl"]
+    cfg["engine"] = {"name": engine}
     tmp = Path(tempfile.mkdtemp(prefix="bench_localrl_"))
     write_splits(TaskSettings.from_config(cfg["task"]), tmp / "data")
-    warmstart(cfg, model, tmp / "data", tmp / "model")  # a realistic policy: realistic response lengths
-    from localrl.data import load_split
-
-    tok = build_tokenizer()
-    train = load_split(tmp / "data", "train")
-    prompts = [tok(render_prompt(list(p)))["input_ids"] for p in train["prompt"]]
-    truths = [r["ground_truth"] for r in train["reward_model"]]
-    trainer = Trainer(str(tmp / "model"), rl, ablation)
-    engine = Engine(trainer.master.config, tok.eos_token_id, tok.pad_token_id)
-    engine.load_weights(trainer.weights_for_engine())
-    sampler, gen = PromptSampler(len(prompts), torch.Generator().manual_seed(0)), torch.Generator().manual_seed(1)
-    n, G = rl["prompts_per_step"], rl["samples_per_prompt"]
-    times = {"gen": [], "old_log_prob": [], "update": [], "step": []}
-    for i in range(steps + 2):  # the first two include compilation
+    result = {"engine": engine, "ablation": ablation, "steps_timed": steps, "models": {}}
+    for model in models:
+        warmstart(cfg, model, tmp / "data", tmp / model)  # a realistic policy: realistic response lengths
+        cell = resolve_cell(cfg, model, ablation, 0, steps + 2)
+        rl = cell["rl"]
         t0 = time.perf_counter()
-        idx = sampler.take(n)
-        out = engine.generate([prompts[j] for j in idx for _ in range(G)], rl["max_new_tokens"],
-                              rl["temperature"], gen)
-        t1 = time.perf_counter()
-        texts = [tok.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(out.responses, out.response_mask)]
-        scores = torch.tensor([score(t, truths[j]) for t, j in zip(texts, np.repeat(idx, G))])
-        batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask, rollout_log_probs=out.logprobs)
-        batch.old_log_probs, _ = trainer.compute_log_probs(batch)
-        batch.advantages = trainer.grpo_advantages(scores, out.response_mask, np.repeat(np.arange(n), G))
-        t2 = time.perf_counter()
-        trainer.update(batch)
-        engine.load_weights(trainer.weights_for_engine())
-        t3 = time.perf_counter()
-        if i >= 2:
-            for k, v in (("gen", t1 - t0), ("old_log_prob", t2 - t1), ("update", t3 - t2), ("step", t3 - t0)):
-                times[k].append(v)
-    result = {"model": model, "ablation": ablation, "responses_per_step": n * G,
-              "max_new_tokens": rl["max_new_tokens"], "steps_timed": steps,
-              "median_s": {k: round(statistics.median(v), 4) for k, v in times.items()},
-              "goal_step_s": 0.5, "machine": describe()}
-    result["meets_goal"] = result["median_s"]["step"] <= 0.5
+        with build_rig(cell, tmp / model, tmp / "data") as rig:
+            start = time.perf_counter() - t0
+            timed = [rl_step(rig, step) for step in range(1, steps + 3)][2:]  # the first two: warm-up
+            engine_start = getattr(rig.engine, "startup_s", None)
+            gemm = rig.numerics["trainer_gemm"]
+        result["models"][model] = {
+            "engine": cell["engine"]["name"], "target": cell["engine"]["target"], "trainer_gemm": gemm,
+            "responses_per_step": rl["prompts_per_step"] * rl["samples_per_prompt"],
+            "max_response_length": rl["max_response_length"], "rig_start_s": round(start, 2),
+            "engine_start_s": None if engine_start is None else round(engine_start, 2),
+            "median_s": {k: round(statistics.median(m[f"timing_s/{k}"] for m in timed), 4)
+                         for k in ("gen", "old_log_prob", "update", "step")}}
+        print(json.dumps({model: result["models"][model]}), flush=True)
+    result["machine"] = describe()
     return result
 
 
@@ -159,16 +141,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what", required=True)
     s = sub.add_parser("step")
-    s.add_argument("--model", default="qwen2-s")
+    s.add_argument("--models", default="qwen2-s", help="comma-separated models of experiments/tiny.yaml")
     s.add_argument("--ablation", default="none")
     s.add_argument("--steps", type=int, default=10)
+    s.add_argument("--engine", default="vllm", choices=("vllm", "local"))
     g = sub.add_parser("grid")
     g.add_argument("--jobs", type=int, default=2)
     g.add_argument("--steps", type=int, help="override the config's steps")
     args = p.parse_args()
-    result = bench_step(args.model, args.steps, args.ablation) if args.what == "step" else bench_grid(args.jobs, args.steps)
+    if args.what == "step":
+        result = bench_step(args.models.split(","), args.steps, args.ablation, args.engine)
+        name = f"localrl_step-{args.engine}"
+    else:
+        result, name = bench_grid(args.jobs, args.steps), "localrl_grid"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"localrl_{args.what}.json"
+    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"wrote {path}")
