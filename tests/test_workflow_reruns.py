@@ -1,4 +1,5 @@
-"""The README's rerun commands, for real, through Snakemake on the micro profile (one cell, CPU).
+"""The README's rerun commands, for real, through Snakemake on the micro profile (one cell, CPU; the
+rollout engine is `auto`: vLLM's CPU build where it runs).
 
 Each step is the command a user types; after each, the cell holds exactly its `steps` metric lines,
 and what an earlier configuration wrote is moved aside, never lost or mixed in:
@@ -17,8 +18,10 @@ import sys
 import time
 
 import orjson
+import yaml
 
 from tests.test_workflow import REPO, copy_workflow, plan, snakemake
+from tests.vllm_setup import REASON
 
 CELL = "results/micro/runs/qwen2-s/none/seed0"
 GRID = ("--configfile", "experiments/micro.yaml")
@@ -51,6 +54,13 @@ def test_reruns_never_lose_or_mix_results(tmp_path):
     run(work, "steps=3")
     first = lines(work)
     assert [r["step"] for r in first] == [1, 2, 3]
+    # engine: auto - vLLM's CPU build where it runs (each job starts its own), else local, saying why
+    engine = yaml.safe_load((work / CELL / "config.yaml").read_text())["engine"]
+    job_log = (work / "results/micro/logs/train/qwen2-s/none/seed0.log").read_text()
+    if REASON is None:
+        assert engine["name"] == "vllm" and engine["target"] == "vllm-cpu" and "vLLM ready in" in job_log
+    else:
+        assert engine["name"] == "local" and f"engine auto -> local: {REASON}" in job_log
     assert plan(work, f"{CELL}/metrics.jsonl", *GRID, "--config", "models=[qwen2-s]", "ablations=[none]",
                 "steps=3") == {}  # twice in a row: nothing to do
 
