@@ -15,9 +15,9 @@ of patches/targets.py are recognised by the source line that computes them - vLL
 localrl/engine/ops.py repeats verbatim - and by the model line that calls it (input vs post-attention
 norm, q_norm/k_norm).
 
-    python -m localrl roundmap --engine local --arch qwen2            # the local engine's pieces
-    python -m localrl roundmap --engine vllm --arch qwen3             # vLLM's CPU build (one graph)
-    python -m localrl roundmap --engine vllm-piecewise --arch qwen2   # vLLM's own code, split as on a GPU
+    python -m localrl.roundmap --engine local --arch qwen2            # the local engine's pieces
+    python -m localrl.roundmap --engine vllm --arch qwen3             # vLLM as installed (CPU: one graph)
+    python -m localrl.roundmap --engine vllm-gpu-split --arch qwen2   # vLLM's own code, split as on a GPU
 """
 
 from __future__ import annotations
@@ -301,8 +301,14 @@ SHAPES: dict[str, dict] = {
                        num_key_value_heads=8, head_dim=128),
 }
 ENGINES = ("local", "vllm", "vllm-gpu-split")
-# Which target each engine's graph should equal (patches/targets.py).
-EXPECTED_TARGET = {"local": "vllm", "vllm": "vllm-cpu", "vllm-gpu-split": "vllm"}
+
+
+def expected_target(engine: str) -> str:
+    """The target (patches/targets.py) an engine's graphs should equal: the local engine and vLLM split
+    as on a GPU are `vllm`; vLLM as installed is `vllm` on a GPU and `vllm-cpu` on its CPU build."""
+    if engine == "vllm":
+        return "vllm" if torch.cuda.is_available() else "vllm-cpu"
+    return "vllm"
 
 
 def model_config(arch: str, shape: str, vocab_size: int = 1024):
@@ -342,18 +348,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m localrl.roundmap",
                                 description="Which values an engine's compiled graphs store as BF16.")
     p.add_argument("--engine", choices=ENGINES, default="local",
-                   help="local: the local engine's pieces; vllm: vLLM's CPU build (one graph); vllm-gpu-split: "
-                        "vLLM's own model code split at attention as on a GPU")
+                   help="local: the local engine's pieces; vllm: vLLM as installed (its CPU build: one graph; on a "
+                        "GPU: its piecewise graphs); vllm-gpu-split: vLLM's CPU build split at attention as on a GPU")
     p.add_argument("--arch", choices=("qwen2", "qwen3"), default="qwen2")
     p.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
     p.add_argument("--json", help="also write the map to this file")
     args = p.parse_args(argv)
-    if args.engine != "local":
+    if args.engine != "local" and not torch.cuda.is_available():
         from localrl.vllm_support import require_vllm
 
         require_vllm(f"--engine {args.engine}")
     counts = derive(args.engine, args.arch, args.shape)
-    target = EXPECTED_TARGET[args.engine]
+    target = expected_target(args.engine)
     rows = compare(counts, target)
     print(f"{args.engine} {args.arch} {args.shape}: value, stored as BF16 in the graph (occurrences), "
           f"what target {target!r} says")

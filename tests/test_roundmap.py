@@ -47,7 +47,7 @@ def run_cli(engine, arch, shape, tmp_path):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_vllms_own_graphs_store_what_the_targets_say(engine, arch, tmp_path):
     counts, proc = run_cli(engine, arch, "tiny", tmp_path)
-    assert_matches(counts, roundmap.EXPECTED_TARGET[engine])
+    assert_matches(counts, roundmap.expected_target(engine))
     assert proc.returncode == 0
 
 
@@ -61,7 +61,7 @@ def test_vllms_own_graphs_store_what_the_targets_say(engine, arch, tmp_path):
 def test_the_targets_hold_at_real_shapes(engine, arch, shape, tmp_path):
     """28 layers at Qwen2.5-1.5B / Qwen3-1.7B widths: Inductor's realize heuristics see a bigger graph."""
     counts, _ = run_cli(engine, arch, shape, tmp_path)
-    assert_matches(counts, roundmap.EXPECTED_TARGET[engine])
+    assert_matches(counts, roundmap.expected_target(engine))
 
 
 def test_the_map_tells_graphs_apart():
