@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.machine import describe  # noqa: E402
 
 import patches  # noqa: E402
-from patches import rmsnorm, rope, swiglu  # noqa: E402
+from patches import rmsnorm, rope, stream, swiglu  # noqa: E402
 from tests.numerics import stock_rms_norm  # noqa: E402,F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
@@ -185,8 +185,9 @@ def region_cases(shape: Shape, device) -> list[Case]:
 
 
 def layer_case(shape: Shape, device) -> Case:
-    """One decoder layer in the steady state of a stack: stock gets a plain hidden state, aligned a
-    pending (residual, x) pair from the previous aligned layer, and each returns what it returns."""
+    """One decoder layer in the steady state of a stack: stock gets a plain hidden state, aligned the
+    FP32 stream from the previous aligned layer (bit-cast, patches/stream.py), and each returns what it
+    returns."""
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
     config = (Qwen2Config if shape.arch == "qwen2" else Qwen3Config)(
@@ -216,7 +217,7 @@ def layer_case(shape: Shape, device) -> Case:
         return (layer(x, attention_mask=None, position_ids=positions, position_embeddings=cos_sin),)
 
     hidden = residual + pending
-    pair = torch.cat((residual, pending), -1)
+    pair = stream.pack(residual.float() + pending.float(), BF16)
     impls = {name: run for name in ("stock", "aligned-eager", "aligned-fused")}
     return Case("decoder_layer", shape, (hidden, pair), (0, 1), impls, memory_bound=False, module=layer, notes=notes)
 

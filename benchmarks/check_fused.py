@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_regions import stock_rope  # noqa: E402
 from tests.numerics import stock_rms_norm  # noqa: E402
 from localrl.engine import ops  # noqa: E402
+from localrl.engine.model import compile_piece  # noqa: E402
 from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -62,8 +63,16 @@ def regions(shape, tokens: int, device):
     cache = ops.rope_cos_sin_cache(head_dim, THETA, MAX_POS, BF16).to(device)
     c, s = cache[pos].chunk(2, dim=-1)
     cos, sin = torch.cat((c, c), -1)[None], torch.cat((s, s), -1)[None]  # HF layout (1, T, D)
-    ref = {name: ops.compiled(getattr(ops, name)) for name in
-           ("apply_rope", "qk_norm_rope", "silu_and_mul", "fused_add_rms_norm", "rms_norm")}
+    def engine_rope(pos, x, cache):  # (T, H, D): vLLM's rotation, one tensor
+        c, s = cache.index_select(0, pos).chunk(2, dim=-1)
+        return ops.apply_rotary_emb(x, c, s)
+
+    def engine_qk_norm_rope(pos, x, w, eps, cache):
+        return engine_rope(pos, ops.qk_norm(x.flatten(-2), w, eps, x.shape[-1]).view(x.shape), cache)
+
+    ref = {"apply_rope": compile_piece(engine_rope, (0, 1)), "qk_norm_rope": compile_piece(engine_qk_norm_rope, (0, 1)),
+           "silu_and_mul": compile_piece(ops.silu_and_mul, (0,)),
+           "fused_add_rms_norm": compile_piece(ops.fused_add_rms_norm, (0, 1)), "rms_norm": compile_piece(ops.rms_norm, (0,))}
     q, xq = randn(tokens, heads, head_dim), randn(tokens, heads, head_dim, scale=3.0)
     wq = randn(head_dim, scale=0.3) + 1
     gate, up = randn(tokens, inter, scale=2.0), randn(tokens, inter)
@@ -82,7 +91,7 @@ def regions(shape, tokens: int, device):
         "swiglu": ((gate, up), lambda g, u: (ref["silu_and_mul"](torch.cat((g, u), -1)),),
                    lambda g, u: (swiglu.swiglu(g, u),), lambda g, u: (F.silu(g) * u,)),
         "add_rmsnorm": ((x, res, w), lambda x, r, w: ref["fused_add_rms_norm"](x, r, w, EPS),
-                        lambda x, r, w: rmsnorm.add_rms_norm(x, r, w, EPS),
+                        lambda x, r, w: (lambda out, s: (out, s.to(BF16)))(*rmsnorm.add_rms_norm(x, r, w, EPS)),
                         lambda x, r, w: (stock_rms_norm(r + x, w), r + x)),
         "rmsnorm": ((x, w), lambda x, w: (ref["rms_norm"](x, w, EPS),),
                     lambda x, w: (rmsnorm.rms_norm(x, w, EPS),), lambda x, w: (stock_rms_norm(x, w),)),

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check of the fused aligned regions, in one call (about 5-8 minutes on one H200):
+# The GPU check, in one call (about 6-9 minutes on one H200):
 #   1. check_fused.py: fused forward == the engine's compiled formulations (Inductor/Triton), bit for
 #      bit, at Qwen2.5-7B and Qwen3-8B shapes; eager-aligned and stock counted against the same reference
-#   2. bench_regions.py: forward+backward time and activation memory, stock vs aligned-eager vs
+#   2. check_epilogue.py: whether Inductor on this GPU keeps Qwen2's q/k/v bias inside the GEMM in
+#      vLLM's graph (what the `vllm` target assumes) or moves it into RoPE's kernel
+#   3. the rounding map on this GPU: the local engine's pieces compiled by Triton, and vLLM's own
+#      graphs where the image has vLLM (python -m localrl.roundmap; each must equal target `vllm`)
+#   4. bench_regions.py: forward+backward time and activation memory, stock vs aligned-eager vs
 #      aligned-fused (vs Liger if installed), per region and per decoder layer, plus a copy bandwidth
 # Needs torch with Triton; transformers only for the decoder-layer rows (skipped, with a note, without).
 # Results (JSON, log, environment) go to $OUT, else benchmarks/results.
@@ -33,6 +37,16 @@ cat "$OUT/env-$tag.txt"
 status=0
 timeout 240 "$PYTHON" benchmarks/check_fused.py "$@" --out "$OUT/fused-check-$tag.json" 2>&1 | tee "$OUT/check-$tag.log" \
   || status=1
+timeout 60 "$PYTHON" benchmarks/check_epilogue.py --device "$device" --out "$OUT/epilogue-$tag.json" 2>&1 \
+  | tee "$OUT/epilogue-$tag.log" || status=1
+for arch in qwen2 qwen3; do
+  timeout 120 "$PYTHON" -m localrl.roundmap --engine local --arch "$arch" --json "$OUT/roundmap-local-$arch-$tag.json" \
+    2>&1 | grep -v -i warn | tee -a "$OUT/roundmap-$tag.log" || status=1
+  if [ "$device" != cpu ] && "$PYTHON" -c 'import vllm' 2>/dev/null; then
+    timeout 240 "$PYTHON" -m localrl.roundmap --engine vllm --arch "$arch" --json "$OUT/roundmap-vllm-$arch-$tag.json" \
+      2>&1 | grep -v -i -E "warn|info" | tee -a "$OUT/roundmap-$tag.log" || status=1
+  fi
+done
 timeout 420 "$PYTHON" benchmarks/bench_regions.py "$@" --min-run-time 0.3 --out "$OUT/regions-$tag.json" 2>&1 \
   | tee "$OUT/bench-$tag.log" || status=1
 echo "gpu_check: exit status $status (results in $OUT)"

@@ -117,16 +117,16 @@ def _decoder_layers(model):
 def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: Setting) -> Forward:
     """The training side's forward under `setting`. Layer outputs come from hooks, not from HF's
     `hidden_states` (whose last entry is the final norm's output, not the last layer's)."""
-    from patches.rmsnorm import unpack_hidden
+    from patches.stream import hidden_state
 
     hidden, dtype = model.config.hidden_size, model.get_input_embeddings().weight.dtype
     recorded: list[Tensor] = []
 
     def record(module, args, output):
         out = output[0] if isinstance(output, tuple) else output
-        # With the rmsnorm region a layer returns the pending pair cat(residual, delta): the stream
-        # value is their fp32 sum, stored in bf16 (fp16) by the next fused add + norm.
-        recorded.append(unpack_hidden(out, hidden).to(dtype))
+        # With the rmsnorm region a layer returns its fp32 stream, bit-cast: recorded rounded to the
+        # activation dtype, as the engine's pieces store the residual.
+        recorded.append(hidden_state(out, hidden).to(dtype))
 
     layers = _decoder_layers(model)
     handles = [layer.register_forward_hook(record) for layer in layers]

@@ -7,11 +7,12 @@ input of a wrapped decoder layer to BF16, and would round it. So the FP32 tensor
 `pack` views its bytes as a BF16 tensor of twice the width (no copy, no arithmetic; the same bytes
 as one FP32 tensor), which a BF16 cast leaves untouched, and `unpack` views them back.
 
-Autograd: each packed tensor remembers the FP32 tensor it views (`_rla_stream`), and every reader
-takes that one, so gradients from all readers (the next layer, a caller's `output_hidden_states`)
-add up in FP32 on the FP32 tensor. A reader that gets the bytes without that history (a reentrant
-checkpoint re-running a layer) unpacks them with `Unpack`, whose backward bit-casts the FP32
-gradient the same way. A packed tensor is never used in arithmetic: its BF16 values are meaningless.
+Autograd: gradients flow through the packed tensor itself (`Unpack`'s backward bit-casts the FP32
+gradient the same way), so hooks on a layer's output - FSDP's pre-backward all-gather, checkpointing -
+see them. Every reader of one packed tensor gets the same unpacked view (`_rla_unpacked`), so the
+gradients of several readers (the next layer, a caller's `output_hidden_states`) add up in FP32
+before the one bit-cast; two bit-cast gradients added by autograd as BF16 would be garbage in the low
+bits. A packed tensor is never used in arithmetic: its BF16 values are meaningless.
 """
 
 from __future__ import annotations
@@ -48,10 +49,7 @@ def pack(stream: Tensor, like: torch.dtype) -> Tensor:
     dtypes (an FP32 or float64 model) travel as they are."""
     if stream.dtype != torch.float32 or like not in CARRIERS:
         return stream
-    packed = Pack.apply(stream.contiguous(), like)
-    if not torch.compiler.is_compiling():  # Dynamo cannot trace attributes set on tensors
-        packed._rla_stream = stream
-    return packed
+    return Pack.apply(stream.contiguous(), like)
 
 
 def is_packed(t: Tensor, width: int) -> bool:
@@ -59,13 +57,17 @@ def is_packed(t: Tensor, width: int) -> bool:
 
 
 def unpack(t: Tensor, width: int) -> Tensor:
-    """The stream value of a layer's input or output: the FP32 tensor a packed one views, or `t`."""
+    """The stream value of a layer's input or output: the FP32 view of a packed tensor (the same view
+    for every reader), or `t` itself."""
     if not is_packed(t, width):
         return t
-    stream = getattr(t, "_rla_stream", None)
-    if stream is not None and stream.requires_grad == t.requires_grad and stream.data_ptr() == t.data_ptr():
-        return stream
-    return Unpack.apply(t)
+    view = getattr(t, "_rla_unpacked", None)
+    if view is not None and view.requires_grad == (t.requires_grad and torch.is_grad_enabled()):
+        return view
+    view = Unpack.apply(t)
+    if not torch.compiler.is_compiling():  # Dynamo cannot trace attributes set on tensors
+        t._rla_unpacked = view
+    return view
 
 
 def hidden_state(t: Tensor, width: int) -> Tensor:

@@ -28,8 +28,10 @@ from rla import names as rla_names
 
 # The values the regions compute, in the order they occur in a decoder layer.
 VALUES: dict[str, str] = {
-    "rope.out": "q and k after the rotation (`x1*cos - x2*sin`, `x2*cos + x1*sin`)",
+    "qk_norm.normalized": "Qwen3: q/k * rsqrt(mean(q^2) + eps) in the per-head RMSNorm, before `* weight`",
     "qk_norm.out": "Qwen3: q/k after the per-head RMSNorm, before the rotation",
+    "rope.product": "the four products x1*cos, x2*sin, x2*cos, x1*sin",
+    "rope.out": "q and k after the rotation (`x1*cos - x2*sin`, `x2*cos + x1*sin`)",
     "swiglu.silu": "silu(gate), before `* up`",
     "swiglu.out": "silu(gate) * up, the down projection's input",
     "rmsnorm.normalized": "x * rsqrt(mean(x^2) + eps), before `* weight`",
@@ -40,8 +42,10 @@ VALUES: dict[str, str] = {
 
 # What both targets store (True: rounded to BF16 there; False: kept in FP32 inside a fused kernel).
 _COMMON: dict[str, bool] = {
-    "rope.out": True,               # attention input: a buffer
+    "qk_norm.normalized": False,    # inside the fused norm (as rmsnorm.normalized)
     "qk_norm.out": False,           # fused with the rotation (vllm/model_executor/models/qwen3.py: q_norm -> rotary_emb)
+    "rope.product": False,          # vllm/model_executor/layers/rotary_embedding/common.py: o1 = x1 * cos - x2 * sin
+    "rope.out": True,               # attention input: a buffer
     "swiglu.silu": False,           # vllm/model_executor/layers/activation.py SiluAndMul.forward_native: silu(x[:d]) * x[d:]
     "swiglu.out": True,             # down_proj input
     "rmsnorm.normalized": False,    # vllm/ir/ops/layernorm.py: `x = x.to(weight.dtype) * weight`, the cast elided

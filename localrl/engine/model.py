@@ -1,10 +1,18 @@
-"""The engine's model runner: Qwen2/Qwen3 forward in vLLM's layout and formulations.
+"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU.
 
-Like vLLM's default path, the elementwise pieces between GEMMs and attention are compiled by
-Inductor (see `ops.py` for why the formulation matters), while GEMMs and attention are opaque
-kernels (`localrl.kernels`) whose bf16 outputs are materialized. Tokens are flattened to
-(num_tokens, hidden) as in vLLM; the residual stream travels beside the layer output and is
-added inside the next fused add+RMSNorm. Weights are bf16 copies, never trained, never patched.
+vLLM's default GPU path (compilation mode VLLM_COMPILE) traces the whole model and splits the graph at
+the attention ops; Inductor compiles each piece between two attention calls as one graph. A piece runs
+from one layer's o_proj through the post-attention add + norm, the MLP, the next layer's add + norm,
+its qkv GEMM and RoPE (Qwen3: the q/k norms before it); the first piece starts at the embedding, the
+last one ends at the final norm. The pieces here are those, written with vLLM's formulations (ops.py),
+each compiled by Inductor as one graph with the token count dynamic. Their outputs are what vLLM's
+pieces output: q, k, v and the residual, stored in bf16 - so the residual is rounded once per layer,
+and the post-attention sum, inside a piece, never. GEMMs are opaque kernels inside the pieces
+(`localrl.kernels.linear`, as cuBLAS GEMMs are in vLLM's graph); attention runs between pieces.
+
+Tokens are flattened to (num_tokens, hidden) as in vLLM. Weights are bf16 copies, never trained,
+never patched. This is a model of vLLM's GPU graph that runs anywhere; on a machine with vLLM's CPU
+build the suite also uses vLLM itself (localrl/roundmap.py compares the two graphs' stores).
 """
 
 from __future__ import annotations
@@ -17,27 +25,68 @@ from torch import Tensor, nn
 from localrl import kernels
 from localrl.engine import ops
 
-_rms_norm = ops.compiled(ops.rms_norm)
-_add_rms_norm = ops.compiled(ops.fused_add_rms_norm)
-_silu_and_mul = ops.compiled(ops.silu_and_mul)
 
-
-def _qkv_rope(qkv: Tensor, positions: Tensor, cache: Tensor, sizes: tuple[int, int, int], head_dim: int):
+def _qkv(x, qkv_w, qkv_b, positions, cos_sin_cache, sizes, head_dim, q_norm_w, k_norm_w, eps):
+    """qkv GEMM, Qwen3's q/k norms, RoPE: the tail of every piece but the last (vLLM's Qwen2/Qwen3Attention)."""
+    qkv = kernels.linear(x, qkv_w, qkv_b)
     q, k, v = qkv.split(sizes, dim=-1)
-    q = ops.apply_rope(positions, q.unflatten(-1, (-1, head_dim)), cache)
-    k = ops.apply_rope(positions, k.unflatten(-1, (-1, head_dim)), cache)
-    return q, k, v.unflatten(-1, (-1, head_dim))
+    if q_norm_w is not None:
+        q = ops.qk_norm(q, q_norm_w, eps, head_dim)
+        k = ops.qk_norm(k, k_norm_w, eps, head_dim)
+    q, k = ops.rotary_emb(positions, q, k, cos_sin_cache, head_dim)
+    return q, k, v
 
 
-def _qkv_norm_rope(qkv, positions, cache, sizes: tuple[int, int, int], head_dim: int, q_w, k_w, eps: float):
-    q, k, v = qkv.split(sizes, dim=-1)
-    q = ops.qk_norm_rope(positions, q.unflatten(-1, (-1, head_dim)), q_w, eps, cache)
-    k = ops.qk_norm_rope(positions, k.unflatten(-1, (-1, head_dim)), k_w, eps, cache)
-    return q, k, v.unflatten(-1, (-1, head_dim))
+def _mlp(x, gate_up_w, down_w):
+    return kernels.linear(ops.silu_and_mul(kernels.linear(x, gate_up_w)), down_w)
 
 
-_qkv_rope_c = ops.compiled(_qkv_rope, (0, 1))
-_qkv_norm_rope_c = ops.compiled(_qkv_norm_rope, (0, 1))
+def first_piece(h, positions, input_layernorm, qkv_w, qkv_b, q_norm_w, k_norm_w, cos_sin_cache, sizes, head_dim, eps):
+    """Embedding output -> layer 0's input norm -> qkv -> RoPE."""
+    residual = h
+    x = ops.rms_norm(h, input_layernorm, eps)
+    q, k, v = _qkv(x, qkv_w, qkv_b, positions, cos_sin_cache, sizes, head_dim, q_norm_w, k_norm_w, eps)
+    return q, k, v, residual
+
+
+def middle_piece(attn, residual, positions, o_w, post_attention_layernorm, gate_up_w, down_w, input_layernorm,
+                 qkv_w, qkv_b, q_norm_w, k_norm_w, cos_sin_cache, sizes, head_dim, eps):
+    """Layer i's o_proj -> add + norm -> MLP -> layer i+1's add + norm -> qkv -> RoPE."""
+    h = kernels.linear(attn, o_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, post_attention_layernorm, eps)
+    h = _mlp(x, gate_up_w, down_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, input_layernorm, eps)
+    q, k, v = _qkv(x, qkv_w, qkv_b, positions, cos_sin_cache, sizes, head_dim, q_norm_w, k_norm_w, eps)
+    return q, k, v, residual
+
+
+def last_piece(attn, residual, o_w, post_attention_layernorm, gate_up_w, down_w, final_norm, eps):
+    """The last layer's o_proj -> add + norm -> MLP -> the model's final add + norm. The residual is
+    returned too (the probe records it; vLLM drops it)."""
+    h = kernels.linear(attn, o_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, post_attention_layernorm, eps)
+    h = _mlp(x, gate_up_w, down_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, final_norm, eps)
+    return x, residual
+
+
+def compile_piece(fn, token_args: tuple[int, ...]):
+    """Compile a piece as vLLM does: Inductor, one graph (a break is an error), the token count (dim 0
+    of the arguments in `token_args`) dynamic and every other dimension static: vLLM marks only the
+    token dimension dynamic (vllm/compilation/decorators.py, `_mark_dynamic_inputs`). A batch of one
+    token gets its own graph (Dynamo specializes size 1)."""
+    graph = torch.compile(fn, dynamic=False, fullgraph=True)
+
+    def run(*args):
+        for i in token_args:
+            torch._dynamo.maybe_mark_dynamic(args[i], 0)
+        return graph(*args)
+
+    return run
+
+
+PIECES = {"first": (first_piece, (0, 1)), "middle": (middle_piece, (0, 1, 2)), "last": (last_piece, (0, 1))}
+_compiled = {name: compile_piece(fn, args) for name, (fn, args) in PIECES.items()}
 
 
 @dataclass
@@ -75,7 +124,7 @@ class EngineModel(nn.Module):
         self.register_buffer("cos_sin_cache",
                              ops.rope_cos_sin_cache(self.head_dim, theta, max_positions, dtype, self.device))
         self.weights: dict[str, Tensor] = {}
-        self.layer_outputs: list[Tensor] | None = None  # set to [] to record each layer's fp32 output
+        self.layer_outputs: list[Tensor] | None = None  # set to [] to record each layer's stored residual
 
     # -- weights ----------------------------------------------------------------------------
     @classmethod
@@ -97,17 +146,21 @@ class EngineModel(nn.Module):
             biases = [sd.get(a + n + "_proj.bias") for n in "qkv"]
             w[p + "qkv_bias"] = torch.cat(biases) if biases[0] is not None else None
             w[p + "o"] = sd[a + "o_proj.weight"]
-            w[p + "o_bias"] = sd.get(a + "o_proj.bias")
             w[p + "gate_up"] = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
             w[p + "down"] = sd[p + "mlp.down_proj.weight"]
             w[p + "in_norm"] = sd[p + "input_layernorm.weight"]
             w[p + "post_norm"] = sd[p + "post_attention_layernorm.weight"]
-            if self.qk_norm:
-                w[p + "q_norm"] = sd[a + "q_norm.weight"]
-                w[p + "k_norm"] = sd[a + "k_norm.weight"]
+            w[p + "q_norm"] = sd.get(a + "q_norm.weight") if self.qk_norm else None
+            w[p + "k_norm"] = sd.get(a + "k_norm.weight") if self.qk_norm else None
+            if sd.get(a + "o_proj.bias") is not None:
+                raise ValueError("EngineModel: an o_proj bias is not part of Qwen2/Qwen3 (vLLM builds o_proj without one)")
         self.weights = {k: (v.contiguous() if v is not None else None) for k, v in w.items()}
 
     # -- forward ----------------------------------------------------------------------------
+    def _qkv_weights(self, i: int) -> tuple:
+        w, p = self.weights, f"layers.{i}."
+        return w[p + "qkv"], w[p + "qkv_bias"], w[p + "q_norm"], w[p + "k_norm"]
+
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, positions: Tensor, mask: Tensor | None = None,
                 kv_cache: KVCache | None = None, cache_len: int = 0) -> Tensor:
@@ -120,33 +173,26 @@ class EngineModel(nn.Module):
         input_ids, positions = input_ids.to(self.device), positions.to(self.device)
         mask = None if mask is None else mask.to(self.device)
         pos = positions.reshape(-1)
-        h = w["embed"][input_ids.reshape(-1)]           # (N, hidden), N = B*T
-        residual = None
         sizes = (self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim)
+        shape = (self.cos_sin_cache, sizes, self.head_dim, self.eps)
+        h = w["embed"][input_ids.reshape(-1)]           # (N, hidden), N = B*T
+        q, k, v, residual = _compiled["first"](h, pos, w["layers.0.in_norm"], *self._qkv_weights(0), *shape)
         for i in range(self.num_layers):
             p = f"layers.{i}."
-            if residual is None:
-                residual, x = h, _rms_norm(h, w[p + "in_norm"], self.eps)
-            else:
-                x, residual = _add_rms_norm(h, residual, w[p + "in_norm"], self.eps)
-            qkv = kernels.linear(x, w[p + "qkv"], w[p + "qkv_bias"])
-            if self.qk_norm:
-                q, k, v = _qkv_norm_rope_c(qkv, pos, self.cos_sin_cache, sizes, self.head_dim,
-                                           w[p + "q_norm"], w[p + "k_norm"], self.eps)
-            else:
-                q, k, v = _qkv_rope_c(qkv, pos, self.cos_sin_cache, sizes, self.head_dim)
             attn = self._attention(i, q, k, v, B, T, mask, kv_cache, cache_len)
-            h = kernels.linear(attn, w[p + "o"], w[p + "o_bias"])
-            x, residual = _add_rms_norm(h, residual, w[p + "post_norm"], self.eps)
-            h = kernels.linear(_silu_and_mul(kernels.linear(x, w[p + "gate_up"])), w[p + "down"])
+            mlp = (w[p + "o"], w[p + "post_norm"], w[p + "gate_up"], w[p + "down"])
+            if i + 1 < self.num_layers:
+                q, k, v, residual = _compiled["middle"](attn, residual, pos, *mlp, w[f"layers.{i + 1}.in_norm"],
+                                                        *self._qkv_weights(i + 1), *shape)
+            else:
+                x, residual = _compiled["last"](attn, residual, *mlp, w["final_norm"], self.eps)
             if self.layer_outputs is not None:
-                self.layer_outputs.append((h.float() + residual.float()).view(B, T, -1))
-        x, _ = _add_rms_norm(h, residual, w["final_norm"], self.eps)
+                self.layer_outputs.append(residual.view(B, T, -1))
         return kernels.linear(x, w["lm_head"]).view(B, T, -1)
 
     def _attention(self, layer, q, k, v, B, T, mask, kv_cache, cache_len):
-        # (N, heads, D) -> (B, heads, T, D)
-        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        # (N, heads * D) -> (B, heads, T, D)
+        q, k, v = (t.reshape(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         if kv_cache is not None:
             end = cache_len + T
             kv_cache.keys[layer][:, :, cache_len:end] = k

@@ -1,0 +1,89 @@
+"""Where Inductor adds a GEMM's bias on this device, in vLLM's graph: inside the GEMM, or in the next
+pointwise kernel (which moves where the bias sum is rounded).
+
+Qwen2's q/k/v projections have a bias. Inductor's post-grad pass `unfuse_bias_add_to_pointwise`
+(torch/_inductor/fx_passes/post_grad.py) turns `addmm(bias, x, W)` into `mm(x, W) + bias` when the
+device is a GPU and *every* user of the result is pointwise (views followed through); the bf16 GEMM
+output would then be rounded before the bias is added, inside RoPE's kernel, in FP32. Two guards keep
+it from firing in vLLM's graph: `torch._inductor.config.keep_addmm_fused_for_half_dtypes` (torch >=
+2.12, default True, keeps bf16/fp16 addmm fused except on XPU), and the graph itself - `v`, a view of
+the qkv output, leaves the piece for the attention op, which is not pointwise. So the `vllm` target
+keeps the bias inside the GEMM, rounded once with it, as stock HF's addmm does.
+
+This script compiles vLLM's qkv -> split -> RoPE tail on the device and reports whether the compiled
+graph still holds an addmm (bias fused) or an mm plus a bias add (unfused), for vLLM's shape of the
+graph (v a graph output) and, for contrast, one where every user is pointwise.
+
+    python benchmarks/check_epilogue.py [--device cuda] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from localrl.engine import ops  # noqa: E402
+
+
+def vllm_tail(x, w, b, positions, cache, sizes, head_dim):
+    """vLLM's Qwen2Attention up to the attention op: v leaves the piece unchanged."""
+    qkv = F.linear(x, w, b)
+    q, k, v = qkv.split(sizes, dim=-1)
+    q, k = ops.rotary_emb(positions, q, k, cache, head_dim)
+    return q, k, v
+
+
+def pointwise_only(x, w, b, positions, cache, sizes, head_dim):
+    """Every user of the GEMM pointwise (v scaled too): where the pass may fire."""
+    q, k, v = vllm_tail(x, w, b, positions, cache, sizes, head_dim)
+    return q, k, v * 2
+
+
+def graph_ops(fn, *args) -> list[str]:
+    """The aten ops of the graph Inductor lowers for `fn`, after its post-grad passes (where the
+    unfusing happens), read with the rounding map's scheduler hook."""
+    from localrl import roundmap
+
+    torch._dynamo.reset()
+    with roundmap.capture() as graphs:
+        torch.compile(fn, fullgraph=True)(*args)
+    return [node.op for graph in graphs for node in graph.nodes]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    dev = torch.device(args.device)
+    hidden, heads, kv_heads, head_dim, tokens = 1536, 12, 2, 128, 64  # Qwen2.5-1.5B
+    sizes = (heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
+    w = (0.02 * torch.randn(sum(sizes), hidden, generator=gen)).to(dev, torch.bfloat16)
+    b = torch.randn(sum(sizes), generator=gen).to(dev, torch.bfloat16)
+    positions = torch.arange(tokens, device=dev)
+    cache = ops.rope_cos_sin_cache(head_dim, 1e6, 4096, torch.bfloat16, dev)
+    result = {"device": str(dev), "torch": torch.__version__,
+              "keep_addmm_fused_for_half_dtypes": getattr(torch._inductor.config, "keep_addmm_fused_for_half_dtypes", None)}
+    for name, fn in (("vllm_graph", vllm_tail), ("every_user_pointwise", pointwise_only)):
+        found = graph_ops(fn, x, w, b, positions, cache, sizes, head_dim)
+        fused = "addmm" in found
+        result[name] = {"bias": "inside the GEMM (addmm)" if fused else "separate pointwise add (mm + add)",
+                        "gemm_ops": sorted(set(op for op in found if op.endswith("mm")))}
+        print(f"{name}: bias {result[name]['bias']}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    # the `vllm` target assumes the bias stays inside the GEMM in vLLM's graph
+    return 0 if result["vllm_graph"]["bias"].startswith("inside") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""A patched model still behaves like a transformers model wherever users look: hidden states,
+generation outputs, and a clear refusal of what the patches do not implement."""
+
+import pytest
+import torch
+from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+import patches
+from tests.model_factory import tiny_config, tiny_model, to_bf16_fsdp_style
+
+SETTINGS = [(spec, target) for spec in ("rope", "swiglu", "rmsnorm", "all") for target in patches.TARGETS]
+DECODING = {
+    "greedy": dict(do_sample=False),
+    "sample": dict(do_sample=True, top_k=0),
+    "beam": dict(num_beams=2, do_sample=False),
+    "assisted": dict(do_sample=False),  # the assistant is the model itself
+}
+
+
+@pytest.fixture(scope="module", params=["qwen2", "qwen3"])
+def model(request):
+    m = to_bf16_fsdp_style(tiny_model(request.param))
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+def _relative(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("spec, target", SETTINGS)
+def test_hidden_states_have_stock_shape_and_values(model, spec, target):
+    """One residual-stream tensor of width hidden per layer, in the activation dtype, close to stock's
+    (they differ by the rounding the regions move: a few tenths of a percent, never a wrong tensor);
+    the last one is the final norm's output, as transformers reports it."""
+    ids = torch.randint(2, 256, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        stock = model(ids, output_hidden_states=True)
+        with patches.aligned(spec, target=target):
+            aligned = model(ids, output_hidden_states=True)
+            as_tuple = model(ids, output_hidden_states=True, return_dict=False, use_cache=False)
+    assert len(aligned.hidden_states) == len(stock.hidden_states) == model.config.num_hidden_layers + 1
+    for a, s in zip(aligned.hidden_states, stock.hidden_states):
+        assert a.shape == s.shape and a.dtype == s.dtype
+        assert _relative(a, s) < 0.03
+    assert torch.equal(aligned.hidden_states[0], stock.hidden_states[0])  # the embedding: no region touches it
+    assert torch.equal(as_tuple[1][2], aligned.hidden_states[2])  # return_dict=False: the same tuple
+    differs = sum(not torch.equal(a, s) for a, s in zip(aligned.hidden_states[1:], stock.hidden_states[1:]))
+    assert differs > 0  # the regions did act
+
+
+def test_hidden_states_are_the_streams_rounded(model):
+    """With the rmsnorm region a layer carries the FP32 stream; the reported hidden state is that
+    stream rounded once - what the next layer's residual is on `vllm` - not a width-2h pair."""
+    ids = torch.randint(2, 256, (1, 16), generator=torch.Generator().manual_seed(2))
+    seen = []
+    layer = model.model.layers[1]
+    handle = layer.register_forward_hook(lambda m, a, out: seen.append(out))
+    try:
+        with patches.aligned("rmsnorm"), torch.no_grad():
+            out = model(ids, output_hidden_states=True)
+    finally:
+        handle.remove()
+    from patches import stream
+
+    carried = stream.unpack(seen[0], model.config.hidden_size)
+    assert seen[0].shape[-1] == 2 * model.config.hidden_size and carried.dtype == torch.float32
+    assert torch.equal(out.hidden_states[2], carried.to(torch.bfloat16))
+
+
+def test_hidden_states_take_gradients_like_any_output(model):
+    """A loss on an intermediate hidden state (a probe, a distillation term) backpropagates correctly:
+    the gradient equals the one through the stream itself, added in FP32 to the next layer's."""
+    ids = torch.randint(2, 256, (1, 16), generator=torch.Generator().manual_seed(3))
+    probe = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(4))
+
+    def grads(loss_of):
+        model.zero_grad(set_to_none=True)
+        with patches.aligned("all"):
+            out = model(ids, output_hidden_states=True)
+            loss_of(out).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    both = grads(lambda o: o.logits.float().logsumexp(-1).mean() + (o.hidden_states[2].float() @ probe).mean())
+    only_logits = grads(lambda o: o.logits.float().logsumexp(-1).mean())
+    only_hidden = grads(lambda o: (o.hidden_states[2].float() @ probe).mean())
+    model.zero_grad(set_to_none=True)
+    layer0 = "model.layers.0.mlp.down_proj.weight"  # before the probed layer: reached by both terms
+    assert not torch.equal(both[layer0], only_logits[layer0])
+    # additive up to bf16 rounding of the weight gradients (bit-cast garbage would be off by orders)
+    summed = only_logits[layer0].float() + only_hidden[layer0].float()
+    assert _relative(both[layer0], summed) < 0.01
+    assert all(torch.isfinite(g).all() for g in both.values())
+
+
+@pytest.mark.parametrize("decoding", DECODING)
+@pytest.mark.parametrize("spec, target", [("all", t) for t in patches.TARGETS] + [("rmsnorm", "vllm")])
+def test_generation_outputs(model, decoding, spec, target):
+    """transformers' generation utilities with hidden states (`return_dict_in_generate`): stock shapes,
+    and the same tokens as the aligned model's own forward chooses (greedy)."""
+    ids = torch.randint(2, 256, (1 if decoding == "assisted" else 2, 8), generator=torch.Generator().manual_seed(5))
+    kwargs = dict(DECODING[decoding], max_new_tokens=4, output_hidden_states=True, return_dict_in_generate=True)
+    if decoding == "assisted":
+        kwargs["assistant_model"] = model
+    with torch.no_grad():
+        torch.manual_seed(0)
+        stock = model.generate(ids, **kwargs)
+        with patches.aligned(spec, target=target):
+            torch.manual_seed(0)
+            out = model.generate(ids, **kwargs)
+            first = model(ids).logits[:, -1].argmax(-1)
+    assert len(out.hidden_states) == len(stock.hidden_states)
+    for step_a, step_s in zip(out.hidden_states, stock.hidden_states):
+        assert [t.shape for t in step_a] == [t.shape for t in step_s]
+        assert all(t.shape[-1] == model.config.hidden_size for t in step_a)
+    if decoding in ("greedy", "assisted"):
+        assert torch.equal(out.sequences[:, ids.shape[1]], first)
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+
+def test_a_non_silu_activation_is_refused(model):
+    arch = model.config.model_type
+    gelu = to_bf16_fsdp_style(tiny_model(arch, hidden_act="gelu"))
+    ids = torch.randint(2, 256, (1, 8))
+    with patches.aligned("swiglu"):
+        with pytest.raises(patches.UnsupportedModelError, match=r"hidden_act 'gelu'.*silu"):
+            gelu(ids)  # a model built before apply: refused at its first forward
+        with pytest.raises(patches.UnsupportedModelError, match=r"hidden_act 'gelu'"):
+            tiny_model(arch, hidden_act="gelu")  # built while applied: refused where it is built
+
+
+def test_a_scaled_rope_is_refused(model):
+    arch = model.config.model_type
+    scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+    built_before = tiny_model(arch, rope_parameters=scaled)
+    with patches.aligned("rope"):
+        with pytest.raises(patches.UnsupportedModelError, match=r"rope_type 'linear'.*'default'"):
+            built_before(torch.randint(2, 256, (1, 8)))
+        with pytest.raises(patches.UnsupportedModelError, match=r"rope_type 'linear'"):
+            tiny_model(arch, rope_parameters=scaled)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                               moe_intermediate_size=32, num_experts=2, num_experts_per_tok=1,
+                                               num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                                               head_dim=16)),
+    lambda: Qwen2MoeForCausalLM(Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                               moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                                               num_experts=2, num_experts_per_tok=1, num_hidden_layers=1,
+                                               num_attention_heads=2, num_key_value_heads=1)),
+], ids=["qwen3-moe", "qwen2-moe"])
+def test_a_moe_model_is_refused_where_it_is_built(make):
+    """No aligned forward runs in an MoE model (other classes): it would silently train stock."""
+    make()  # fine without the patches
+    with patches.aligned("all"), pytest.raises(patches.UnsupportedModelError, match=r"Moe.*not covered"):
+        make()
+
+
+def test_stock_behaviour_after_remove_is_unchanged(model):
+    """After remove(): stock outputs bit for bit, gelu and scaled-RoPE models build and run again."""
+    ids = torch.randint(2, 256, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        before = model(ids, output_hidden_states=True)
+        with patches.aligned("all", target="vllm-cpu"):
+            model(ids)
+        after = model(ids, output_hidden_states=True)
+    assert torch.equal(before.logits, after.logits)
+    assert all(torch.equal(a, b) for a, b in zip(before.hidden_states, after.hidden_states))
+    tiny_model(model.config.model_type, hidden_act="gelu")(ids)
