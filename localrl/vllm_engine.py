@@ -3,7 +3,7 @@
 The same interface as `localrl.engine.engine.Engine`:
 
     engine = VllmEngine(model_dir, eos_id, pad_id, dtype=torch.bfloat16)
-    engine.load_weights(trainer.weights_for_engine())     # after every optimizer step
+    engine.load_weights(trainer.weights_for_engine())     # after each update, before the next rollout
     rollout = engine.generate(prompts, max_new_tokens, temperature, generator)   # -> Rollout
 
 What it asks of vLLM is what verl's vLLM rollout asks: the compiled default path

@@ -182,7 +182,8 @@ def tiny_setup(tmp_path_factory):
                                  "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
                                  "intermediate_size": 128}},
            "warmstart": {"steps": 2, "batch_size": 8, "eval_size": 2, "max_new_tokens": 2},
-           "rl": {"max_response_length": 6}}
+           "rl": {"max_response_length": 6},
+           "engine": {"name": "local"}}  # this file probes the local engine; vLLM: tests/test_vllm_probe.py
     data = root / "results" / "data"
     write_splits(TaskSettings(n_train=32, n_test=12), data)
     warmstart(cfg, "m", data, root / "results" / "models" / "m")
