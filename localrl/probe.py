@@ -418,11 +418,12 @@ def _engine_of(args, cfg: dict | None) -> str:
     if args.engine is not None:
         settings = {**settings, "name": args.engine}
     if cfg is None:  # a checkpoint directory: checked first (fast), and only vLLM probes one
-        from localrl.probe_vllm import check_checkpoint
+        from localrl.probe_inputs import check_checkpoint
 
         if settings["name"] == "local":
             raise ConfigError(f"--model {args.model} without --config is a checkpoint directory, probed against "
-                              "vLLM; the local engine probes a model of an experiment config (--config CFG --model NAME)")
+                              "vLLM; the local engine probes a model of an experiment config "
+                              "(--config CFG --model NAME)")
         check_checkpoint(args.model)
         settings = {**settings, "name": "vllm"}  # auto: vLLM or an error saying why it cannot run
     return engines.resolve(settings, device().type)["name"]

@@ -154,8 +154,9 @@ WARMSTART: dict[str, Key] = {
 
 
 ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engines resolves auto)
-    "name": Key("auto", "text", "rollout engine: vllm (vLLM in process: its CPU build on a CPU), local (localrl/engine, "
-                "the suite's model of vLLM's GPU graph), auto (vllm where it runs, else local, saying why)",
+    "name": Key("auto", "text", "rollout engine: vllm (vLLM in process: its CPU build on a CPU), local "
+                "(localrl/engine, the suite's model of vLLM's GPU graph), auto (vllm where it runs, else local, "
+                "saying why)",
                 backends=("local",), choices=ENGINES),
     "target": Key("auto", "text", "alignment target of the trainer (patches.apply): auto follows the engine "
                   "(vllm-cpu for vLLM's CPU build, vllm for vLLM on a GPU and for the local engine)",

@@ -113,7 +113,8 @@ def test_why_vllm_cannot_run_here_is_one_line(monkeypatch):
 
 @pytest.mark.skipif(engines.vllm_unavailable("cpu") is not None, reason="needs vLLM's CPU build")
 def test_a_cpu_vllm_is_no_engine_for_a_cuda_device():
-    assert engines.vllm_unavailable.__wrapped__("cuda") == "this vLLM runs on 'cpu' and the rig on 'cuda' (LOCALRL_DEVICE)"
+    found = engines.vllm_unavailable.__wrapped__("cuda")
+    assert found == "this vLLM runs on 'cpu' and the rig on 'cuda' (LOCALRL_DEVICE)"
 
 
 @pytest.mark.skipif(engines.vllm_unavailable("cpu") is not None, reason="needs vLLM's CPU attention backend")
