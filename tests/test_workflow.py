@@ -175,6 +175,10 @@ def test_backend_sections_are_checked_when_the_workflow_is_parsed(tmp_path):
     _fails_naming(work, _write_config(work, rl={**cfg["rl"], "a_new_rl_setting": 1}), "a_new_rl_setting",
                   "invalid config (from experiments/bad.yaml)", "max_response_length")
     _fails_naming(work, _write_config(work, rl={**cfg["rl"], "lr": "fast"}), "rl.lr = 'fast'", "a number > 0")
+    _fails_naming(work, _write_config(work, engine="sglang"), "engine.name = 'sglang' is not allowed",
+                  "allowed: auto, vllm, local")
+    _fails_naming(work, _write_config(work, engine={"name": "vllm", "target": "gpu"}), "engine.target = 'gpu'",
+                  "allowed: auto, vllm, vllm-cpu")
 
 
 def test_lint_is_clean_for_both_configs(tmp_path):
