@@ -25,7 +25,9 @@ test: $(STAMP)
 # The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
 # what another x86-64 machine would run.
 NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test_patches_model.py \
-            tests/test_patches_backward.py tests/test_probe.py tests/test_scaling.py tests/test_treatments.py
+            tests/test_patches_backward.py tests/test_patches_stream.py tests/test_patches_transformers.py \
+            tests/test_roundmap.py tests/test_patches_vllm.py tests/test_probe.py tests/test_scaling.py \
+            tests/test_treatments.py
 test-isa: $(STAMP)
 	$(PY) -m pytest -q $(NUMERICS)
 	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest -q $(NUMERICS)
