@@ -18,10 +18,14 @@ ABLATION_COLORS: dict[str, str] = {
     "mis": "#999999",
     "rope+tis": "#6A3D9A",
     "all+tis": "#B8860B",
+    "geo_rs": "#F0E442",
+    "rope+geo_rs": "#01665E",
+    "all+geo_rs": "#7FBC41",
+    "all+engine_order": "#333333",
 }
 ABLATION_ORDER: tuple[str, ...] = tuple(ABLATION_COLORS)
 # Ablations outside the fixed set (a user's own) get these, in order of first appearance.
-_EXTRA_COLORS = ("#F0E442", "#01665E", "#FB9A99", "#B2DF8A", "#CAB2D6", "#777777")
+_EXTRA_COLORS = ("#FB9A99", "#B2DF8A", "#CAB2D6", "#1F78B4", "#777777")
 
 
 class StyleWarning(UserWarning):

@@ -14,7 +14,9 @@ An ablation's treatments (`rla.names.TREATMENTS`) change only what they name: `c
 decoder layer of the compute copies (patches/compile.py); `fp16` makes the compute copies (and the
 engine, `compute_dtype`) FP16 and adds dynamic loss scaling as verl's FSDP engine does for an FP16
 `param_dtype` (a GradScaler with growth_interval 400: unscale, clip, step or skip, update); `tis` /
-`mis` reweight and mask the PPO loss with verl's rollout correction (`correct_rollout`).
+`mis` / `geo_rs` reweight and mask the PPO loss with verl's rollout correction (`correct_rollout`);
+`engine_order` sums the aligned norm's variance in the CPU-compiled engine's order (with `all` and the
+local engine: a training forward equal to the engine's, no mismatch at all).
 """
 
 from __future__ import annotations
@@ -127,14 +129,16 @@ class Trainer:
 
         from localrl.device import device
         from localrl.gemm_match import CANDIDATES
-        from rla.names import regions_of, treatments_of
+        from rla.names import reduction_of, regions_of, treatments_of
 
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
         self.rl, self.target, self.gemm = rl, target, gemm
         self.device = device()
         # Patches replace transformers' classes process-wide: apply before the model is built.
-        self.regions = patches.apply(regions_of(ablation), target=target)
+        # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
+        self.reduction = reduction_of(ablation)
+        self.regions = patches.apply(regions_of(ablation), target=target, reduction=self.reduction)
         self.dtype = compute_dtype(ablation)
         self.compiled = "compile" in treatments_of(ablation)
         self.correction = rollout_correction_config(ablation)

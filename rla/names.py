@@ -34,12 +34,22 @@ TREATMENTS: dict[str, str] = {
     "fp16": "FP16 weights, activations and engine on both sides; FP32 master weights; dynamic loss scaling",
     "tis": "stock numerics + verl's token-level truncated importance sampling (rollout correction)",
     "mis": "stock numerics + verl's sequence-level importance sampling with sequence rejection (rollout correction)",
+    "geo_rs": "stock numerics + verl's geometric-mean sequence rejection (rollout correction, its documented "
+              "thresholds 0.999_1.001)",
+    "engine_order": "the RMSNorm variance summed in the CPU-compiled engine's order (patches reduction "
+                    "inductor_cpu): with all three regions and the local engine, a training forward equal to the "
+                    "engine's; local backend only (no eager code reproduces a GPU kernel's order)",
 }
 # verl's `RolloutCorrectionConfig` preset (a classmethod, called with its defaults) behind each
-# rollout-correction treatment: Token-TIS and Seq-MIS in verl's own words.
-ROLLOUT_CORRECTION: dict[str, str] = {"tis": "decoupled_token_is", "mis": "decoupled_seq_is_rs"}
+# rollout-correction treatment: Token-TIS, Seq-MIS and Geo-RS in verl's own words.
+ROLLOUT_CORRECTION: dict[str, str] = {"tis": "decoupled_token_is", "mis": "decoupled_seq_is_rs",
+                                      "geo_rs": "decoupled_geo_rs"}
 # Treatments that act inside verl's FSDP workers (through patches.verl_plugin), not through verl's config.
 WORKER_TREATMENTS: tuple[str, ...] = ("compile",)
+# Treatments only the local backend runs (`verlrun` refuses them, naming why).
+LOCAL_TREATMENTS: tuple[str, ...] = ("engine_order",)
+# Treatments that only modify an alignment and are never an ablation by themselves.
+MODIFIERS: tuple[str, ...] = ("engine_order",)
 
 
 class Ablation(NamedTuple):
@@ -51,9 +61,15 @@ class Ablation(NamedTuple):
 
 ABLATIONS: dict[str, Ablation] = {
     **{name: Ablation(regions) for name, regions in REGION_ABLATIONS.items()},
-    **{name: Ablation((), (name,)) for name in TREATMENTS},
+    **{name: Ablation((), (name,)) for name in TREATMENTS if name not in MODIFIERS},
     "rope+tis": Ablation(("rope",), ("tis",)),
     "all+tis": Ablation(REGIONS, ("tis",)),
+    # geo_rs (= none + geo_rs) beside RoPE alone and all three regions aligned
+    "rope+geo_rs": Ablation(("rope",), ("geo_rs",)),
+    "all+geo_rs": Ablation(REGIONS, ("geo_rs",)),
+    # no mismatch at all (local engine): the exact reference of the gradient probe and of the
+    # collapse rule's calibration
+    "all+engine_order": Ablation(REGIONS, ("engine_order",)),
 }
 
 # The sections of an experiment config (experiments/*.yaml) besides its top-level keys.
@@ -88,6 +104,16 @@ def rollout_correction_of(name: str) -> str | None:
     """The verl rollout-correction preset of an ablation (None: no rollout correction)."""
     presets = [ROLLOUT_CORRECTION[t] for t in treatments_of(name) if t in ROLLOUT_CORRECTION]
     return presets[0] if presets else None
+
+
+def reduction_of(name: str) -> str:
+    """The RMSNorm summation order an ablation's training side uses (patches.apply's `reduction`)."""
+    return "inductor_cpu" if "engine_order" in treatments_of(name) else "eager"
+
+
+def local_only(name: str) -> tuple[str, ...]:
+    """The treatments of an ablation that only the local backend runs (empty: both backends run it)."""
+    return tuple(t for t in treatments_of(name) if t in LOCAL_TREATMENTS)
 
 
 def subset_name(regions: Iterable[str]) -> str:

@@ -5,6 +5,8 @@ and the verl overrides of every ablation, read as verl reads them."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch.profiler import profile
@@ -32,7 +34,10 @@ def test_every_ablation_is_regions_plus_known_treatments():
         assert set(ablation.regions) <= set(names.REGIONS) and set(ablation.treatments) <= set(names.TREATMENTS), name
     assert names.ABLATIONS["all+tis"] == (names.REGIONS, ("tis",)) and names.regions_of("fp16") == ()
     assert names.rollout_correction_of("rope+tis") == "decoupled_token_is" and names.rollout_correction_of("fp16") is None
-    with pytest.raises(ValueError, match=r"unknown ablation 'tiss'; allowed: none, rope, .*, tis, mis, rope\+tis, all\+tis"):
+    assert names.rollout_correction_of("all+geo_rs") == "decoupled_geo_rs" and names.regions_of("geo_rs") == ()
+    assert names.reduction_of("all+engine_order") == "inductor_cpu" and names.reduction_of("all") == "eager"
+    assert "engine_order" not in names.ABLATIONS  # a modifier of `all`, never an ablation by itself
+    with pytest.raises(ValueError, match=r"unknown ablation 'tiss'; allowed: none, rope, .*, tis, mis, geo_rs, rope\+tis"):
         names.treatments_of("tiss")
     for treatment in names.TREATMENTS:  # the patches know regions only
         with pytest.raises(ValueError, match=f"unknown alignment spec '{treatment}'"):
@@ -223,6 +228,38 @@ def test_rollout_correction_changes_the_loss_exactly_as_verls_functions(ablation
         assert torch.allclose(weights, sequence.clamp(max=2)[:, None] * mask, rtol=1e-6)
 
 
+@pytest.mark.parametrize("ablation", ["geo_rs", "rope+geo_rs", "all+geo_rs"])
+def test_geo_rs_rejects_sequences_by_their_geometric_mean_ratio_as_verl_does(ablation):
+    """verl's Geo-RS at its documented thresholds: a sequence is dropped from the loss when its mean
+    token log-ratio leaves [log 0.999, log 1.001]; no importance weights. A sequence whose tokens are
+    far off but average out stays in (a geometric mean); the loss is verl's over the kept ones."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+
+    from localrl.trainer import correct_rollout, policy_loss, policy_loss_config, rollout_correction_config
+
+    rl = rl_settings({}, "local")
+    config = rollout_correction_config(ablation)
+    assert config == RolloutCorrectionConfig.decoupled_geo_rs() and config.rollout_rs_threshold == "0.999_1.001"
+    batch = _batch(6, 4, 4)
+    batch.response_mask[:] = True
+    batch.rollout_log_probs = -3 * torch.rand(6, 4, generator=torch.Generator().manual_seed(4))
+    delta = torch.zeros(6, 4)
+    delta[1] = 0.002                                  # geometric mean ratio e^0.002 > 1.001: dropped
+    delta[2] = -0.0015                                # below 0.999: dropped
+    delta[3] = torch.tensor([0.5, -0.5, 0.3, -0.3])   # far off token by token, mean 0: kept
+    delta[4] = 0.0009                                 # inside: kept
+    batch.old_log_probs = batch.rollout_log_probs + delta
+    log_prob = batch.old_log_probs + 0.01 * torch.randn(batch.old_log_probs.shape, generator=torch.Generator().manual_seed(5))
+    metrics = correct_rollout(batch, config)
+    kept_rows = batch.loss_mask.bool().all(1).tolist()
+    assert kept_rows == [True, False, False, True, True, True] and batch.rollout_is_weights is None
+    assert metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(2 / 6)
+    expected, _ = compute_policy_loss_vanilla(batch.old_log_probs, log_prob, batch.advantages, batch.loss_mask,
+                                              rl["loss_agg_mode"], policy_loss_config(rl))
+    assert torch.equal(policy_loss(batch, log_prob, rl)[0], expected)
+
+
 # ---------------------------------------------------------------------------------------------
 # verl overrides of every ablation, read as verl reads them
 
@@ -237,6 +274,12 @@ def test_verl_overrides_carry_each_treatment(ablation, tmp_path):
 
     paper = load_config(PAPER)
     assert paper["rl"]["dtype"] == "bfloat16"
+    if names.local_only(ablation):  # the CPU-compiled engine's summation order has no verl counterpart
+        from rla.config import ConfigError
+
+        with pytest.raises(ConfigError, match=f"ablation '{re.escape(ablation)}' runs on the local backend only"):
+            build_overrides(paper, paper["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data")
+        return
     cfg = compose(build_overrides(paper, paper["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data"))
     treatments = names.treatments_of(ablation)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars

@@ -311,3 +311,12 @@ def test_each_profile_has_its_own_results(tmp_path):
     paper = snakemake(work, "--dry-run", "--printshellcmds", "--configfile", "experiments/paper.yaml")
     assert "--out results/tiny/runs/" in tiny.stdout and "results/paper/" not in tiny.stdout
     assert "--out results/paper/runs/" in paper.stdout and "results/tiny/" not in paper.stdout
+
+
+def test_a_local_only_ablation_on_the_verl_backend_fails_naming_it(tmp_path):
+    """all+engine_order sums like Inductor's CPU code: the verl backend refuses it when the workflow is parsed."""
+    work = copy_workflow(tmp_path)
+    cfg = load(work / "experiments/paper.yaml")
+    cfg["ablations"] = ["none", "all+engine_order"]
+    (work / "experiments/bad.yaml").write_text(yaml.safe_dump(cfg))
+    _fails_naming(work, "experiments/bad.yaml", "['all+engine_order'] run on the local backend only")

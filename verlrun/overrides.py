@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from rla import names
-from rla.config import model_spec, rl_settings, verl_settings
+from rla.config import ConfigError, model_spec, rl_settings, verl_settings
 from rla.metricslog import RUNNING
 from verlrun import memory, models
 
@@ -53,6 +53,9 @@ def hydra_value(value) -> str:
 def cell_settings(cfg: dict, model: str, ablation: str | None = None) -> tuple[dict, dict]:
     """(rl, verl) settings of one model's cells, checked (`rla.config`); the `fp16` treatment sets
     `rl.dtype` (verl's FP16 mixed precision with loss scaling, and vLLM in FP16)."""
+    if ablation is not None and names.local_only(ablation):
+        raise ConfigError(f"ablation {ablation!r} runs on the local backend only ({', '.join(names.local_only(ablation))}: "
+                          f"{names.TREATMENTS[names.local_only(ablation)[0]]})")
     rl = rl_settings(cfg, "verl", model)
     if ablation is not None and "fp16" in names.treatments_of(ablation):
         rl["dtype"] = "float16"

@@ -14,6 +14,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from rla import config as settings
 from rla import files
+from rla import names
 from rla.names import ABLATIONS
 
 BACKEND_MODULES = {"local": "localrl", "verl": "verlrun"}
@@ -92,6 +93,11 @@ def _check_sections(cfg):
     unknown = [m for m in cfg["models"] if m not in specs]
     if unknown:
         raise WorkflowError(f"models {unknown} have no entry in model_specs; defined: {sorted(specs)}")
+    if backend == "verl":
+        local = [a for a in cfg["ablations"] if names.local_only(a)]
+        if local:
+            raise WorkflowError(f"ablations {local} run on the local backend only (from {_origin(['ablations'])}); "
+                                f"{names.TREATMENTS['engine_order']}")
     needed = "data" if backend == "verl" else "task"
     if needed not in cfg:
         raise WorkflowError(f"backend {backend!r} needs a {needed!r} section")
