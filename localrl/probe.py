@@ -24,9 +24,11 @@ Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv;
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,17 +56,31 @@ DEFAULT_POSITION_BIN = 16
 @dataclass(frozen=True)
 class Setting:
     """One configuration of both sides: the aligned regions, the RMSNorm summation order, decoder
-    layers compiled or not, and the dtype both sides compute in."""
+    layers compiled or not, the dtype both sides compute in, the engine build the regions round like
+    (`target`), and verl's rollout-correction preset of the loss (`correction`: read by the gradient
+    probe; a forward does not see it)."""
 
     name: str
     regions: tuple[str, ...]
     reduction: str = "eager"
     compiled: bool = False
     dtype: torch.dtype = torch.bfloat16
+    target: str = patches.DEFAULT_TARGET
+    correction: str | None = None
 
     @property
     def treatment(self) -> str:
         return "compile" if self.compiled else ("fp16" if self.dtype == torch.float16 else "")
+
+    @classmethod
+    def of_ablation(cls, name: str, target: str = patches.DEFAULT_TARGET) -> "Setting":
+        """An ablation of the grid (rla.names.ABLATIONS) as the RL trainer runs it."""
+        from rla import names
+
+        treatments = names.treatments_of(name)
+        return cls(name, names.regions_of(name), names.reduction_of(name), compiled="compile" in treatments,
+                   dtype=torch.float16 if "fp16" in treatments else torch.bfloat16, target=target,
+                   correction=names.rollout_correction_of(name))
 
 
 def probe_settings() -> list[Setting]:
@@ -113,10 +129,44 @@ def _decoder_layers(model):
     return layers
 
 
+@contextlib.contextmanager
+def numerics(model, setting: Setting):
+    """The training side under `setting` inside the block: its regions rounding like its target, the
+    norm's summation order, its decoder layers compiled (`compile`); the previous state after it."""
+    with patches.aligned(setting.regions, target=setting.target, reduction=setting.reduction):
+        if setting.compiled:  # the forward each layer has under these regions
+            compiled_layers.compile_layers(model)
+        try:
+            yield model
+        finally:
+            if setting.compiled:
+                compiled_layers.uncompile_layers(model)
+
+
+def run_settings(settings: list[Setting], sides: "Sides", step: Callable, log=print,
+                 describe: Callable = lambda result: "") -> list:
+    """The settings loop of the probe, the scaling study and the gradient probe: for each setting its
+    models (training and engine, in its dtype: `sides`), `step(setting, train_model, engine_model)`
+    called under the setting's numerics, timed, and one progress line (`describe(result)`)."""
+    results = []
+    for i, setting in enumerate(settings, 1):
+        start = time.perf_counter()
+        model, engine_model = sides.get(setting.dtype)
+        with numerics(model, setting):
+            result = step(setting, model, engine_model)
+        results.append(result)
+        log(f"[{i}/{len(settings)}] {setting.name:18s} {describe(result)} ({time.perf_counter() - start:.1f} s)")
+    return results
+
+
 @torch.no_grad()
-def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: Setting) -> Forward:
-    """The training side's forward under `setting`. Layer outputs come from hooks, not from HF's
-    `hidden_states` (whose last entry is the final norm's output, not the last layer's)."""
+def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: Setting | None = None) -> Forward:
+    """The training side's forward under `setting` (None: as the model is, e.g. inside `run_settings`).
+    Layer outputs come from hooks, not from HF's `hidden_states` (whose last entry is the final norm's
+    output, not the last layer's)."""
+    if setting is not None:
+        with numerics(model, setting):
+            return train_forward(model, ids, mask, positions)
     from patches.stream import hidden_state
 
     hidden, dtype = model.config.hidden_size, model.get_input_embeddings().weight.dtype
@@ -129,20 +179,15 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
         recorded.append(hidden_state(out, hidden).to(dtype))
 
     layers = _decoder_layers(model)
-    handles = [layer.register_forward_hook(record) for layer in layers]
+    handles = [layer.register_forward_hook(record) for layer in layers]  # outside a compiled layer
     handles.append(model.get_input_embeddings().register_forward_hook(record))
     try:
-        with patches.aligned(setting.regions, reduction=setting.reduction):
-            if setting.compiled:  # the forward each layer has under these regions; hooks stay outside
-                compiled_layers.compile_layers(model)
-            device = next(model.parameters()).device
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                           use_cache=False).logits
+        device = next(model.parameters()).device
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                       use_cache=False).logits
     finally:
         for h in handles:
             h.remove()
-        if setting.compiled:
-            compiled_layers.uncompile_layers(model)
     # hooks fire in execution order: the embedding first, then each decoder layer
     if len(recorded) != len(handles):
         raise RuntimeError(f"recorded {len(recorded)} residual-stream values, expected {len(handles)}")
@@ -342,13 +387,11 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
     subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
                     **mismatch_summary(refs[torch.bfloat16].logprobs, layout.sampling, layout)})
 
-    for i, setting in enumerate(settings, 1):
-        start = time.perf_counter()
-        model, engine_model = sides.get(setting.dtype)
+    def step(setting: Setting, model, engine_model) -> dict:
         if setting.dtype not in refs:
             refs[setting.dtype] = engine_forward(engine_model, layout.ids, layout.mask, layout.positions)
         ref = refs[setting.dtype]
-        train = train_forward(model, layout.ids, layout.mask, layout.positions, setting)
+        train = train_forward(model, layout.ids, layout.mask, layout.positions)
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
         described = _describe(setting)
@@ -357,16 +400,16 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
             references.append((SAMPLING_REFERENCE, layout.sampling))
         for reference, ref_lp in references:
             subsets.append({**described, "reference": reference, **mismatch_summary(train.logprobs, ref_lp, layout)})
-        layers += [{"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask)]
+        layers.extend({"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask))
         response_tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
         prob_rows.append(by_probability(response_tokens).assign(setting=setting.name))
         for scope in ("response", "sequence"):
             tokens = response_tokens if scope == "response" else token_frame(train.logprobs, ref.logprobs, layout, scope)
             pos_rows.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
-        main = subsets[-len(references)]
-        log(f"[{i}/{len(settings)}] {setting.name:18s} mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
-            f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%}  "
-            f"({time.perf_counter() - start:.1f} s)")
+        return subsets[-len(references)]
+
+    run_settings(settings, sides, step, log, lambda main: f"mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
+                 f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%} ")
 
     def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
         return frame[first + [c for c in frame.columns if c not in first]]

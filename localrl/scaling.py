@@ -372,13 +372,13 @@ def measure(point: Point, log=print) -> PointResult:
     settings = _settings(device, fp16=keep_master)
     sides = probe.Sides(model, engine, master if keep_master else None)
     rows, pos_frames, prob_frames, errors = [], [], [], {}
-    for setting in settings:
-        train_model, engine_model = sides.get(setting.dtype)
+
+    def step(setting: probe.Setting, train_model, engine_model) -> None:
         if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
             refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, layout.ids, layout.mask,
                                                                         layout.positions))
         ref = refs[setting.dtype]
-        train = _logprobs_on_cpu(probe.train_forward(train_model, layout.ids, layout.mask, layout.positions, setting))
+        train = _logprobs_on_cpu(probe.train_forward(train_model, layout.ids, layout.mask, layout.positions))
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
@@ -389,7 +389,8 @@ def measure(point: Point, log=print) -> PointResult:
         tokens = probe.token_frame(train.logprobs, ref.logprobs, layout, "response")
         pos_frames.append(position_bins(tokens).assign(setting=setting.name))
         prob_frames.append(probe.by_probability(tokens).assign(setting=setting.name))
-        del train
+
+    probe.run_settings(settings, sides, step, log=lambda line: None)  # one line per point, below
 
     if point.update:
         old = [p.clone() for p in model.parameters()]
