@@ -6,6 +6,8 @@
     python -m localrl probe --config CFG --model NAME --out results/tiny/probe/NAME
     python -m localrl probe --engine vllm --model CHECKPOINT_DIR --out DIR     # any Qwen2/2.5/3 checkpoint
     python -m localrl scaling --out results/tables [--factors ...] [--big] [--real]
+    python -m localrl gradprobe --config CFG --model NAME [--checkpoint FILE] [--temperature T] --out DIR
+    python -m localrl gradprobe --plan experiments/gradprobe.yaml --out results/gradprobe   # the ladders
 """
 
 from __future__ import annotations
@@ -83,7 +85,10 @@ def parser() -> argparse.ArgumentParser:
     from localrl.scaling import add_parser as add_scaling_parser
 
     sc = add_scaling_parser(sub)
-    for sp in (d, w, t, pr, sc):
+    from localrl.gradprobe import add_parser as add_gradprobe_parser
+
+    gp = add_gradprobe_parser(sub)
+    for sp in (d, w, t, pr, sc, gp):
         sp.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     return p
 
@@ -102,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             from localrl.scaling import main as scaling
 
             return scaling(args)
+        if args.command == "gradprobe":  # reads its configs itself (a plan names several)
+            from localrl.gradprobe import main as gradprobe
+
+            return gradprobe(args)
         cfg = load(args.config) if args.config is not None else None  # probe: --model may be a checkpoint
         {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train, "probe": _probe}[args.command](args, cfg)
     except ConfigError as e:

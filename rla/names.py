@@ -74,7 +74,7 @@ ABLATIONS: dict[str, Ablation] = {
 
 # The sections of an experiment config (experiments/*.yaml) besides its top-level keys.
 SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "engine", "collapse", "data", "verl",
-                             "resources", "wandb")
+                             "resources", "wandb", "gradprobe", "preregistration")
 
 # Environment variables that carry the alignment into verl's Ray workers (patches.verl_plugin).
 REGIONS_ENV = "RLA_REGIONS"

@@ -1,0 +1,146 @@
+"""The gradient probe (localrl.gradprobe): the exact reference equals the local engine, every setting's
+gradient is the RL trainer's (verl's loss, verl's rollout correction), and the statistics mean what
+the module says. A tiny random Qwen3 model; scores are drawn so that GRPO's groups differ."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import patches
+from localrl import gradprobe
+from localrl.engine.engine import Engine
+from localrl.trainer import Batch, Trainer
+from rla.config import rl_settings
+from tests.model_factory import tiny_model
+
+EOS, PAD = 1, 0
+RL = {**rl_settings({}, "local"), "prompts_per_step": 4, "samples_per_prompt": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gradprobe-model")
+    tiny_model("qwen3", hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=32, vocab_size=128).save_pretrained(path)
+    return path
+
+
+def _samples(engine, temperature: float, n_batches: int = 4) -> list[gradprobe.Sample]:
+    gen = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(n_batches):
+        prompts = [torch.randint(2, 128, (int(n),), generator=gen).tolist() for n in torch.randint(6, 20, (4,), generator=gen)]
+        rollout = engine.generate([p for p in prompts for _ in range(4)], 10, temperature, gen)
+        scores = torch.randint(0, 2, (16,), generator=gen).float()  # groups with differing scores
+        batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask,
+                      rollout_log_probs=rollout.logprobs)
+        out.append(gradprobe.Sample(batch, scores, np.repeat(np.arange(4), 4)))
+    return out
+
+
+def _measure(model_dir, temperature: float, settings):
+    rl = {**RL, "temperature": temperature}
+    with Trainer(str(model_dir), rl, gradprobe.REFERENCE_ABLATION) as trainer:
+        engine = Engine(trainer.master.config, eos_id=EOS, pad_id=PAD, max_positions=64)
+        engine.load_weights(trainer.weights_for_engine())
+        samples = _samples(engine, temperature)
+        result = gradprobe.measure(trainer, engine, samples, settings, log=lambda line: None)
+    assert patches.active() == frozenset()
+    return result, samples
+
+
+@pytest.fixture(scope="module")
+def at_t1(model_dir):
+    return _measure(model_dir, 1.0, ["none", "rope", "all", "all+engine_order", "tis", "geo_rs", "all+geo_rs"])
+
+
+def test_the_reference_equals_the_engines_forward_and_the_trainers_engine_order_at_t1(at_t1):
+    result, _ = at_t1
+    rows = result.rows.set_index("setting")
+    assert result.meta["reference"]["frac_equal_engine_forward"] == 1.0  # bit for bit, every response token
+    assert 0.9 <= result.meta["reference"]["frac_equal_engine_sampling"] <= 1.0  # + the engine's own decode difference
+    for name in (gradprobe.EXACT, "all+engine_order"):  # at T = 1 dividing in BF16 is exact too
+        assert rows.loc[name, "e"] == 0 and rows.loc[name, "frac_identical_ref"] == 1
+    assert rows.loc["none", "e"] > rows.loc["all", "e"] and rows.loc["none", "mean_abs_d_ref"] > 0
+    assert rows.loc["none", "noise"] > 0 and rows.loc["none", "mnr"] == pytest.approx(
+        rows.loc["none", "e"] / rows.loc["none", "noise"])
+
+
+def test_treatments_are_verls_corrections_of_the_stock_gradient(at_t1):
+    result, _ = at_t1
+    rows = result.rows.set_index("setting")
+    assert rows.loc["geo_rs", "correction"] == "decoupled_geo_rs" and rows.loc["tis", "correction"] == "decoupled_token_is"
+    # same numerics as `none`: the same token mismatch, another gradient (rejection / weights)
+    assert rows.loc["geo_rs", "mean_abs_d_ref"] == rows.loc["none", "mean_abs_d_ref"]
+    assert rows.loc["geo_rs", "rejected_seq_frac"] > rows.loc["all+geo_rs", "rejected_seq_frac"]
+    assert rows.loc["tis", "is_weight_mean"] == pytest.approx(1, abs=0.05)
+    assert not math.isnan(rows.loc["none", "is_size"]) and math.isnan(rows.loc["tis", "is_size"])
+    batches = result.batches
+    assert set(batches["setting"]) == set(rows.index) and len(batches) == 4 * len(rows)
+
+
+def test_below_t1_the_trainers_bf16_temperature_division_is_a_mismatch_of_its_own(model_dir):
+    result, _ = _measure(model_dir, 0.7, ["none", "all+engine_order"])
+    rows = result.rows.set_index("setting")
+    assert result.meta["reference"]["frac_equal_engine_forward"] == 1.0  # the reference divides as the engine
+    assert 0 < rows.loc["all+engine_order", "e"] < rows.loc["none", "e"]
+    assert rows.loc["all+engine_order", "frac_identical_ref"] < 1
+
+
+def test_statistics_of_known_gradients():
+    """e, noise and the IS size from vectors with a known answer."""
+    mean = torch.tensor([1.0, 0.0])
+    ref = [gradprobe.BatchGradient(mean + d, None, torch.zeros(1, 1)) for d in (torch.tensor([0.0, 1.0]),
+                                                                                  torch.tensor([0.0, -1.0]))]
+    err = torch.tensor([0.1, 0.0])
+    grads = [gradprobe.BatchGradient(r.grad + err, r.grad + 2 * err, r.log_prob) for r in ref]
+    tokens = [{"mean_abs_d_ref": 0.01, "max_abs_log_ratio": 0.1, "n_tokens": 5, "k3": 0.005, "response_len": 4.0}] * 2
+    row = gradprobe.summarize("x", grads, ref, tokens)
+    assert row["e"] == pytest.approx(0.1) and row["noise"] == pytest.approx(math.sqrt(2))
+    assert row["mnr"] == pytest.approx(0.1 / math.sqrt(2)) and row["e_systematic"] == pytest.approx(0.1)
+    assert row["cos_error_mean_grad"] == pytest.approx(1.0)
+    rms_g = math.sqrt(((1.1 ** 2 + 1) + (1.1 ** 2 + 1)) / 2)
+    assert row["is_size"] == pytest.approx(0.1 / rms_g) and row["sqrt_2k3L"] == pytest.approx(math.sqrt(0.04))
+    zero = [replace(r, grad=torch.zeros(2)) for r in ref]
+    with pytest.raises(gradprobe.NoSignal, match="reference gradient is 0 in all 2 batches"):
+        gradprobe.summarize("x", zero, zero, tokens)
+
+
+def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
+    """A random model solves nothing: its point is recorded as having no learning signal; bad plans
+    and settings are named."""
+    import yaml
+
+    from localrl.__main__ import main as localrl_main
+    from localrl.data import write_splits
+    from localrl.task import TaskSettings
+    from localrl.warmstart import warmstart
+    from rla.config import ConfigError
+
+    cfg = {"profile": "g", "results_dir": str(tmp_path / "results"),
+           "model_specs": {"m": {"arch": "qwen2", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                 "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128}},
+           "warmstart": {"steps": 1, "batch_size": 4, "eval_size": 2, "max_new_tokens": 2},
+           "rl": {"max_response_length": 4, "prompts_per_step": 2, "samples_per_prompt": 2},
+           "engine": "local",
+           "gradprobe": {"batches": 2, "settings": ["none", "all"], "points": {"p": {"model": "m"}}}}
+    write_splits(TaskSettings(n_train=16, n_test=4), tmp_path / "results" / "data")
+    warmstart(cfg, "m", tmp_path / "results" / "data", tmp_path / "results" / "models" / "m")
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump(cfg))
+    assert localrl_main(["gradprobe", "--plan", str(plan), "--out", str(tmp_path / "out")]) == 0
+    assert "no group with differing scores" in (tmp_path / "out" / "p" / "no_signal.txt").read_text()
+    assert localrl_main(["gradprobe", "--config", str(plan), "--model", "m", "--settings", "none,fp16",
+                         "--out", str(tmp_path / "x")]) == 2
+    bad = {**cfg, "gradprobe": {"points": {"q": {"model": "m", "temprature": 1}}}}
+    plan.write_text(yaml.safe_dump(bad))
+    from localrl.gradprobe_plan import plan_points
+
+    with pytest.raises(ConfigError, match="unknown keys \\['temprature'\\]"):
+        plan_points(plan)
