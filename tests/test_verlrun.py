@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from verlrun import launch, metrics, models
+from verlrun import launch, memory, metrics, models
 from rla.config import load as load_config
 from rla.names import ABLATIONS
 from verlrun.data import prepare, to_verl_rows
@@ -59,7 +59,10 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
         assert cfg.actor_rollout_ref.model.external_lib == "patches.verl_plugin"
         # The GPU grid: the alignment rounds like vLLM's GPU graphs; FSDP2 and flash-attn 2 on every cell.
         assert env.RLA_TARGET == "vllm" and "VERL_PLATFORM" not in env and cfg.trainer.device == "cuda"
-        assert cfg.actor_rollout_ref.actor.strategy == "fsdp2"
+        # The layout the memory plan models (verlrun.memory): FSDP2, resharded after forward, no offload.
+        fsdp = cfg.actor_rollout_ref.actor.fsdp_config
+        assert cfg.actor_rollout_ref.actor.strategy == memory.STRATEGY == "fsdp2"
+        assert fsdp.reshard_after_forward and not fsdp.param_offload and not fsdp.optimizer_offload
         assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "flash_attention_2"
         assert cfg.actor_rollout_ref.rollout.name == "vllm" and cfg.actor_rollout_ref.rollout.calculate_log_probs
         assert cfg.actor_rollout_ref.rollout.top_p == 1 and cfg.actor_rollout_ref.rollout.top_k == -1

@@ -52,6 +52,11 @@ def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int,
 def check_model(cfg: dict, model: str) -> None:
     """The model must be staged before the job starts; the job itself is offline."""
     if not models.is_staged(cfg, model):
+        if models.build_spec(cfg, model) is not None:
+            raise FileNotFoundError(
+                f"model {model!r} is not built (complete, from its build spec) in {models.local_path(cfg, model)}; "
+                f"run `python -m verlrun stage-model --config CONFIG --model {model}` (the workflow's stage_model "
+                f"rule does)")
         raise FileNotFoundError(
             f"model {model!r} is not staged (complete, at the pinned revision) in {models.local_path(cfg, model)}; "
             f"run `python -m verlrun stage-model --config CONFIG --model {model}` on a node with internet "
