@@ -275,7 +275,7 @@ def build_overrides(
         # FSDP2 for every cell (verl's default is FSDP1 with use_orig_params false, under which
         # torch.compile of the `compile` treatment is unsupported; FSDP1 also refuses CPU modules with
         # sync_module_states). fsdp_config.seed is not set: verl reads it only with full_determinism.
-        "actor_rollout_ref.actor.strategy": "fsdp2",
+        "actor_rollout_ref.actor.strategy": memory.STRATEGY,
         # Entropy (a metric here) in FP32 chunks instead of FP32 copies of all logits (memory plan).
         "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking": True,
         "actor_rollout_ref.rollout.name": "vllm",
