@@ -435,3 +435,10 @@ def test_generated_data_is_the_local_task_in_verls_schema(tmp_path):
     assert default_compute_score(row["data_source"], f"#### {truth}", truth) == 1.0
     with pytest.raises(ValueError, match="data.generate makes both splits"):
         prepare({**cpu["data"], "train": {"source": str(FIXTURE)}}, tmp_path / "x")
+
+
+def test_gpu_only_commands_refuse_a_cpu_profile():
+    for command in ("plan", "preflight"):
+        out = subprocess.run([sys.executable, "-m", "verlrun", command, "--config", str(CPU)], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and "verl.platform = 'cpu'" in out.stderr and command in out.stderr
