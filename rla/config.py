@@ -95,18 +95,17 @@ RL: dict[str, Key] = {
     "max_response_length": Key(1024, "count", "most tokens a response may have", ("data.max_response_length",)),
     "max_prompt_length": Key(1024, "count", "longer prompts are dropped", ("data.max_prompt_length",),
                              backends=("verl",)),
-    "use_dynamic_bsz": Key(False, "flag", "micro-batches by tokens (max_token_len_per_gpu) instead of sequences",
-                           (A + "actor.use_dynamic_bsz", A + "rollout.log_prob_use_dynamic_bsz",
-                            A + "ref.log_prob_use_dynamic_bsz"), backends=("verl",)),
+    "use_dynamic_bsz": Key(False, "flag", "micro-batches by tokens (max_token_len_per_gpu) instead of sequences "
+                           "(the reference policy's too, when kl_coef > 0)",
+                           (A + "actor.use_dynamic_bsz", A + "rollout.log_prob_use_dynamic_bsz"), backends=("verl",)),
     "max_token_len_per_gpu": Key("auto", "auto_or_count", "tokens per micro-batch and GPU with use_dynamic_bsz, "
-                                 "equal in the update and both log-prob passes; auto = the memory plan's",
-                                 (A + "actor.ppo_max_token_len_per_gpu", A + "rollout.log_prob_max_token_len_per_gpu",
-                                  A + "ref.log_prob_max_token_len_per_gpu"), backends=("verl",)),
+                                 "equal in the update and the log-prob passes; auto = the memory plan's",
+                                 (A + "actor.ppo_max_token_len_per_gpu", A + "rollout.log_prob_max_token_len_per_gpu"),
+                                 backends=("verl",)),
     "micro_batch_size_per_gpu": Key(4, "count", "sequences per micro-batch without use_dynamic_bsz, equal in the "
-                                    "update and both log-prob passes (unequal ones add a mismatch of their own)",
+                                    "update and the log-prob passes (unequal ones add a mismatch of their own)",
                                     (A + "actor.ppo_micro_batch_size_per_gpu",
-                                     A + "rollout.log_prob_micro_batch_size_per_gpu",
-                                     A + "ref.log_prob_micro_batch_size_per_gpu"), backends=("verl",)),
+                                     A + "rollout.log_prob_micro_batch_size_per_gpu"), backends=("verl",)),
     "temperature": Key(1.0, "positive", "sampling temperature (top-p 1, top-k off)", (A + "rollout.temperature",)),
     "lr": Key(1.0e-6, "positive", "AdamW learning rate (constant)", (A + "actor.optim.lr",)),
     "betas": Key([0.9, 0.999], "betas", "AdamW betas", (A + "actor.optim.betas",)),
@@ -117,25 +116,25 @@ RL: dict[str, Key] = {
     "loss_agg_mode": Key("token-mean", "text", "how token losses are averaged", (A + "actor.loss_agg_mode",),
                          choices=("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                   "seq-mean-token-sum-norm")),
-    "kl_coef": Key(0.0, "nonnegative", "low-variance KL loss to the initial policy; 0 = off",
+    "kl_coef": Key(0.0, "nonnegative", "low-variance KL loss to the initial policy (verl then runs a reference "
+                   "policy, with the actor's micro-batching); 0 = off, no reference policy",
                    (A + "actor.kl_loss_coef", A + "actor.use_kl_loss")),
     "kl_loss_type": Key("low_var_kl", "text", "KL estimator of the KL loss", (A + "actor.kl_loss_type",),
                         choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
     "entropy_coeff": Key(0.0, "number", "entropy bonus", (A + "actor.entropy_coeff",)),
-    "grad_clip": Key(1.0, "positive", "gradient-norm clip", (A + "actor.grad_clip", A + "actor.optim.clip_grad")),
+    "grad_clip": Key(1.0, "positive", "gradient-norm clip", (A + "actor.optim.clip_grad",)),
     "checkpoint_every": Key(20, "count", "steps between checkpoints", ("trainer.save_freq",)),
     "keep_checkpoints": Key(2, "count_or_null", "newest checkpoints kept per cell; null keeps every one",
-                            ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep"), backends=("verl",)),
+                            ("trainer.max_actor_ckpt_to_keep",), backends=("verl",)),
     "test_every": Key(0, "int", "steps between test scores (val/score/mean); <= 0: never",
                       ("trainer.test_freq", "trainer.val_before_train")),
     "test_size": Key(100, "count", "test problems scored (the first ones), greedily", backends=("local",)),
     "test_temperature": Key(0.0, "nonnegative", "test sampling temperature; 0 = greedy",
-                            (A + "rollout.val_kwargs.temperature", A + "rollout.val_kwargs.do_sample"),
-                            backends=("verl",)),
+                            (A + "rollout.val_kwargs.temperature",), backends=("verl",)),
     "test_n": Key(1, "count", "test samples per problem", (A + "rollout.val_kwargs.n",), backends=("verl",)),
     "dtype": Key("bfloat16", "text", "compute dtype of both sides: FSDP params and autocast (fp32 master "
                  "weights; float16 adds verl's loss scaling) and vLLM",
-                 (A + "actor.fsdp_config.mixed_precision", A + "actor.fsdp_config.dtype", A + "rollout.dtype"),
+                 (A + "actor.fsdp_config.mixed_precision", A + "rollout.dtype"),
                  backends=("verl",), choices=("bfloat16", "float16")),
     "total_epochs": Key(1000, "count", "data passes at most (steps stop first)", ("trainer.total_epochs",),
                         backends=("verl",)),
@@ -164,6 +163,8 @@ ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engine
     "kv_cache_gib": Key(1, "count", "vLLM's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE, GiB)", backends=("local",)),
 }
 
+PLATFORMS = ("cuda", "cpu")  # where a verl cell runs (verl.platform)
+
 VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs entry may set the first four
     "nnodes": Key(1, "count", "nodes per cell (more than one: a Ray cluster, README)", ("trainer.nnodes",)),
     "n_gpus_per_node": Key(8, "count", "GPUs per node", ("trainer.n_gpus_per_node",)),
@@ -174,6 +175,14 @@ VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs en
     "memory_margin": Key(0.15, "fraction", "share of that GPU the memory plan leaves free"),
     "models_dir": Key(None, "path_or_null", "staged models (default <results_dir>/hf_models)"),
     "overrides": Key([], "texts", "extra Hydra overrides for every cell, applied last"),
+    "platform": Key("cuda", "text", "where the cells run: cuda (NVIDIA GPUs, envs/verl-gpu.yaml) or cpu (this "
+                    "machine's CPU, vLLM's CPU build as the rollout, verlrun.cpu_shims; envs/cpu.yaml)",
+                    ("trainer.device",), choices=PLATFORMS),
+    "target": Key("vllm", "text", "the engine build the aligned training side rounds like (RLA_TARGET in every "
+                  "worker): vllm (vLLM's GPU graphs) or vllm-cpu (vLLM's CPU build, one graph)",
+                  choices=TARGETS),
+    "cpu_kv_cache_gib": Key(1, "count", "platform cpu: vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE, GiB); without "
+                            "it vLLM sizes its cache from the host's memory"),
 }
 PER_MODEL_VERL = ("nnodes", "n_gpus_per_node", "rollout_tp", "gpu_memory_utilization")
 
@@ -226,29 +235,52 @@ def warmstart_settings(cfg: dict) -> dict:
 def verl_settings(cfg: dict, model: str | None = None) -> dict:
     """The `verl` section, with a model's own cluster shape (`model_specs.<model>`) on top."""
     spec = ((cfg.get("model_specs") or {}).get(model) or {}) if model else {}
-    return section_settings(cfg, "verl", VERL, "verl", {k: spec[k] for k in PER_MODEL_VERL if k in spec})
+    verl = section_settings(cfg, "verl", VERL, "verl", {k: spec[k] for k in PER_MODEL_VERL if k in spec})
+    if verl["platform"] == "cpu":
+        shape = {k: verl[k] for k in ("nnodes", "n_gpus_per_node", "rollout_tp")}
+        if set(shape.values()) != {1}:
+            raise ConfigError(f"verl.platform = 'cpu' runs one trainer rank and one vLLM-CPU engine on this "
+                              f"machine: nnodes, n_gpus_per_node and rollout_tp must be 1, got {shape}")
+    return verl
 
 
 LOCAL_SPEC_KEYS = ("arch", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                    "head_dim", "intermediate_size", "rope_theta", "max_position_embeddings")
 
 
+BUILD_KEYS = LOCAL_SPEC_KEYS + ("seed",)  # a verl model built here (`build:`): a local spec + its init seed
+
+
+def _check_local_spec(where: str, spec: dict, allowed: tuple[str, ...]) -> None:
+    if spec.get("arch") not in ("qwen2", "qwen3"):
+        raise ConfigError(f"{where}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise ConfigError(f"unknown {where} key(s) {unknown}; allowed: {', '.join(allowed)}")
+
+
 def model_spec(cfg: dict, model: str, backend: str) -> dict:
     """The `model_specs` entry of a model. A local model is built from its spec; a verl model is
-    loaded from `path` (a Hugging Face name or a local directory)."""
+    loaded from `path` (a Hugging Face name or a local directory), or built here from `build:` (a
+    local spec and an init `seed`: random weights, the task's tokenizer with a chat template; no
+    download, for the CPU profile)."""
     specs = cfg.get("model_specs") or {}
     if model not in specs:
         raise ConfigError(f"unknown model {model!r}; allowed: {sorted(specs)}")
     spec = dict(specs[model])
-    if backend == "local" or "arch" in spec:  # a verl model's architecture is in its own config.json
-        if spec.get("arch") not in ("qwen2", "qwen3"):
-            raise ConfigError(f"model_specs.{model}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
     if backend == "local":
-        unknown = sorted(set(spec) - set(LOCAL_SPEC_KEYS))
-        if unknown:
-            raise ConfigError(f"unknown model_specs.{model} key(s) {unknown}; allowed: {', '.join(LOCAL_SPEC_KEYS)}")
-    elif not spec.get("path"):
-        raise ConfigError(f"model_specs.{model} has no 'path' (a Hugging Face model name or a local directory)")
+        _check_local_spec(f"model_specs.{model}", spec, LOCAL_SPEC_KEYS)
+        return spec
+    if "arch" in spec and spec.get("arch") not in ("qwen2", "qwen3"):  # else in the model's own config.json
+        raise ConfigError(f"model_specs.{model}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
+    if bool(spec.get("path")) == bool(spec.get("build")):
+        raise ConfigError(f"model_specs.{model} needs either 'path' (a Hugging Face model name or a local "
+                          f"directory) or 'build' (a tiny model built here), not "
+                          f"{'both' if spec.get('path') else 'neither'}")
+    if spec.get("build"):
+        if not isinstance(spec["build"], dict):
+            raise ConfigError(f"model_specs.{model}.build = {spec['build']!r}: it must be a mapping of {', '.join(BUILD_KEYS)}")
+        _check_local_spec(f"model_specs.{model}.build", spec["build"], BUILD_KEYS)
     return spec
 
 

@@ -97,3 +97,40 @@ def test_benchmark_script_runs_small(tmp_path):
     assert result["runs"] == 2 and result["within_budget"]
     assert result["best_wall_s"] > 0 and set(result["stages_s_last_run"]) == {"load", "stability", "figures"}
     assert "score.png" in result["figures"]
+
+
+def captured(monkeypatch):
+    """Figures the analysis draws, kept instead of written: tests read what they show."""
+    import analysis.figures as figures
+
+    kept = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
+    return kept
+
+
+def test_score_figure_draws_each_ablations_seed_mean_of_smoothed_scores(tmp_path, monkeypatch):
+    """The thick line of every (model, ablation) is the mean over seeds of each seed's trailing mean of
+    critic/score/mean - recomputed here from the logs with pandas, not with the analysis' own code."""
+    from analysis.config import AnalysisConfig
+    from analysis.figures import make_figures
+
+    write_grid(tmp_path / "runs", ["m1", "m2"], ["none", "all"], [0, 1, 2], 40)
+    runs = load_runs(tmp_path / "runs")
+    cfg = AnalysisConfig()
+    kept = captured(monkeypatch)
+    make_figures(runs, stability_table(runs, cfg.collapse), cfg, tmp_path / "fig")
+    fig = kept["score"]
+    window = cfg.collapse.smooth_window
+    checked = 0
+    for ax in fig.axes:
+        if not ax.get_visible() or not ax.get_title():
+            continue
+        for line in ax.get_lines():
+            ablation = line.get_label()
+            per_seed = [r.wide["critic/score/mean"].rolling(window, min_periods=1).mean()
+                        for r in runs if r.model == ax.get_title() and r.ablation == ablation]
+            want = pd.concat(per_seed, axis=1).mean(axis=1)
+            x, y = line.get_xdata(), line.get_ydata()
+            assert np.allclose(y, want.loc[x].to_numpy()), (ax.get_title(), ablation)
+            checked += 1
+    assert checked == 4  # 2 models x 2 ablations

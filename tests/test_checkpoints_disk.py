@@ -1,4 +1,5 @@
-"""Bounded checkpoints: pruning across restarts keeps what verl resumes from; disk per cell and grid."""
+"""Bounded checkpoints: pruning across restarts keeps what verl resumes from (the launcher driving a
+stand-in script that saves checkpoints as verl does; it is not verl); disk per cell and grid."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_prune_keeps_the_newest_and_the_resume_point(tmp_path):
         checkpoints.prune(tmp_path, 0)
 
 
-FAKE_VERL = """
+STAND_IN_VERL = """
 import json, os, sys
 from pathlib import Path
 ckpt = Path(sys.argv[1])
@@ -51,10 +52,10 @@ with open(os.environ["VERL_FILE_LOGGER_PATH"], "wb") as f:
 """
 
 
-def test_the_launcher_bounds_checkpoints_across_a_restart(tmp_path, monkeypatch):
+def test_the_launcher_bounds_checkpoints_across_a_restart_of_a_stand_in_verl(tmp_path, monkeypatch):
     paper = load_config(PAPER)
-    script = tmp_path / "fake_verl.py"
-    script.write_text(FAKE_VERL)
+    script = tmp_path / "stand_in_verl.py"
+    script.write_text(STAND_IN_VERL)
     cell = tmp_path / "cell"
     runs = iter([(1, 8), (9, 14)])
 

@@ -44,8 +44,9 @@ def index(tmp_path, monkeypatch) -> Path:
     _sdist(files, "beta", "1.5")
     _wheel(files, "delta", "3.0", tag="cp312-cp312-linux_x86_64")
     _wheel(files, "delta", "3.0", tag="cp311-cp311-linux_x86_64")
+    _wheel(files, "transferqueue", "0.1.11")  # what a verl cell needs besides (envcheck.REQUIRED)
     simple = tmp_path / "simple"
-    for project in ("alpha", "beta", "delta"):
+    for project in ("alpha", "beta", "delta", "transferqueue"):
         (simple / project).mkdir(parents=True)
         links = "".join(f'<a href="{p.as_uri()}">{p.name}</a>\n' for p in files.iterdir() if p.name.startswith(project))
         (simple / project / "index.html").write_text(f"<html><body>{links}</body></html>")
@@ -86,9 +87,18 @@ def test_the_command_exits_non_zero_on_any_problem_and_zero_on_wheels_only(index
                               cwd=REPO, capture_output=True, text=True, timeout=600)
     bad = run(["alpha==1.0"])
     assert bad.returncode == 1 and "SOURCE" in bad.stdout and "MISSING" in bad.stdout and "problems" in bad.stdout
-    good = run(["delta==3.0"])
+    without = run(["delta==3.0"])
+    assert without.returncode == 1 and "MISSING     TransferQueue" in without.stdout, without.stdout
+    good = run(["delta==3.0", "TransferQueue==0.1.11"])
     assert good.returncode == 0, good.stdout + good.stderr
     assert "WHEEL       delta" in good.stdout and "no problems" in good.stdout
+
+
+def test_a_package_a_verl_cell_needs_must_be_in_the_resolution(index, tmp_path):
+    env = _env_file(tmp_path, ["delta==3.0"])
+    findings = envcheck.check(env, main_index=index.as_uri(), required=("Delta", "TransferQueue"))
+    assert [(f.kind, f.name) for f in findings if f.kind != "WHEEL"] == [("MISSING", "TransferQueue")]
+    assert "TransferQueue" in envcheck.REQUIRED
 
 
 def test_the_gpu_environment_pins_what_verl_needs():
@@ -96,5 +106,8 @@ def test_the_gpu_environment_pins_what_verl_needs():
     env = yaml.safe_load((REPO / "envs/verl-gpu.yaml").read_text())
     assert "python=3.12" in env["dependencies"]  # the prebuilt flash-attn wheel is cp312 only
     assert "verl[vllm,fsdp]==0.9.1" in requirements and "flash-attn==2.8.3" in requirements
+    # The V1 trainer's TransferQueue, the release the CPU environment runs.
+    nodeps = (REPO / "envs/requirements-nodeps.txt").read_text().splitlines()
+    assert [r for r in requirements if r.startswith("TransferQueue")] == [l for l in nodeps if l.startswith("TransferQueue")]
     assert "--only-binary=flash-attn" in options  # never compile it
     assert any("verl-wheelhouse" in o for o in options)

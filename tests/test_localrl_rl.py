@@ -119,30 +119,35 @@ def test_generation_is_deterministic_given_a_seed(setup):
 
 
 def test_engine_logprobs_close_to_but_not_identical_with_trainer(setup):
+    """Stock numerics differ from the engine on many tokens, by a small fraction of the logprobs
+    themselves; aligning every region (the local engine's target) closes most of it. Relations
+    measured here, not limits carried from one warm start."""
     from verl.trainer.ppo.rollout_corr_helper import compute_offpolicy_metrics
 
     from localrl.engine.engine import Engine
     from localrl.trainer import Batch, Trainer
 
     tok, prompts = _prompts(setup, 32)
-    rl = resolve_cell(setup["cfg"], MODEL, "none", 0, 1)["rl"]
-    trainer = Trainer(str(setup["model"]), rl, "none")
-    rotary = [b for n, b in trainer.model.named_buffers() if n.endswith("inv_freq")]
-    assert rotary and all(b.dtype == torch.float32 for b in rotary)  # FSDP keeps buffers fp32
-    assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
-    engine = Engine(trainer.master.config, tok.eos_token_id, tok.pad_token_id)
-    engine.load_weights(trainer.weights_for_engine())
-    out = engine.generate(prompts, 20, 1.0, torch.Generator().manual_seed(0))
-    batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask)
-    old, entropy = trainer.compute_log_probs(batch)
-    mask = out.response_mask
-    diff = (old - out.logprobs)[mask].abs()
-    k3 = compute_offpolicy_metrics(old, out.logprobs, mask.float())["k3_kl"]
-    assert 0 < k3 < 1e-3, k3
-    # bf16 logits: a low-probability token can differ by ~0.1; typical tokens by far less
-    assert diff.max() < 0.5 and diff.median() < 0.01, (diff.max(), diff.median())
-    assert (diff > 0).float().mean() > 0.1, (diff > 0).float().mean()
-    assert torch.isfinite(entropy[mask]).all() and entropy[mask].mean() > 0
+    k3, diffs = {}, {}
+    for ablation in ("none", "all"):
+        rl = resolve_cell(setup["cfg"], MODEL, ablation, 0, 1)["rl"]
+        with Trainer(str(setup["model"]), rl, ablation, target="vllm") as trainer:
+            rotary = [b for n, b in trainer.model.named_buffers() if n.endswith("inv_freq")]
+            assert rotary and all(b.dtype == torch.float32 for b in rotary)  # FSDP keeps buffers fp32
+            assert all(p.dtype == torch.bfloat16 for p in trainer.model.parameters())
+            engine = Engine(trainer.master.config, tok.eos_token_id, tok.pad_token_id)
+            engine.load_weights(trainer.weights_for_engine())
+            out = engine.generate(prompts, 20, 1.0, torch.Generator().manual_seed(0))
+            batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask)
+            old, entropy = trainer.compute_log_probs(batch)
+        mask = out.response_mask
+        diffs[ablation] = (old - out.logprobs)[mask].abs()
+        k3[ablation] = compute_offpolicy_metrics(old, out.logprobs, mask.float())["k3_kl"]
+        assert torch.isfinite(entropy[mask]).all() and entropy[mask].mean() > 0
+    print(f"k3 none {k3['none']:.2e}, all {k3['all']:.2e}; median |d| none {diffs['none'].median():.2e}")
+    assert k3["none"] > 0 and (diffs["none"] > 0).float().mean() > 0.1
+    assert diffs["none"].median() < 0.1 * out.logprobs[mask].abs().median()
+    assert k3["all"] * 10 <= k3["none"]
 
 
 def _train(setup, out, steps, stop_after=None, seed=0):

@@ -142,6 +142,25 @@ def test_k3_uses_verls_direction():
     assert out["probs_diff_max"] == pytest.approx(abs(np.exp(-0.5) - np.exp(-0.1)), rel=1e-6)
 
 
+def test_the_subsets_figure_draws_the_tables_numbers(probed, tmp_path, monkeypatch):
+    """Bar heights are the table's mean |d logprob| per setting, in the table's order; an exact zero
+    has no bar (a log axis cannot show it) and says so in its label."""
+    import analysis.figures as figures
+    from analysis.probe import plot_subsets, training_settings
+
+    kept = {}
+    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
+    subsets = probed[3].subsets
+    plot_subsets(subsets, tmp_path, "t")
+    ax = kept["subsets"].axes[0]
+    heights = [bar.get_height() for bar in ax.patches]
+    want = training_settings(subsets)["mean_abs_dlogprob"].to_numpy()
+    assert len(heights) == len(want)
+    assert all((np.isnan(h) and w == 0) or h == pytest.approx(w, rel=1e-12) for h, w in zip(heights, want))
+    zeros = [t.get_text() for t in ax.texts if "bit-identical" in t.get_text()]
+    assert len(zeros) == int((want == 0).sum())
+
+
 def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
     from analysis.cli import main as analysis_main
 

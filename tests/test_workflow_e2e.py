@@ -34,6 +34,13 @@ def test_micro_grid_end_to_end(tmp_path):
     assert len(pd.read_csv(results / "tables/stability.csv")) == grid_size(cfg)
     drawn = {p.suffix for p in (figures / cfg["profile"]).iterdir()}
     assert {".png", ".pdf"} <= drawn
+    # the figures hold drawings, not blank canvases (what they draw: tests/test_analysis_figures.py)
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    for name in ("score", "mismatch", "collapse_heatmap"):
+        pixels = mpimg.imread(figures / cfg["profile"] / f"{name}.png")
+        assert pixels.shape[0] > 200 and len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50, name
 
     # Provenance is stable: a second invocation has nothing to do.
     assert plan(work, *args) == {}

@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config)
+        if args.command in ("preflight", "plan"):
+            from rla.config import verl_settings
+
+            if verl_settings(cfg)["platform"] == "cpu":
+                raise ValueError(f"{args.config}: verl.platform = 'cpu'; `{args.command}` checks GPU nodes and plans GPU "
+                                 f"memory (platform cuda); a CPU profile needs neither")
         if args.command == "preflight":
             from verlrun.preflight import main as preflight
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from rla import cells, files
+from verlrun import metrics
 
 IDENTITY_FILE = "identity.json"
 TRACKER = "checkpoints/latest_checkpointed_iteration.txt"  # verl's, in trainer.default_local_dir
@@ -39,6 +40,8 @@ def decide(cell_dir: Path, new: dict, steps: int) -> cells.Plan:
 def prepare(cell_dir: Path, plan: cells.Plan, new: dict, steps: int) -> Path | None:
     """Carry out `plan`: move an incompatible folder aside, record the identity. Returns the moved-to path."""
     moved = cells.move_aside(cell_dir) if plan.action == "replace" and cell_dir.exists() else None
+    if moved is not None:
+        metrics.restore(moved)
     cell_dir.mkdir(parents=True, exist_ok=True)
     files.write_text(cell_dir / IDENTITY_FILE, json.dumps({"identity": new, "steps": steps}, indent=1,
                                                           sort_keys=True) + "\n")

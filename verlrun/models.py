@@ -4,6 +4,10 @@ verl copies only `hdfs://` paths to local disk; a Hub id would make every rank o
 download the model, and offline compute nodes fail. So a login node with internet downloads each
 model once (`python -m verlrun stage-model`, the workflow's `stage_model` rule), checks the copy is
 complete, and the cells point verl at it with the Hub switched off.
+
+A model with `build:` instead of `path` (the CPU profile's) is staged by building it here: the
+local backend's tiny Qwen model from that spec with random weights from its `seed`, and the task's
+tokenizer with a chat template that renders prompts as the local backend does (no download at all).
 """
 
 from __future__ import annotations
@@ -36,10 +40,17 @@ def models_dir(cfg: dict) -> Path:
     return Path(verl.get("models_dir") or layout.results_dir(cfg) / "hf_models")
 
 
+def build_spec(cfg: dict, model: str) -> dict | None:
+    """The `build:` spec of a model built here (None: a Hub or local model)."""
+    return model_spec(cfg, model, "verl").get("build") or None
+
+
 def hub_source(cfg: dict, model: str) -> tuple[str, str] | None:
-    """(repo id, pinned commit) of a model that must be staged; None when `path` is a local
-    directory, which the cells use as it is."""
+    """(repo id, pinned commit) of a model that must be downloaded; None when `path` is a local
+    directory, which the cells use as it is, or the model is built here."""
     spec = model_spec(cfg, model, "verl")
+    if spec.get("build"):
+        return None
     path = str(spec["path"])
     if os.path.isdir(path) or not HUB_ID_RE.match(path):
         return None
@@ -52,9 +63,14 @@ def hub_source(cfg: dict, model: str) -> tuple[str, str] | None:
     return path, revision
 
 
+def needs_staging(cfg: dict, model: str) -> bool:
+    """Whether the stage_model rule makes the model's directory (a Hub model or one built here)."""
+    return hub_source(cfg, model) is not None or build_spec(cfg, model) is not None
+
+
 def local_path(cfg: dict, model: str) -> Path:
     """The directory verl loads the model from: the staged copy, or the spec's local `path`."""
-    if hub_source(cfg, model) is None:
+    if not needs_staging(cfg, model):
         return Path(model_spec(cfg, model, "verl")["path"])
     return models_dir(cfg) / model
 
@@ -105,22 +121,50 @@ def check_complete(directory: str | Path) -> list[str]:
 
 def is_staged(cfg: dict, model: str) -> bool:
     """The staged copy exists, is complete and is of the pinned revision."""
-    source = hub_source(cfg, model)
+    source, built = hub_source(cfg, model), build_spec(cfg, model)
     directory = local_path(cfg, model)
-    if source is None:
+    if source is None and built is None:
         return not check_complete(directory)
     marker = directory / MARKER
     if not marker.is_file() or check_complete(directory):
         return False
-    return json.loads(marker.read_text()).get("revision") == source[1]
+    recorded = json.loads(marker.read_text())
+    return recorded.get("build") == built if built is not None else recorded.get("revision") == source[1]
+
+
+def build(spec: dict, out_dir: str | Path) -> None:
+    """A tiny random Qwen model from a `build:` spec, with the task's tokenizer and chat template."""
+    from localrl.models import build_model
+    from localrl.task import CHAT_TEMPLATE
+    from localrl.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    model = build_model({k: v for k, v in spec.items() if k != "seed"}, tokenizer, int(spec.get("seed", 0)))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
 
 
 def stage(cfg: dict, model: str, download=None) -> Path:
     """Download the model at its pinned revision into models_dir/<model> (atomically: into a
     temporary directory that is renamed once complete). `download` defaults to
     huggingface_hub.snapshot_download; tests pass a stand-in."""
-    source = hub_source(cfg, model)
+    source, built = hub_source(cfg, model), build_spec(cfg, model)
     dest = local_path(cfg, model)
+    if built is not None:
+        if is_staged(cfg, model):
+            return dest
+        tmp = dest.with_name(f".{dest.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        build(built, tmp)
+        problems = check_complete(tmp)
+        if problems:
+            raise StagingError(f"{model}: the model built into {tmp} is incomplete: {'; '.join(problems)}")
+        (tmp / MARKER).write_text(json.dumps({"build": built}) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+        return dest
     if source is None:
         problems = check_complete(dest)
         if problems:

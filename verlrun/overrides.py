@@ -16,15 +16,27 @@ from rla.config import ConfigError, model_spec, rl_settings, verl_settings
 from rla.metricslog import RUNNING
 from verlrun import memory, models
 
-# verl imports this module in every worker before `from_pretrained`; it applies the alignment
-# patches named by RLA_REGIONS (nothing for the `none` ablation) and the worker treatments named by
-# RLA_TREATMENTS (`compile`).
+# verl imports this module wherever it builds a model config (`HFModelConfig.__post_init__`,
+# verl/workers/config/model.py:149): the TaskRunner, each FSDP worker (before `from_pretrained`), the
+# vLLM server and the agent-loop workers. It applies the alignment patches named by RLA_REGIONS
+# (nothing for the `none` ablation) to transformers' classes, which only the FSDP workers' models use
+# (vLLM runs its own model code), and the worker treatments named by RLA_TREATMENTS (`compile`).
 PLUGIN_MODULE = "patches.verl_plugin"
+# verl.platform: cpu. verl imports the modules VERL_USE_EXTERNAL_MODULES names inside `import verl`,
+# in every process (verl/__init__.py); VERL_PLATFORM selects the platform that module registers.
+CPU_SHIMS_MODULE = "verlrun.cpu_shims"
+# Ray's scheduler gives each of verl's actors one logical CPU (TaskRunner, TransferQueue controller and
+# storage, trainer worker, vLLM server, agent-loop and reward workers, load balancer); on a CPU the
+# actual cores are shared by the OS, so the cell declares enough logical CPUs for all of them.
+CPU_RAY_LOGICAL_CPUS = 16
 ENV_PREFIX = "+ray_kwargs.ray_init.runtime_env.env_vars"
 A = "actor_rollout_ref."
 # The experiment's dtype, as verl's FSDP engine reads it (`fsdp_config.mixed_precision`, PrecisionType
 # names). FP16 also turns on verl's ShardedGradScaler (loss scaling); FP32 gradients reduce either way.
 FSDP_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
+# Attention of the training side: flash-attn 2 on GPUs (verl's default, workers/config/model.py:185);
+# PyTorch's SDPA on a CPU (flash-attn has no CPU build).
+ATTENTION = {"cuda": "flash_attention_2", "cpu": "sdpa"}
 
 
 def experiment_name(model: str, ablation: str, seed: int) -> str:
@@ -62,13 +74,34 @@ def cell_settings(cfg: dict, model: str, ablation: str | None = None) -> tuple[d
     return rl, verl_settings(cfg, model)
 
 
-def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]:
+def platform_env(verl: dict) -> dict[str, str]:
+    """What verl's processes need to run on the cell's platform (nothing extra on GPUs)."""
+    if verl["platform"] != "cpu":
+        return {}
+    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != CPU_SHIMS_MODULE]
+    return {
+        "VERL_USE_EXTERNAL_MODULES": ",".join([CPU_SHIMS_MODULE, *modules]),
+        "VERL_PLATFORM": "cpu",
+        # verl registers its FSDP engine for the devices cuda and npu only (workers/engine/fsdp/
+        # transformer_impl.py:1143); verl's own switch picks it by that name (workers/engine/base.py:405).
+        "VERL_ENGINE_DEVICE": "cuda",
+        # Without it vLLM-CPU sizes its KV cache from the host's memory (vllm/platforms/cpu.py:324).
+        "VLLM_CPU_KVCACHE_SPACE": str(verl["cpu_kv_cache_gib"]),
+        # vLLM-CPU's default ("auto") pins its OpenMP threads to one logical CPU per core and reserves
+        # others (vllm/utils/ompmultiprocessing.py); the cell's trainer and Ray share those cores.
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    }
+
+
+def worker_env(cfg: dict, ablation: str, cell_dir: str | Path, model: str | None = None) -> dict[str, str]:
     """Environment every Ray worker (and the trainer actor, which owns the file logger) needs."""
     cell_dir = Path(cell_dir).resolve()
     repo_root = Path(__file__).resolve().parent.parent
     pythonpath = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH", "")) if p)
+    verl = verl_settings(cfg, model)
     env = {
         names.REGIONS_ENV: ",".join(names.regions_of(ablation)),
+        names.TARGET_ENV: verl["target"],
         names.TREATMENTS_ENV: ",".join(t for t in names.treatments_of(ablation) if t in names.WORKER_TREATMENTS),
         "VERL_FILE_LOGGER_PATH": str(cell_dir / RUNNING),  # metrics.jsonl: only once the cell finished
         # The patches package lives in this repository; workers on other nodes need it on the path.
@@ -77,6 +110,7 @@ def worker_env(cfg: dict, ablation: str, cell_dir: str | Path) -> dict[str, str]
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
+        **platform_env(verl),
     }
     wandb = cfg.get("wandb") or {}
     if wandb.get("enabled") and os.environ.get("WANDB_MODE", wandb.get("mode")):
@@ -113,39 +147,63 @@ def token_budget(cfg: dict, model: str) -> int:
     return budget
 
 
+def uses_reference_policy(rl: dict) -> bool:
+    """verl runs a reference policy only for a KL term (`need_reference_policy`,
+    verl/trainer/ppo/utils.py): the KL loss here (use_in_reward is always off)."""
+    return float(rl["kl_coef"]) > 0
+
+
 def _batching(cfg: dict, model: str, rl: dict) -> dict:
-    """Micro-batching of the update and of both log-prob passes, kept equal (unequal micro-batches
-    add a mismatch of their own): by tokens (use_dynamic_bsz) or by sequences."""
+    """Micro-batching of the update and of the log-prob passes (old policy; reference policy when
+    there is one), kept equal (unequal micro-batches add a mismatch of their own): by tokens
+    (use_dynamic_bsz) or by sequences."""
     dynamic = rl["use_dynamic_bsz"]
     per_gpu = token_budget(cfg, model) if dynamic else rl["micro_batch_size_per_gpu"]
-    return {
-        A + "actor.use_dynamic_bsz": dynamic,
-        A + "rollout.log_prob_use_dynamic_bsz": dynamic,
-        A + "ref.log_prob_use_dynamic_bsz": dynamic,
-        **({A + "actor.ppo_max_token_len_per_gpu": per_gpu,
-            A + "rollout.log_prob_max_token_len_per_gpu": per_gpu,
-            A + "ref.log_prob_max_token_len_per_gpu": per_gpu} if dynamic else
-           {A + "actor.ppo_micro_batch_size_per_gpu": per_gpu,
-            A + "rollout.log_prob_micro_batch_size_per_gpu": per_gpu,
-            A + "ref.log_prob_micro_batch_size_per_gpu": per_gpu}),
-    }
+    sections = ("rollout", "ref") if uses_reference_policy(rl) else ("rollout",)
+    keys = {A + "actor.use_dynamic_bsz": dynamic}
+    keys.update({A + f"{s}.log_prob_use_dynamic_bsz": dynamic for s in sections})
+    if dynamic:
+        keys[A + "actor.ppo_max_token_len_per_gpu"] = per_gpu
+        keys.update({A + f"{s}.log_prob_max_token_len_per_gpu": per_gpu for s in sections})
+    else:
+        keys[A + "actor.ppo_micro_batch_size_per_gpu"] = per_gpu
+        keys.update({A + f"{s}.log_prob_micro_batch_size_per_gpu": per_gpu for s in sections})
+    return keys
 
 
 def _precision(rl: dict) -> dict:
+    """What verl's FSDP engine reads for precision (`_build_fsdp_module`, workers/engine/fsdp/
+    transformer_impl.py:391); `fsdp_config.dtype` is not read there (nor anywhere) and is not written."""
     short = FSDP_PRECISION[rl["dtype"]]
     return {
         # fp32 master weights; compute (params, autocast) in the experiment's dtype.
         "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
         "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": short, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
-        # Not read by the FSDP engine; kept equal so nothing downstream sees another dtype.
-        "actor_rollout_ref.actor.fsdp_config.dtype": rl["dtype"],
         "actor_rollout_ref.rollout.dtype": rl["dtype"],
     }
 
 
+def _platform(verl: dict) -> dict:
+    """Settings of the cell's platform. On a CPU (verlrun.cpu_shims): Ray hands out logical GPUs
+    (`num_gpus`), since verl's resource pools count GPUs; vLLM-CPU has no sleep mode (it needs CUDA's
+    allocator: vllm/config/model.py:656), so verl must neither sleep it nor free its cache."""
+    keys = {"trainer.device": verl["platform"],
+            "+actor_rollout_ref.model.override_config.attn_implementation": ATTENTION[verl["platform"]]}
+    if verl["platform"] == "cpu":
+        keys.update({
+            "+ray_kwargs.ray_init.num_gpus": int(verl["nnodes"]) * int(verl["n_gpus_per_node"]),
+            "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
+            "+actor_rollout_ref.rollout.enable_sleep_mode": False,
+            "actor_rollout_ref.rollout.free_cache_engine": False,
+        })
+    return keys
+
+
 def _rollout_correction(ablation: str) -> dict:
-    """verl's `algorithm.rollout_correction`: every field of the ablation's preset at the preset's
-    defaults (tis, mis), or correction off (rollout_is and rollout_rs null), written out either way."""
+    """verl's `algorithm.rollout_correction`: the fields of the ablation's preset at the preset's
+    defaults (tis, mis), or correction off (rollout_is and rollout_rs null), written out either way.
+    `loss_type` is read only in bypass mode (trainer/ppo/core_algos.py:2484), which no preset here
+    uses; it is written only with bypass_mode on."""
     import dataclasses
 
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
@@ -153,7 +211,8 @@ def _rollout_correction(ablation: str) -> dict:
     preset = names.rollout_correction_of(ablation)
     config = getattr(RolloutCorrectionConfig, preset)() if preset else RolloutCorrectionConfig(rollout_is=None)
     return {f"algorithm.rollout_correction.{f.name}": getattr(config, f.name)
-            for f in dataclasses.fields(config) if not f.name.startswith("_")}
+            for f in dataclasses.fields(config)
+            if not f.name.startswith("_") and (f.name != "loss_type" or config.bypass_mode)}
 
 
 def build_overrides(
@@ -201,8 +260,9 @@ def build_overrides(
         "actor_rollout_ref.actor.optim.lr": float(rl["lr"]),
         "actor_rollout_ref.actor.optim.betas": [float(b) for b in rl["betas"]],
         "actor_rollout_ref.actor.optim.weight_decay": float(rl["weight_decay"]),
+        # The engine clips with the optimizer's clip_grad (workers/engine/fsdp/transformer_impl.py:806);
+        # actor.grad_clip is a field no V1 code reads.
         "actor_rollout_ref.actor.optim.clip_grad": float(rl["grad_clip"]),
-        "actor_rollout_ref.actor.grad_clip": float(rl["grad_clip"]),
         "actor_rollout_ref.actor.ppo_mini_batch_size": rl["ppo_mini_batch_size"],
         **_batching(cfg, model, rl),
         "actor_rollout_ref.actor.clip_ratio_low": float(rl["clip_ratio_low"]),
@@ -215,7 +275,10 @@ def build_overrides(
         "actor_rollout_ref.actor.loss_agg_mode": rl["loss_agg_mode"],
         "actor_rollout_ref.actor.data_loader_seed": seed,
         **_precision(rl),
-        "actor_rollout_ref.actor.fsdp_config.seed": seed,
+        # FSDP2 for every cell (verl's default is FSDP1 with use_orig_params false, under which
+        # torch.compile of the `compile` treatment is unsupported; FSDP1 also refuses CPU modules with
+        # sync_module_states). fsdp_config.seed is not set: verl reads it only with full_determinism.
+        "actor_rollout_ref.actor.strategy": memory.STRATEGY,
         # Entropy (a metric here) in FP32 chunks instead of FP32 copies of all logits (memory plan).
         "actor_rollout_ref.actor.fsdp_config.entropy_from_logits_with_chunking": True,
         "actor_rollout_ref.rollout.name": "vllm",
@@ -231,8 +294,9 @@ def build_overrides(
         "actor_rollout_ref.rollout.gpu_memory_utilization": float(verl["gpu_memory_utilization"]),
         "actor_rollout_ref.rollout.seed": seed,
         "actor_rollout_ref.rollout.val_kwargs.temperature": float(rl["test_temperature"]),
+        # The V1 trainer samples tests with val_kwargs' temperature, top-p, top-k and n
+        # (trainer/ppo/v1/agent_loop_tq.py:74); val_kwargs.do_sample is read by the legacy trainer only.
         "actor_rollout_ref.rollout.val_kwargs.n": rl["test_n"],
-        "actor_rollout_ref.rollout.val_kwargs.do_sample": float(rl["test_temperature"]) > 0,
         "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
         "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
         "trainer.project_name": wandb.get("project", "rounding-alignment"),
@@ -242,7 +306,6 @@ def build_overrides(
         "trainer.resume_mode": "auto",
         # verl prunes only what the running process saved; the launcher prunes across restarts.
         "trainer.max_actor_ckpt_to_keep": keep,
-        "trainer.max_critic_ckpt_to_keep": keep,
         "trainer.total_training_steps": steps,
         "trainer.total_epochs": rl["total_epochs"],
         "trainer.save_freq": rl["checkpoint_every"],
@@ -250,9 +313,10 @@ def build_overrides(
         "trainer.val_before_train": rl["test_every"] > 0,
         "trainer.nnodes": verl["nnodes"],
         "trainer.n_gpus_per_node": verl["n_gpus_per_node"],
+        **_platform(verl),
     }
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings.items()]
-    env = worker_env(cfg, ablation, cell_dir)
+    env = worker_env(cfg, ablation, cell_dir, model)
     overrides += [f"{ENV_PREFIX}.{name}={hydra_value(value)}" for name, value in env.items()]
     # Escape hatches, applied last: experiment-wide, then per model.
     overrides += [str(o) for o in verl["overrides"]]

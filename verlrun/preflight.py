@@ -19,7 +19,8 @@ MIN_DRIVER = 580
 MIN_CUDA = 13
 MIN_GLIBC = "2.31"
 # Imported in a fresh interpreter each, as the Ray workers do; the versions the environment pins.
-IMPORTS = {"torch": "2.11.0", "vllm": "0.24.0", "verl": "0.9.1", "flash_attn": "2.8.3", "patches.verl_plugin": None}
+IMPORTS = {"torch": "2.11.0", "vllm": "0.24.0", "verl": "0.9.1", "flash_attn": "2.8.3", "transfer_queue": "0.1.11",
+           "patches.verl_plugin": None}
 
 
 @dataclass

@@ -5,8 +5,9 @@ import verlrun.models as staging
 
 
 def staged_model_input(wildcards):
-    """The staged model a verl cell reads ({} for the local backend or a local `path`)."""
-    if BACKEND != "verl" or staging.hub_source(config, wildcards.model) is None:
+    """The staged model a verl cell reads: downloaded or built here ({} for the local backend or a
+    local `path`)."""
+    if BACKEND != "verl" or not staging.needs_staging(config, wildcards.model):
         return {}
     return {"hf_model": str(staging.local_path(config, wildcards.model))}
 

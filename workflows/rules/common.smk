@@ -130,7 +130,10 @@ TABLES = f"{RESULTS}/tables"
 LOGS = f"{RESULTS}/logs"
 DATA = f"{RESULTS}/data"
 FIGURES = f"{config['figures_dir'].rstrip('/')}/{PROFILE}"
-TRAIN_ENV = GPU_ENV if BACKEND == "verl" else CPU_ENV
+# verl cells run on GPUs (envs/verl-gpu.yaml) unless the profile says verl.platform: cpu
+# (vLLM's CPU build, envs/cpu.yaml); the local backend runs on CPU.
+PLATFORM = settings.verl_settings(config)["platform"] if BACKEND == "verl" else "cpu"
+TRAIN_ENV = GPU_ENV if PLATFORM == "cuda" else CPU_ENV
 
 
 def _resolved_config_file(cfg):
@@ -233,9 +236,11 @@ def train_resources():
 
 
 def train_gpus(wildcards):
-    """GPUs one cell holds: all of its verl nodes' GPUs; the local backend runs on CPU."""
+    """GPUs one cell holds: all of its verl nodes' GPUs; the local backend and verl on a CPU hold none."""
     if BACKEND != "verl":
         return train_resources().get("gpu", 0)
+    if PLATFORM == "cpu":
+        return 0
     spec = config["model_specs"][wildcards.model]
     verl = config.get("verl") or {}
     nodes = spec.get("nnodes", verl.get("nnodes", 1))

