@@ -132,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     from analysis.treatments import add_parser as add_treatments_parser
 
     add_treatments_parser(sub)
+    from analysis.stall import add_parser as add_stall_parser
+
+    add_stall_parser(sub)
+    from analysis.calibration import add_parser as add_calibration_parser
+
+    add_calibration_parser(sub)
     return parser
 
 
@@ -145,6 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         from analysis.treatments import main as treatments_main
 
         return treatments_main(args)
+    if args.command == "stall":  # reads one study's runs against its pre-registration
+        from analysis.stall import main as stall_main
+
+        return stall_main(args)
+    if args.command == "calibrate":  # reads a stability table
+        from analysis.calibration import main as calibration_main
+
+        return calibration_main(args)
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     # Data warnings name the file and line themselves: print them without the source-code echo.

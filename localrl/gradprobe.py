@@ -386,6 +386,7 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan", help="a pre-registered plan (experiments/gradprobe.yaml): run its points instead")
     p.add_argument("--points", help="with --plan: only these points (comma-separated names)")
+    p.add_argument("--report", action="store_true", help="with --plan: judge its pre-registered hypotheses on --out")
     p.add_argument("--out", required=True, help="output dir (with --plan: one folder per point under it)")
     return p
 
@@ -401,9 +402,9 @@ def _settings(text: str) -> tuple[str, ...]:
 def main(args) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.plan:
-        from localrl.gradprobe_plan import run_plan
+        from localrl.gradprobe_plan import report, run_plan
 
-        return run_plan(args.plan, args.out, args.points, log)
+        return report(args.plan, args.out, log) if args.report else run_plan(args.plan, args.out, args.points, log)
     if not (args.config and args.model):
         raise ConfigError("gradprobe needs --config and --model (or --plan)")
     if args.batches < 2:

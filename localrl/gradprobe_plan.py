@@ -8,7 +8,8 @@ experiments/gradprobe.yaml), run one after the other.
       long-qwen2: {config: experiments/long.yaml, model: qwen2-l}   # another config's task and model
       w256-qwen2: {model: qwen2-w256, settings: [none, rope, all]}  # fewer settings than the plan's
 
-A point's model is its config's warm start (`{results_dir}/models/{model}`); `rl_step: N` is that
+A point's model is its config's warm start (`{results_dir}/models/{model}`, made with its data on
+first use, as the workflow makes them); `rl_step: N` is that
 model after N RL steps of the rig (`rl_ablation`, default none, seed 0, the config's RL settings and
 engine), trained here on first use: the cell runs to N steps, its checkpoint is copied to
 `{out}/checkpoints/{model}/step_N.pt`, and a later N continues the same cell. Each point writes
@@ -45,6 +46,26 @@ def plan_points(plan_file: str | Path) -> tuple[dict, dict[str, dict]]:
     if bad:
         raise ConfigError(f"{plan_file}: gradprobe.settings {bad} unknown; allowed: {', '.join(SETTINGS)}")
     return plan, points
+
+
+def ensure_warm_start(point: dict, log=print) -> None:
+    """The point's data and warm-started model, made as the workflow makes them if missing."""
+    from localrl.config import default_paths
+    from localrl.data import write_splits
+    from localrl.task import TaskSettings
+    from localrl.warmstart import warmstart
+    from rla.config import model_spec, warmstart_settings
+
+    cfg = load(point["config"])
+    model_spec(cfg, point["model"], "local")
+    data_dir, model_dir = default_paths(cfg, point["model"])
+    if not (data_dir / "train.parquet").exists():
+        log(f"data: {data_dir}")
+        write_splits(TaskSettings.from_config(cfg.get("task") or {}), data_dir)
+    if not (model_dir / "model.safetensors").exists():
+        log(f"warm start: {point['model']} of {point['config']} in {model_dir}")
+        warmstart_settings(cfg)
+        warmstart(cfg, point["model"], data_dir, model_dir)
 
 
 def checkpoint_of(point: dict, out: Path, log=print) -> str | None:
@@ -87,6 +108,7 @@ def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, lo
             log(f"[point {i}/{len(names)}] {name}: done already ({out / name})")
             continue
         log(f"[point {i}/{len(names)}] {name}: {point}")
+        ensure_warm_start(point, log)
         spec = PointSpec(point["config"], point["model"], checkpoint_of(point, out, log),
                          float(point.get("temperature", 1.0)), int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
                          point.get("max_new_tokens"), int(point.get("seed", 0)),
@@ -104,4 +126,60 @@ def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, lo
         result.batches.insert(0, "point", name)
         for path in write(result, out / name):
             log(f"wrote {path}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The pre-registered hypotheses (experiments/gradprobe.yaml), judged on the measured points
+
+
+def _point_checks(rows) -> dict[str, tuple[float, bool]]:
+    """{check: (measured value, holds)} of one point's table (one row per setting)."""
+    at = rows.set_index("setting")
+    none, rope, all_ = at.loc["none"], at.loc["rope"], at.loc["all"]
+    e_per_d = none["e"] / none["mean_abs_d_ref"]
+    is_per_k3 = none["is_size"] / none["sqrt_2k3L"] if none["sqrt_2k3L"] > 0 else float("nan")
+    ratio = (rope["e"] / none["e"]) / (rope["mean_abs_d_ref"] / none["mean_abs_d_ref"])
+    return {"HA1 e(all)/e(none) <= 0.05": (all_["e"] / none["e"], all_["e"] <= 0.05 * none["e"]),
+            "HA2 e(none)/mean|d|(none) in [3, 12]": (e_per_d, 3 <= e_per_d <= 12),
+            "HA2 IS size / sqrt(2 k3 L) in [0.5, 2]": (is_per_k3, 0.5 <= is_per_k3 <= 2),
+            "HA3 MNR(none) <= 0.05": (none["mnr"], none["mnr"] <= 0.05),
+            "HA4 e ratio / mean|d| ratio (rope:none) in [0.75, 1.25]": (ratio, 0.75 <= ratio <= 1.25),
+            "stopping rule: MNR(none) <= 0.1": (none["mnr"], none["mnr"] <= 0.1)}
+
+
+def report(plan_file: str | Path, out: str | Path, log=print) -> int:
+    """Each pre-registered check at each measured point, and each hypothesis as it falls:
+    `{out}/hypotheses.csv` (per point) and a summary on stdout."""
+    import pandas as pd
+
+    from analysis.output import write_csv
+
+    plan, points = plan_points(plan_file)
+    out = Path(out)
+    rows, missing = [], []
+    for name in points:
+        table = out / name / "gradprobe.csv"
+        if not table.exists():
+            missing.append(f"{name} ({'no learning signal' if (out / name / 'no_signal.txt').exists() else 'not run'})")
+            continue
+        for check, (value, holds) in _point_checks(pd.read_csv(table)).items():
+            rows.append({"point": name, "check": check, "value": float(value), "holds": bool(holds)})
+    if not rows:
+        raise ConfigError(f"no measured point under {out}: run the plan first (--plan {plan_file} --out {out})")
+    frame = pd.DataFrame(rows)
+    ladder = [p for p in plan.get("length_ladder", []) if p in set(frame["point"])]
+    flat = frame[(frame["check"].str.startswith("HA2 e(none)")) & frame["point"].isin(ladder)]["value"]
+    if len(flat) >= 2:
+        spread = float(flat.max() / flat.min())
+        frame = pd.concat([frame, pd.DataFrame([{"point": "+".join(ladder), "check": "HA2 flat in length (max/min <= 2)",
+                                                 "value": spread, "holds": spread <= 2}])], ignore_index=True)
+    write_csv(frame, out / "hypotheses.csv")
+    print(f"| check | holds at | values (min - max) |\n| --- | --- | --- |")
+    for check, group in frame.groupby("check", sort=False):
+        print(f"| {check} | {int(group['holds'].sum())} of {len(group)} points | "
+              f"{group['value'].min():.3g} - {group['value'].max():.3g} |")
+    if missing:
+        print(f"not measured: {', '.join(missing)}")
+    log(f"wrote {out / 'hypotheses.csv'}")
     return 0

@@ -144,3 +144,33 @@ def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
 
     with pytest.raises(ConfigError, match="unknown keys \\['temprature'\\]"):
         plan_points(plan)
+
+
+def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path):
+    """--report against made-up point tables: each check holds or fails as its numbers say."""
+    import yaml
+
+    from localrl.gradprobe_plan import report
+
+    def table(e_all, mnr_none, e_rope):
+        return pd.DataFrame([
+            {"setting": "none", "e": 0.03, "mnr": mnr_none, "mean_abs_d_ref": 0.005, "is_size": 0.02, "sqrt_2k3L": 0.02},
+            {"setting": "rope", "e": e_rope, "mnr": 0.0, "mean_abs_d_ref": 0.004, "is_size": 0.0, "sqrt_2k3L": 0.0},
+            {"setting": "all", "e": e_all, "mnr": 0.0, "mean_abs_d_ref": 1e-5, "is_size": 0.0, "sqrt_2k3L": 0.0}])
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"gradprobe": {"points": {"good": {"model": "m"}, "bad": {"model": "m"},
+                                                             "missing": {"model": "m"}},
+                                                  "length_ladder": ["good", "bad"]}}))
+    for name, args in {"good": (1e-3, 0.01, 0.024), "bad": (3e-3, 0.2, 0.003)}.items():
+        (tmp_path / name).mkdir()
+        table(*args).to_csv(tmp_path / name / "gradprobe.csv", index=False)
+    assert report(plan, tmp_path, log=lambda line: None) == 0
+    got = pd.read_csv(tmp_path / "hypotheses.csv").set_index(["point", "check"])["holds"]
+    assert got["good", "HA1 e(all)/e(none) <= 0.05"] and not got["bad", "HA1 e(all)/e(none) <= 0.05"]
+    assert got["good", "HA3 MNR(none) <= 0.05"] and not got["bad", "HA3 MNR(none) <= 0.05"]
+    assert got["good", "stopping rule: MNR(none) <= 0.1"] and not got["bad", "stopping rule: MNR(none) <= 0.1"]
+    ha4 = "HA4 e ratio / mean|d| ratio (rope:none) in [0.75, 1.25]"
+    assert got["good", ha4] and not got["bad", ha4]  # 0.8 / 0.8 = 1 against 0.1 / 0.8
+    assert got["good", "HA2 e(none)/mean|d|(none) in [3, 12]"] and got["good+bad", "HA2 flat in length (max/min <= 2)"]
+    assert "missing" not in got.index.get_level_values("point")

@@ -1,0 +1,49 @@
+"""The collapse rule on runs with no mismatch (experiments/calibration.yaml): how often it fires where
+nothing can collapse from rounding, how many runs never rise (the rule cannot fire for them), and how
+many steps a run has left after its peak to show a fall (the rule needs `patience` below the threshold).
+
+    python -m analysis calibrate --stability results/calibration/tables/stability.csv --config experiments/calibration.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pandas as pd
+
+from analysis.tables import wilson_interval
+
+
+def calibrate(stability: pd.DataFrame, patience: int, smooth_window: int) -> dict:
+    n = len(stability)
+    fired = int(stability["collapsed"].astype(bool).sum())
+    low, high = wilson_interval(fired, n)
+    left = stability["last_step"] - stability["peak_step"]
+    return {"runs": n, "false_positives": fired, "false_positive_rate": fired / n if n else float("nan"),
+            "fp_rate_95ci": f"{low:.2f} - {high:.2f}",
+            "reasons": stability["reason"].value_counts().to_dict(),
+            "never_rose": int((stability["reason"] == "no_rise").sum()),
+            "steps_after_peak_min": int(left.min()), "steps_after_peak_median": float(left.median()),
+            "runs_with_room_to_fall": int((left >= patience + smooth_window).sum())}
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="the collapse rule's false positives on runs with no mismatch")
+    p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
+    p.add_argument("--config", required=True, help="their config (its `collapse:` thresholds)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.config import CollapseConfig
+    from rla.config import load
+
+    try:
+        stability = pd.read_csv(args.stability)
+        cfg = CollapseConfig.from_mapping(load(args.config).get("collapse"))
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for key, value in calibrate(stability, cfg.patience, cfg.smooth_window).items():
+        print(f"{key}: {value}")
+    return 0

@@ -1,0 +1,58 @@
+"""The studies' judges: the rejection stall (analysis/stall.py) and the collapse rule's calibration
+(analysis/calibration.py) hold or fail as the per-run numbers say."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.stall import judge, sign_test
+
+PREREG = {"rejected_fraction": {"geo_rs": [0.63, 0.73], "all+geo_rs": [0.0, 0.02]}, "gain_ratio_max": 0.5,
+          "sign_test_p_max": 0.05, "baseline": "geo_rs", "aligned": "all+geo_rs"}
+
+
+def _runs(base_gain, aligned_gain, base_rejected=0.7):
+    rows = []
+    for seed in range(12):
+        rows.append({"model": "m", "seed": seed, "ablation": "geo_rs", "rejected_frac": base_rejected,
+                     "val_gain": base_gain(seed)})
+        rows.append({"model": "m", "seed": seed, "ablation": "all+geo_rs", "rejected_frac": 0.01,
+                     "val_gain": aligned_gain(seed)})
+    return pd.DataFrame(rows)
+
+
+def test_sign_test_is_the_binomial_tail():
+    assert sign_test(12, 12) == pytest.approx(1 / 4096)
+    assert sign_test(10, 12) == pytest.approx((66 + 12 + 1) / 4096)
+    assert sign_test(0, 12) == 1.0
+
+
+def test_a_stall_that_alignment_prevents_passes_every_check():
+    checks = judge(_runs(lambda s: 0.01, lambda s: 0.1), PREREG).set_index("check")["holds"]
+    assert checks.all() and len(checks) == 4
+
+
+def test_each_check_can_fail():
+    no_stall = judge(_runs(lambda s: 0.1 + (0.01 if s % 2 else -0.01), lambda s: 0.1, base_rejected=0.2), PREREG)
+    held = dict(zip(no_stall["check"].str[:2] + no_stall.index.astype(str), no_stall["holds"]))
+    assert not held["S10"]  # rejection 0.2, predicted 0.63-0.73
+    assert held["S11"]
+    assert not held["S22"] and not held["S33"]  # equal gains; 6 of 12 pairs
+    assert math.isclose(no_stall.loc[3, "measured"], sign_test(6, 12))
+
+
+def test_missing_ablation_is_named():
+    runs = _runs(lambda s: 0.0, lambda s: 0.1)
+    with pytest.raises(ValueError, match="all\\+geo_rs"):
+        judge(runs[runs["ablation"] == "geo_rs"], PREREG)
+
+
+def test_calibration_counts_false_positives_and_runs_that_never_rose():
+    from analysis.calibration import calibrate
+
+    stability = pd.DataFrame({"collapsed": [True, False, False, False], "reason": ["score_fall", "stable", "no_rise", "stable"],
+                              "last_step": [60, 60, 60, 60], "peak_step": [30, 59, 12, 40]})
+    got = calibrate(stability, patience=10, smooth_window=10)
+    assert got["false_positives"] == 1 and got["false_positive_rate"] == 0.25 and got["never_rose"] == 1
+    assert got["steps_after_peak_min"] == 1 and got["runs_with_room_to_fall"] == 3  # 30, 48, 20 >= 20
