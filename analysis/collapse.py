@@ -18,8 +18,8 @@ in prior work: reward falls after an initial rise; a NaN/inf loss is collapse; t
    ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much.
 2. **Non-finite training signal** (reason ``nonfinite:<metric>``). The first step at which
    ``actor/pg_loss`` or ``actor/grad_norm`` [nonfinite_metrics] is logged as NaN or +-inf (verl's
-   logger writes these as ``null``) is a collapse at that step. Under FP16 (an ablation with the
-   ``fp16`` treatment) the loss is scaled: an infinite gradient norm is the scaler's overflow, on
+   logger writes these as ``null``) is a collapse at that step. Under FP16 loss scaling (``loss_scaled``: an
+   ``actor/loss_scale`` was logged, or the ablation's registry entry has FP16 precision) the loss is scaled: an infinite gradient norm is the scaler's overflow, on
    which it skips the step and halves the scale (verl's FSDP engine and the local rig alike), so there
    a non-finite ``actor/grad_norm`` counts only when [patience] consecutive logged steps have one
    (the scaler did not recover); ``collapse_step`` is the first of them.
@@ -43,9 +43,10 @@ import pandas as pd
 from analysis.config import CollapseConfig
 from analysis.load import Run
 from analysis.series import finite_series, smooth
-from rla.names import ABLATIONS, treatments_of
+from rla.names import ABLATIONS
 
 GRAD_NORM = "actor/grad_norm"
+LOSS_SCALE = "actor/loss_scale"  # logged by the local rig under FP16 loss scaling
 
 STABILITY_COLUMNS = [
     "model", "ablation", "seed", "run", "steps", "last_step", "collapsed", "collapse_step", "reason",
@@ -89,12 +90,20 @@ def score_collapse(score: pd.Series, cfg: CollapseConfig) -> dict:
     return out
 
 
+def loss_scaled(run: Run) -> bool:
+    """Did the run train with FP16 loss scaling? The local rig logs its scale; verl's FSDP engine logs
+    none, so there the ablation's registry entry (its precision) says."""
+    if (run.long["metric"] == LOSS_SCALE).any():
+        return True
+    return run.ablation in ABLATIONS and ABLATIONS[run.ablation].precision == "fp16"
+
+
 def first_nonfinite(run: Run, metrics: tuple[str, ...], patience: int = 1) -> tuple[int | None, str | None]:
     """Rule 2: first step where one of ``metrics`` was logged non-finite, and which metric; under loss
     scaling the gradient norm's only after ``patience`` consecutive logged steps."""
     long = run.long
     bad = long[long["metric"].isin(metrics) & ~np.isfinite(long["value"].to_numpy())]
-    if run.ablation in ABLATIONS and "fp16" in treatments_of(run.ablation):
+    if loss_scaled(run):
         overflow = bad["metric"] == GRAD_NORM
         bad = pd.concat([bad[~overflow], _persistent(bad[overflow], run, patience)])
     if bad.empty:

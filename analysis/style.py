@@ -1,28 +1,13 @@
-"""One look for every figure: the ablation palette (defined here only), orders and the theme."""
+"""One look for every figure: the ablation palette (from the ablation registry), orders and the theme."""
 
 from __future__ import annotations
 
 import warnings
 
-# Okabe-Ito colours (readable with colour-vision deficiencies). The baseline is vermillion, full
-# alignment green; single regions get the remaining distinct hues; the treatments (rla.names) after them.
-ABLATION_COLORS: dict[str, str] = {
-    "none": "#D55E00",
-    "rope": "#0072B2",
-    "swiglu": "#E69F00",
-    "rmsnorm": "#CC79A7",
-    "all": "#009E73",
-    "compile": "#56B4E9",
-    "fp16": "#000000",
-    "tis": "#8C510A",
-    "mis": "#999999",
-    "rope+tis": "#6A3D9A",
-    "all+tis": "#B8860B",
-    "geo_rs": "#F0E442",
-    "rope+geo_rs": "#01665E",
-    "all+geo_rs": "#7FBC41",
-    "all+engine_order": "#333333",
-}
+from rla.names import ABLATIONS
+
+# Each ablation's colour is part of its registry entry (rla.names.ABLATIONS), as is the order.
+ABLATION_COLORS: dict[str, str] = {name: entry.color for name, entry in ABLATIONS.items()}
 ABLATION_ORDER: tuple[str, ...] = tuple(ABLATION_COLORS)
 # Ablations outside the fixed set (a user's own) get these, in order of first appearance.
 _EXTRA_COLORS = ("#FB9A99", "#B2DF8A", "#CAB2D6", "#1F78B4", "#777777")

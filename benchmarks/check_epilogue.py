@@ -5,9 +5,10 @@ Qwen2's q/k/v projections have a bias. Inductor's post-grad pass `unfuse_bias_ad
 (torch/_inductor/fx_passes/post_grad.py) turns `addmm(bias, x, W)` into `mm(x, W) + bias` when the
 device is a GPU and *every* user of the result is pointwise (views followed through); the bf16 GEMM
 output would then be rounded before the bias is added, inside RoPE's kernel, in FP32. Two guards keep
-it from firing in vLLM's graph: `torch._inductor.config.keep_addmm_fused_for_half_dtypes` (torch >=
-2.12, default True, keeps bf16/fp16 addmm fused except on XPU), and the graph itself - `v`, a view of
-the qkv output, leaves the piece for the attention op, which is not pointwise. So the `vllm` target
+it from firing in vLLM's graph (read in torch 2.13's source): `torch._inductor.config.
+keep_addmm_fused_for_half_dtypes` (default True: bf16/fp16 addmm stays fused, but on XPU), and the graph
+itself - `v`, a view of the qkv output, leaves the piece for the attention op, which is not pointwise.
+The GPU's torch (2.11 in verl's environment) is what this script checks. So the `vllm` target
 keeps the bias inside the GEMM, rounded once with it, as stock HF's addmm does.
 
 This script compiles vLLM's qkv -> split -> RoPE tail on the device and reports whether the compiled

@@ -16,6 +16,7 @@ import argparse
 import sys
 
 from rla.config import ConfigError
+from rla.names import ABLATIONS
 
 
 def _prepare_data(args, cfg):
@@ -73,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="run (or resume) one grid cell")
     t.add_argument("--config", required=True)
     t.add_argument("--model", required=True)
-    t.add_argument("--ablation", required=True)
+    t.add_argument("--ablation", required=True, help="an ablation of rla.names.ABLATIONS: " + ", ".join(ABLATIONS))
     t.add_argument("--seed", type=int, required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, help="override the config's steps")

@@ -52,12 +52,12 @@ from torch import Tensor
 from localrl import probe
 from localrl.trainer import Batch, Trainer, correct_rollout, policy_loss
 from rla.config import ConfigError
+from rla.names import ABLATIONS
 
 EXACT = "exact"  # the reference: all+engine_order with the engine's FP32 temperature division
 REFERENCE_ABLATION = "all+engine_order"
 # The settings a user can pick (rla.names ablations on the BF16 engine): regions, then treatments.
-SETTINGS = ("none", "rope", "swiglu", "rmsnorm", "all", "all+engine_order", "compile", "tis", "mis", "geo_rs",
-            "rope+tis", "all+tis", "rope+geo_rs", "all+geo_rs")
+SETTINGS = tuple(name for name, entry in ABLATIONS.items() if entry.precision == "bf16")
 IS_PRESET = "decoupled_seq_is"  # verl's sequence-level IS: the off-policy correction's size
 DEFAULT_BATCHES = 12
 

@@ -77,10 +77,10 @@ class Setting:
         """An ablation of the grid (rla.names.ABLATIONS) as the RL trainer runs it."""
         from rla import names
 
-        treatments = names.treatments_of(name)
-        return cls(name, names.regions_of(name), names.reduction_of(name), compiled="compile" in treatments,
-                   dtype=torch.float16 if "fp16" in treatments else torch.bfloat16, target=target,
-                   correction=names.rollout_correction_of(name))
+        entry = names.ablation(name)
+        return cls(name, entry.regions, entry.reduction, compiled=entry.compiled,
+                   dtype=torch.float16 if entry.precision == "fp16" else torch.bfloat16, target=target,
+                   correction=entry.rollout_correction)
 
 
 def probe_settings() -> list[Setting]:

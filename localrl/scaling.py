@@ -37,9 +37,6 @@ from localrl import probe
 
 ARCHS = ("qwen2", "qwen3")
 FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
-ABLATION_OF = {"none": "none", "rope": "rope", "swiglu": "swiglu", "rmsnorm": "rmsnorm", "all": "all"}
-# The region each two-region setting leaves stock: its error is that region's error alone.
-ALONE_OF = {"swiglu+rmsnorm": "rope", "rope+rmsnorm": "swiglu", "rope+swiglu": "rmsnorm"}
 MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no FP16 settings)
 NORM_SPREAD = 0.2  # norm weights 1 + 0.2 N(0, 1): trained norms are not all ones (x * 1 is exact)
 LOG_POSITION_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)

@@ -65,9 +65,9 @@ def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
 
 def compute_dtype(ablation: str) -> torch.dtype:
     """The dtype both sides compute in: FP16 under the `fp16` treatment, else BF16."""
-    from rla.names import treatments_of
+    from rla.names import ablation as entry
 
-    return torch.float16 if "fp16" in treatments_of(ablation) else torch.bfloat16
+    return torch.float16 if entry(ablation).precision == "fp16" else torch.bfloat16
 
 
 def rollout_correction_config(ablation: str):
@@ -129,7 +129,7 @@ class Trainer:
 
         from localrl.device import device
         from localrl.gemm_match import CANDIDATES
-        from rla.names import reduction_of, regions_of, treatments_of
+        from rla.names import ablation as entry
 
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
@@ -137,10 +137,10 @@ class Trainer:
         self.device = device()
         # Patches replace transformers' classes process-wide: apply before the model is built.
         # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
-        self.reduction = reduction_of(ablation)
-        self.regions = patches.apply(regions_of(ablation), target=target, reduction=self.reduction)
+        self.reduction = entry(ablation).reduction
+        self.regions = patches.apply(entry(ablation).regions, target=target, reduction=self.reduction)
         self.dtype = compute_dtype(ablation)
-        self.compiled = "compile" in treatments_of(ablation)
+        self.compiled = entry(ablation).compiled
         self.correction = rollout_correction_config(ablation)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         if self.regions:

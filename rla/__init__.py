@@ -1,2 +1,3 @@
-"""What every part of the suite shares, with no torch: file writing, cell identity (and, later, names
-and settings). `patches`, `localrl`, `verlrun`, `analysis` and the workflow may all import it."""
+"""What every part of the suite shares, with no torch: the ablation registry and names (`names`), the
+settings of a config (`config`), where outputs go (`layout`), cell identity, metrics files and atomic
+writes. `patches`, `localrl`, `verlrun`, `analysis` and the workflow may all import it."""

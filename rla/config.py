@@ -6,7 +6,7 @@
     engine = engine_settings(cfg, "local")              # the rollout engine (local backend)
 
 Every section's keys are declared once below with their default, their type and, for `rl`, the verl
-key each one becomes (`verlrun.overrides` writes them; the README's table is this one). A bad value
+key each one becomes (`verlrun.overrides` writes them; docs/reference.md's table is this one). A bad value
 or an unknown key is a `ConfigError` that names the key, the value and what is allowed, raised before
 anything is written. The workflow runs the same checks when it parses the config.
 """
@@ -166,7 +166,7 @@ ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engine
 PLATFORMS = ("cuda", "cpu")  # where a verl cell runs (verl.platform)
 
 VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs entry may set the first four
-    "nnodes": Key(1, "count", "nodes per cell (more than one: a Ray cluster, README)", ("trainer.nnodes",)),
+    "nnodes": Key(1, "count", "nodes per cell (more than one: a Ray cluster, docs/running.md)", ("trainer.nnodes",)),
     "n_gpus_per_node": Key(8, "count", "GPUs per node", ("trainer.n_gpus_per_node",)),
     "rollout_tp": Key(1, "count", "vLLM tensor parallelism", (A + "rollout.tensor_model_parallel_size",)),
     "gpu_memory_utilization": Key(0.6, "fraction", "vLLM's share of GPU memory",
@@ -285,7 +285,7 @@ def model_spec(cfg: dict, model: str, backend: str) -> dict:
 
 
 def markdown_table(keys: dict[str, Key] = RL) -> str:
-    """The README's table of a section's keys: default, meaning, backends, the verl keys each sets."""
+    """The reference table (docs/reference.md) of a section's keys: default, meaning, backends, the verl keys each sets."""
     rows = ["| key | default | meaning | local | verl keys it sets |", "| --- | --- | --- | --- | --- |"]
     for name, key in keys.items():
         default = "derived" if key.default is None else f"`{key.default}`"

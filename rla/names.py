@@ -6,7 +6,7 @@ Torch-free, so that the workflow, the analysis and the verl launcher can import 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 # Where the training side is aligned with the engine's rounding (the paper's three regions).
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -28,7 +28,7 @@ TARGETS: tuple[str, ...] = ("vllm", "vllm-cpu")
 # where it runs, else local, saying why in one line.
 ENGINES: tuple[str, ...] = ("auto", "vllm", "local")
 
-# The fixes a user can switch on instead of aligning regions (or beside it).
+# The fixes a user can switch on instead of aligning regions (or beside it), and what each does.
 TREATMENTS: dict[str, str] = {
     "compile": "stock training forward, each decoder layer compiled by torch.compile (Inductor); engine unchanged",
     "fp16": "FP16 weights, activations and engine on both sides; FP32 master weights; dynamic loss scaling",
@@ -40,37 +40,68 @@ TREATMENTS: dict[str, str] = {
                     "inductor_cpu): with all three regions and the local engine, a training forward equal to the "
                     "engine's; local backend only (no eager code reproduces a GPU kernel's order)",
 }
-# verl's `RolloutCorrectionConfig` preset (a classmethod, called with its defaults) behind each
-# rollout-correction treatment: Token-TIS, Seq-MIS and Geo-RS in verl's own words.
-ROLLOUT_CORRECTION: dict[str, str] = {"tis": "decoupled_token_is", "mis": "decoupled_seq_is_rs",
-                                      "geo_rs": "decoupled_geo_rs"}
+# What each treatment sets in an ablation's behaviour (the Ablation fields below). Rollout
+# corrections are verl's `RolloutCorrectionConfig` presets (classmethods, called with their
+# defaults): Token-TIS, Seq-MIS and Geo-RS in verl's own words.
+EFFECTS: dict[str, dict] = {
+    "compile": {"compiled": True},
+    "fp16": {"precision": "fp16"},
+    "tis": {"rollout_correction": "decoupled_token_is"},
+    "mis": {"rollout_correction": "decoupled_seq_is_rs"},
+    "geo_rs": {"rollout_correction": "decoupled_geo_rs"},
+    "engine_order": {"reduction": "inductor_cpu", "local_only": True},
+}
+ROLLOUT_CORRECTION: dict[str, str] = {t: e["rollout_correction"] for t, e in EFFECTS.items() if "rollout_correction" in e}
 # Treatments that act inside verl's FSDP workers (through patches.verl_plugin), not through verl's config.
 WORKER_TREATMENTS: tuple[str, ...] = ("compile",)
-# Treatments only the local backend runs (`verlrun` refuses them, naming why).
-LOCAL_TREATMENTS: tuple[str, ...] = ("engine_order",)
-# Treatments that only modify an alignment and are never an ablation by themselves.
-MODIFIERS: tuple[str, ...] = ("engine_order",)
 
 
-class Ablation(NamedTuple):
-    """One value of the grid's ablation axis: the aligned regions plus treatments."""
+@dataclass(frozen=True)
+class Ablation:
+    """One value of the grid's ablation axis and what it does; the trainer, the verl overrides, the
+    probe and the figures read these fields, never the name."""
 
     regions: tuple[str, ...]
     treatments: tuple[str, ...] = ()
+    color: str = "#777777"              # its colour in every figure (Okabe-Ito first)
+    precision: str = "bf16"             # fp16: FP16 on both sides, FP32 master weights, loss scaling
+    compiled: bool = False              # the training side's decoder layers run through torch.compile
+    rollout_correction: str | None = None  # verl's RolloutCorrectionConfig preset
+    reduction: str = "eager"            # the RMSNorm variance's summation order (patches.apply)
+    local_only: bool = False            # the verl backend refuses it (no eager code has a GPU kernel's order)
 
 
-ABLATIONS: dict[str, Ablation] = {
-    **{name: Ablation(regions) for name, regions in REGION_ABLATIONS.items()},
-    **{name: Ablation((), (name,)) for name in TREATMENTS if name not in MODIFIERS},
-    "rope+tis": Ablation(("rope",), ("tis",)),
-    "all+tis": Ablation(REGIONS, ("tis",)),
+def _entry(regions: tuple[str, ...], treatments: tuple[str, ...], color: str) -> Ablation:
+    effects = {}
+    for treatment in treatments:
+        effects.update(EFFECTS[treatment])
+    return Ablation(regions, treatments, color, **effects)
+
+
+# The ablation axis: name -> (aligned regions, treatments, colour). Adding one is one line here plus
+# its tests; the schema enum and the figures' order follow this table (tests/test_config.py).
+# Okabe-Ito colours (readable with colour-vision deficiencies): the baseline vermillion, full
+# alignment green, single regions the remaining distinct hues, the treatments after them.
+ABLATIONS: dict[str, Ablation] = {name: _entry(*spec) for name, spec in {
+    "none": ((), (), "#D55E00"),
+    "rope": (("rope",), (), "#0072B2"),
+    "swiglu": (("swiglu",), (), "#E69F00"),
+    "rmsnorm": (("rmsnorm",), (), "#CC79A7"),
+    "all": (REGIONS, (), "#009E73"),
+    "compile": ((), ("compile",), "#56B4E9"),
+    "fp16": ((), ("fp16",), "#000000"),
+    "tis": ((), ("tis",), "#8C510A"),
+    "mis": ((), ("mis",), "#999999"),
+    "geo_rs": ((), ("geo_rs",), "#F0E442"),
+    "rope+tis": (("rope",), ("tis",), "#6A3D9A"),
+    "all+tis": (REGIONS, ("tis",), "#B8860B"),
     # geo_rs (= none + geo_rs) beside RoPE alone and all three regions aligned
-    "rope+geo_rs": Ablation(("rope",), ("geo_rs",)),
-    "all+geo_rs": Ablation(REGIONS, ("geo_rs",)),
+    "rope+geo_rs": (("rope",), ("geo_rs",), "#01665E"),
+    "all+geo_rs": (REGIONS, ("geo_rs",), "#7FBC41"),
     # no mismatch at all (local engine): the exact reference of the gradient probe and of the
     # collapse rule's calibration
-    "all+engine_order": Ablation(REGIONS, ("engine_order",)),
-}
+    "all+engine_order": (REGIONS, ("engine_order",), "#333333"),
+}.items()}
 
 # The sections of an experiment config (experiments/*.yaml) besides its top-level keys.
 SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "engine", "collapse", "data", "verl",
@@ -102,18 +133,17 @@ def treatments_of(name: str) -> tuple[str, ...]:
 
 def rollout_correction_of(name: str) -> str | None:
     """The verl rollout-correction preset of an ablation (None: no rollout correction)."""
-    presets = [ROLLOUT_CORRECTION[t] for t in treatments_of(name) if t in ROLLOUT_CORRECTION]
-    return presets[0] if presets else None
+    return ablation(name).rollout_correction
 
 
 def reduction_of(name: str) -> str:
     """The RMSNorm summation order an ablation's training side uses (patches.apply's `reduction`)."""
-    return "inductor_cpu" if "engine_order" in treatments_of(name) else "eager"
+    return ablation(name).reduction
 
 
 def local_only(name: str) -> tuple[str, ...]:
     """The treatments of an ablation that only the local backend runs (empty: both backends run it)."""
-    return tuple(t for t in treatments_of(name) if t in LOCAL_TREATMENTS)
+    return tuple(t for t in treatments_of(name) if EFFECTS[t].get("local_only")) if ablation(name).local_only else ()
 
 
 def subset_name(regions: Iterable[str]) -> str:

@@ -53,6 +53,6 @@ def test_the_schema_names_what_rla_names_holds():
     assert names.subset_name(("swiglu", "rope")) == "rope+swiglu" and names.subset_name(names.REGIONS) == "all"
 
 
-def test_the_readme_tables_are_the_code_tables():
-    readme = (REPO / "README.md").read_text()
-    assert config.markdown_table() in readme and config.markdown_table(config.ENGINE) in readme
+def test_the_reference_tables_are_the_code_tables():
+    reference = "\n".join(page.read_text() for page in sorted((REPO / "docs").glob("*.md")))
+    assert config.markdown_table() in reference and config.markdown_table(config.ENGINE) in reference

@@ -32,7 +32,7 @@ def inductor_calls(run) -> int:
 def test_every_ablation_is_regions_plus_known_treatments():
     for name, ablation in names.ABLATIONS.items():
         assert set(ablation.regions) <= set(names.REGIONS) and set(ablation.treatments) <= set(names.TREATMENTS), name
-    assert names.ABLATIONS["all+tis"] == (names.REGIONS, ("tis",)) and names.regions_of("fp16") == ()
+    assert (names.ABLATIONS["all+tis"].regions, names.ABLATIONS["all+tis"].treatments) == (names.REGIONS, ("tis",)) and names.regions_of("fp16") == ()
     assert names.rollout_correction_of("rope+tis") == "decoupled_token_is" and names.rollout_correction_of("fp16") is None
     assert names.rollout_correction_of("all+geo_rs") == "decoupled_geo_rs" and names.regions_of("geo_rs") == ()
     assert names.reduction_of("all+engine_order") == "inductor_cpu" and names.reduction_of("all") == "eager"

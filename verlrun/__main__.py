@@ -7,11 +7,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from rla import names
+
 
 def _cell_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="experiment config (YAML)")
     parser.add_argument("--model", required=True, help="a key of model_specs")
-    parser.add_argument("--ablation", required=True, help="none, rope, swiglu, rmsnorm or all")
+    parser.add_argument("--ablation", required=True, help="an ablation of rla.names.ABLATIONS: " + ", ".join(names.ABLATIONS))
     parser.add_argument("--seed", required=True, type=int)
     parser.add_argument("--out", required=True, help="the cell directory, results/runs/MODEL/ABLATION/seedS")
     parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data)")

@@ -196,7 +196,7 @@ def plan_token_budget(shape: Shape, setup: Setup, min_tokens: int, step: int = 1
 
 
 def table_row(name: str, shape: Shape, setup: Setup, min_tokens: int, micro_batch: int | None = None) -> dict:
-    """One row of the README table: the planned budget, its peaks, and an old micro-batch setting."""
+    """One row of the memory table (docs/running.md): the planned budget, its peaks, and an old micro-batch setting."""
     budget = plan_token_budget(shape, setup, min_tokens)
     peaks = peak_bytes(shape, budget, setup)
     row = {

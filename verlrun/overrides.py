@@ -69,7 +69,7 @@ def cell_settings(cfg: dict, model: str, ablation: str | None = None) -> tuple[d
         raise ConfigError(f"ablation {ablation!r} runs on the local backend only ({', '.join(names.local_only(ablation))}: "
                           f"{names.TREATMENTS[names.local_only(ablation)[0]]})")
     rl = rl_settings(cfg, "verl", model)
-    if ablation is not None and "fp16" in names.treatments_of(ablation):
+    if ablation is not None and names.ablation(ablation).precision == "fp16":
         rl["dtype"] = "float16"
     return rl, verl_settings(cfg, model)
 

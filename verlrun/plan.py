@@ -1,4 +1,4 @@
-"""The README's memory and disk tables, from the functions that make the decisions."""
+"""The memory and disk tables of docs/running.md, from the functions that make the decisions."""
 
 from __future__ import annotations
 

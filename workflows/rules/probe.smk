@@ -7,7 +7,6 @@ rule probe:
         test=f"{DATA}/test.parquet",
     output:
         directory(f"{RESULTS}/probe/{{model}}"),
-    params:
     log:
         f"{LOGS}/probe/{{model}}.log",
     threads: 1
