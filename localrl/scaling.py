@@ -91,9 +91,9 @@ REAL_SHAPES = {
 }
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
 TINY_SHAPES = {
-    "qwen2-s": Shape("qwen2", 2, 64, 4, 2, 16, 192, 384, 1e4),
-    "qwen2-m": Shape("qwen2", 3, 96, 4, 2, 24, 256, 384, 1e4),
-    "qwen3-s": Shape("qwen3", 2, 64, 4, 2, 16, 192, 384, 1e4),
+    "qwen2-s": Shape("qwen2", 2, 64, 2, 1, 32, 192, 384, 1e4),
+    "qwen2-m": Shape("qwen2", 3, 96, 3, 1, 32, 256, 384, 1e4),
+    "qwen3-s": Shape("qwen3", 2, 64, 2, 1, 32, 192, 384, 1e4),
     "qwen3-m": Shape("qwen3", 3, 128, 4, 2, 32, 320, 384, 1e4),
 }
 

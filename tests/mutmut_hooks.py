@@ -1,0 +1,55 @@
+"""pytest plugin for mutation runs (`make mutate`, docs/mutation.md); mutmut loads it
+(pyproject.toml, [tool.mutmut] pytest_add_cli_args), nothing else does.
+
+mutmut 3 replaces every mutated function by a trampoline that picks the original or the active
+mutant at each call. The region functions (patches/fused.py, `impl="fused"`) and the engine's
+formulations (localrl/engine/ops.py, the tests' reference) run compiled, so Dynamo traces the
+trampoline too. Choosing the mutant traces fine: it reads `os.environ["MUTANT_UNDER_TEST"]`, which
+Dynamo guards on, so a graph compiled for one mutant is never reused for another (and each mutant
+runs in a fresh forked process anyway). Recording which tests reach which function (mutmut's "stats"
+run) does not: it goes through a ContextVar that Dynamo cannot trace. So here:
+
+- the call stack mutmut keeps for its dependency tracking is a constant (tracking is off:
+  track_dependencies = false), and
+- a hit inside compiled code is recorded while Dynamo traces it (comptime), and in the stats run
+  Dynamo's caches are reset before each test, so that every test that reaches compiled code traces
+  it and is recorded for it.
+"""
+
+import pytest
+import torch
+from mutmut import stats
+from mutmut.mutation import trampoline
+from torch._dynamo.comptime import comptime
+
+
+class _NoCallStack:
+    get = staticmethod(lambda: (None, 0))
+    set = staticmethod(lambda value: None)
+    reset = staticmethod(lambda token: None)
+
+
+def _record_hit(name, caller=None):
+    if torch.compiler.is_compiling():
+        comptime(lambda ctx: stats.record_trampoline_hit(ctx.get_local("name").as_python_constant()))
+    else:
+        stats.record_trampoline_hit(name)
+
+
+trampoline.MutmutCallStack = _NoCallStack
+trampoline.record_trampoline_hit = _record_hit
+
+
+def pytest_sessionstart(session):
+    """The code under test must be mutmut's copy (mutants/), or every mutant would survive."""
+    import localrl.engine.ops
+    import patches
+
+    for module in (patches, localrl.engine.ops):
+        assert "/mutants/" in module.__file__, f"{module.__name__} imported from {module.__file__}, not mutants/"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if trampoline.get_mutant_under_test() == "stats":
+        torch._dynamo.reset()
