@@ -3,6 +3,10 @@ nothing can collapse from rounding, how many runs never rise (the rule cannot fi
 many steps a run has left after its peak to show a fall (the rule needs `patience` below the threshold).
 
     python -m analysis calibrate --stability results/calibration/tables/stability.csv --config experiments/calibration.yaml
+    python -m analysis calibrate ... --runs results/calibration/runs --alternative min_rise=0.05 --alternative ...
+
+`--alternative KEY=VALUE[,KEY=VALUE]` re-applies the rule to the runs with those thresholds changed:
+how many false positives each alternative would have reported.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="the collapse rule's false positives on runs with no mismatch")
     p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
     p.add_argument("--config", required=True, help="their config (its `collapse:` thresholds)")
+    p.add_argument("--runs", help="the runs themselves (needed for --alternative)")
+    p.add_argument("--alternative", action="append", default=[],
+                   help="thresholds to try instead, e.g. min_rise=0.05,patience=5 (repeatable)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -46,4 +53,23 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for key, value in calibrate(stability, cfg.patience, cfg.smooth_window).items():
         print(f"{key}: {value}")
+    if args.alternative:
+        if not args.runs:
+            print("error: --alternative needs --runs", file=sys.stderr)
+            return 2
+        from dataclasses import replace
+
+        from analysis.collapse import stability_table
+        from analysis.load import load_runs
+
+        runs = load_runs(args.runs)
+        for text in args.alternative:
+            try:
+                changes = {k: type(getattr(cfg, k))(v) for k, v in (item.split("=", 1) for item in text.split(","))}
+                table = stability_table(runs, replace(cfg, **changes))
+            except (ValueError, TypeError, AttributeError) as err:
+                print(f"error: --alternative {text!r}: {err}", file=sys.stderr)
+                return 2
+            print(f"alternative {text}: {int(table['collapsed'].sum())} of {len(table)} runs collapsed, "
+                  f"{int((table['reason'] == 'no_rise').sum())} never rose")
     return 0

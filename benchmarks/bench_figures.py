@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.machine import cpu_model  # noqa: E402
 
 from analysis.output import write_text  # noqa: E402
-from tests.synthetic import write_grid  # noqa: E402
+from analysis.synthetic import write_grid  # noqa: E402
 
 STAGES = re.compile(r"total [\d.]+ s \((.*)\)")
 

@@ -44,7 +44,7 @@ from benchmarks.machine import describe  # noqa: E402
 
 import patches  # noqa: E402
 from patches import rmsnorm, rope, stream, swiglu  # noqa: E402
-from tests.numerics import stock_rms_norm  # noqa: E402,F401
+from benchmarks.stock import stock_rms_norm  # noqa: E402,F401
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 BF16 = torch.bfloat16

@@ -60,6 +60,8 @@ PROMPTS, NEW_TOKENS, VOCAB = 64, 64, 4096
 def make_checkpoint(spec: dict, out: str, seed: int = 0) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
+    from benchmarks.random_checkpoint import sharpen
+
     spec = dict(spec)
     cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.pop("arch")]
     config = cls(vocab_size=VOCAB, max_position_embeddings=1024, tie_word_embeddings=False, eos_token_id=1,
@@ -67,12 +69,7 @@ def make_checkpoint(spec: dict, out: str, seed: int = 0) -> None:
                  **spec)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.2 * torch.randn_like(p))
-            elif p.dim() == 2:
-                p.mul_(3.0)
+    sharpen(model)
     model.to(torch.bfloat16).save_pretrained(out)
 
 
@@ -137,7 +134,7 @@ def training_model(model_dir: str, kernels: str):
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     from localrl import kernels as shared
-    from tests.model_factory import to_bf16_fsdp_style
+    from localrl.models import to_bf16_fsdp_style
 
     model = to_bf16_fsdp_style(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)).eval()
     if kernels == "attention":

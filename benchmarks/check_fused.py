@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_regions import stock_rope  # noqa: E402
-from tests.numerics import stock_rms_norm  # noqa: E402
+from benchmarks.stock import stock_rms_norm  # noqa: E402
 from localrl.engine import ops  # noqa: E402
 from localrl.engine.model import compile_piece  # noqa: E402
 from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402

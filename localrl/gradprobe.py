@@ -333,7 +333,8 @@ def run_point(spec: PointSpec, log=print) -> PointResult:
             trainer.master.load_state_dict(state["trainer"]["master"])
             trainer.sync_compute_weights()
             step = int(state["step"])
-        engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        positions = max(trainer.master.config.max_position_embeddings, max(map(len, prompts)) + max_new)
+        engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id, max_positions=positions)
         engine.load_weights(trainer.weights_for_engine())
         log(f"gradprobe {spec.model} (step {step}, T {spec.temperature}): sampling {spec.batches} batches of "
             f"{rl['prompts_per_step']} x {rl['samples_per_prompt']} (the engine compiles on first use)")

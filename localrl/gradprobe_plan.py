@@ -148,6 +148,29 @@ def _point_checks(rows) -> dict[str, tuple[float, bool]]:
             "stopping rule: MNR(none) <= 0.1": (none["mnr"], none["mnr"] <= 0.1)}
 
 
+def points_table(points: dict[str, dict], out: Path) -> str:
+    """One markdown row per measured point: its ladder values and the numbers the hypotheses read."""
+    import json
+
+    import pandas as pd
+
+    head = ("| point | model | T | RL step | mean response length | e(none) | e(rope) | e(all) | noise | MNR(none) "
+            "| largest token \\|log-ratio\\| | geo_rs rejects |\n" + "| --- " * 12 + "|")
+    rows = [head]
+    for name in points:
+        if not (out / name / "gradprobe.csv").exists():
+            continue
+        at = pd.read_csv(out / name / "gradprobe.csv").set_index("setting")
+        meta = json.loads((out / name / "gradprobe.json").read_text())
+        none = at.loc["none"]
+        rejects = f"{at.loc['geo_rs', 'rejected_seq_frac']:.2f}" if "geo_rs" in at.index else "-"
+        rows.append(f"| {name} | {meta['model']} | {meta['temperature']:g} | {meta['rl_step']} | "
+                    f"{meta['response_len_mean']:.0f} | {none['e']:.3g} | {at.loc['rope', 'e']:.3g} | "
+                    f"{at.loc['all', 'e']:.3g} | {none['noise']:.3g} | {none['mnr']:.3g} | "
+                    f"{none['max_abs_log_ratio']:.2f} | {rejects} |")
+    return "\n".join(rows)
+
+
 def report(plan_file: str | Path, out: str | Path, log=print) -> int:
     """Each pre-registered check at each measured point, and each hypothesis as it falls:
     `{out}/hypotheses.csv` (per point) and a summary on stdout."""
@@ -175,9 +198,10 @@ def report(plan_file: str | Path, out: str | Path, log=print) -> int:
         frame = pd.concat([frame, pd.DataFrame([{"point": "+".join(ladder), "check": "HA2 flat in length (max/min <= 2)",
                                                  "value": spread, "holds": spread <= 2}])], ignore_index=True)
     write_csv(frame, out / "hypotheses.csv")
+    print(points_table(points, out) + "\n")
     print(f"| check | holds at | values (min - max) |\n| --- | --- | --- |")
     for check, group in frame.groupby("check", sort=False):
-        print(f"| {check} | {int(group['holds'].sum())} of {len(group)} points | "
+        print(f"| {check.replace('|', chr(92) + '|')} | {int(group['holds'].sum())} of {len(group)} points | "
               f"{group['value'].min():.3g} - {group['value'].max():.3g} |")
     if missing:
         print(f"not measured: {', '.join(missing)}")

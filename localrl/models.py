@@ -41,3 +41,14 @@ def build_model(spec: dict, tokenizer, seed: int):
 
 def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def to_bf16_fsdp_style(model):
+    """Cast parameters to bf16 but keep buffers (rotary inv_freq) in fp32, as FSDP mixed precision does.
+    `model.to(bfloat16)` alone would also round inv_freq and change every cos/sin."""
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model.to(torch.bfloat16)
+    for name, buf in buffers.items():
+        module_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(module_name), attr, buf)
+    return model

@@ -3,6 +3,8 @@
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
+from localrl.models import to_bf16_fsdp_style  # noqa: F401  (the tests' name for it)
+
 CONFIGS = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}
 
 
@@ -23,14 +25,3 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
             if name.endswith("norm.weight"):
                 p.add_(0.2 * torch.randn_like(p))
     return model.eval()
-
-
-def to_bf16_fsdp_style(model):
-    """Cast parameters to bf16 but keep buffers (rotary inv_freq) in fp32, as FSDP mixed precision does.
-    `model.to(bfloat16)` alone would also round inv_freq and change every cos/sin."""
-    buffers = {n: b.clone() for n, b in model.named_buffers()}
-    model.to(torch.bfloat16)
-    for name, buf in buffers.items():
-        module_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(module_name), attr, buf)
-    return model

@@ -2,6 +2,8 @@
 
 import torch
 
+from benchmarks.stock import stock_rms_norm  # noqa: F401  (the tests' name for it)
+
 
 def max_ulp(got: torch.Tensor, want: torch.Tensor) -> float:
     """Largest |got - want| in bf16 ulps of max(|want|, RMS of `want`). The floor at the tensor's RMS makes
@@ -22,10 +24,3 @@ def inductor_isa() -> str:
 
     isa = pick_vec_isa()
     return str(isa) if isa else "scalar"
-
-
-def stock_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """transformers' Qwen2RMSNorm/Qwen3RMSNorm.forward, written out (it also runs in float64, and stays
-    stock while the patches replace the module's forward); checked equal in tests/test_bench_regions.py."""
-    xf = x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
-    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)

@@ -17,7 +17,7 @@ from analysis.figures import _collapse_points, smoothed_frame
 from analysis.load import load_runs
 from analysis.series import bin_steps, mean_ci, trailing_mean
 from analysis.style import ABLATION_COLORS, StyleWarning, ablation_order, ablation_palette
-from tests.synthetic import write_grid
+from analysis.synthetic import write_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -146,17 +146,18 @@ def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
         plan_points(plan)
 
 
-def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path):
+def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path, capsys):
     """--report against made-up point tables: each check holds or fails as its numbers say."""
     import yaml
 
     from localrl.gradprobe_plan import report
 
     def table(e_all, mnr_none, e_rope):
+        rest = {"noise": 1.0, "max_abs_log_ratio": 0.3}
         return pd.DataFrame([
-            {"setting": "none", "e": 0.03, "mnr": mnr_none, "mean_abs_d_ref": 0.005, "is_size": 0.02, "sqrt_2k3L": 0.02},
-            {"setting": "rope", "e": e_rope, "mnr": 0.0, "mean_abs_d_ref": 0.004, "is_size": 0.0, "sqrt_2k3L": 0.0},
-            {"setting": "all", "e": e_all, "mnr": 0.0, "mean_abs_d_ref": 1e-5, "is_size": 0.0, "sqrt_2k3L": 0.0}])
+            {"setting": "none", "e": 0.03, "mnr": mnr_none, "mean_abs_d_ref": 0.005, "is_size": 0.02, "sqrt_2k3L": 0.02, **rest},
+            {"setting": "rope", "e": e_rope, "mnr": 0.0, "mean_abs_d_ref": 0.004, "is_size": 0.0, "sqrt_2k3L": 0.0, **rest},
+            {"setting": "all", "e": e_all, "mnr": 0.0, "mean_abs_d_ref": 1e-5, "is_size": 0.0, "sqrt_2k3L": 0.0, **rest}])
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump({"gradprobe": {"points": {"good": {"model": "m"}, "bad": {"model": "m"},
@@ -165,7 +166,10 @@ def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path):
     for name, args in {"good": (1e-3, 0.01, 0.024), "bad": (3e-3, 0.2, 0.003)}.items():
         (tmp_path / name).mkdir()
         table(*args).to_csv(tmp_path / name / "gradprobe.csv", index=False)
+        (tmp_path / name / "gradprobe.json").write_text(
+            '{"model": "m", "temperature": 1.0, "rl_step": 0, "response_len_mean": 13.0}')
     assert report(plan, tmp_path, log=lambda line: None) == 0
+    assert "| good | m | 1 | 0 | 13 | 0.03 | 0.024 | 0.001 | 1 | 0.01 | 0.30 | - |" in capsys.readouterr().out
     got = pd.read_csv(tmp_path / "hypotheses.csv").set_index(["point", "check"])["holds"]
     assert got["good", "HA1 e(all)/e(none) <= 0.05"] and not got["bad", "HA1 e(all)/e(none) <= 0.05"]
     assert got["good", "HA3 MNR(none) <= 0.05"] and not got["bad", "HA3 MNR(none) <= 0.05"]

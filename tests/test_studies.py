@@ -56,3 +56,28 @@ def test_calibration_counts_false_positives_and_runs_that_never_rose():
     got = calibrate(stability, patience=10, smooth_window=10)
     assert got["false_positives"] == 1 and got["false_positive_rate"] == 0.25 and got["never_rose"] == 1
     assert got["steps_after_peak_min"] == 1 and got["runs_with_room_to_fall"] == 3  # 30, 48, 20 >= 20
+
+
+def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
+    """Synthetic runs where `none` collapses: the command counts them, and an alternative threshold
+    that asks for an impossible rise finds none; a bad key is named."""
+    import yaml
+
+    from analysis.cli import main
+    from analysis.collapse import stability_table
+    from analysis.config import CollapseConfig
+    from analysis.load import load_runs
+    from analysis.synthetic import write_grid
+
+    write_grid(tmp_path / "runs", ["m"], ["none", "all"], [0, 1], steps=80)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 5, "min_rise": 0.05, "patience": 5}}))
+    cfg = CollapseConfig.from_mapping(yaml.safe_load(config.read_text())["collapse"])
+    stability_table(load_runs(tmp_path / "runs"), cfg).to_csv(tmp_path / "stability.csv", index=False)
+    args = ["calibrate", "--stability", str(tmp_path / "stability.csv"), "--config", str(config), "--runs",
+            str(tmp_path / "runs")]
+    assert main(args + ["--alternative", "min_rise=5.0"]) == 0
+    out = capsys.readouterr().out
+    assert "false_positives: 2" in out and "alternative min_rise=5.0: 0 of 4 runs collapsed, 4 never rose" in out
+    assert main(args + ["--alternative", "min_rize=0.05"]) == 2
+    assert "min_rize" in capsys.readouterr().err
