@@ -143,7 +143,7 @@ def reduction_of(name: str) -> str:
 
 def local_only(name: str) -> tuple[str, ...]:
     """The treatments of an ablation that only the local backend runs (empty: both backends run it)."""
-    return tuple(t for t in treatments_of(name) if EFFECTS[t].get("local_only")) if ablation(name).local_only else ()
+    return tuple(t for t in treatments_of(name) if EFFECTS[t].get("local_only"))
 
 
 def subset_name(regions: Iterable[str]) -> str:

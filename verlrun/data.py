@@ -131,11 +131,8 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
     if data_cfg.get("generate") is not None:
         for split in ("train", "test"):
             rows = generated(data_cfg, split)
-            path = out_dir / f"{split}.parquet"
-            with atomic_path(path) as tmp:
-                rows.to_parquet(tmp, index=False)
-            written[split] = path
-            print(f"{split}: {len(rows)} generated rows -> {path}", flush=True)
+            written[split] = _write(rows, out_dir / f"{split}.parquet")
+            print(f"{split}: {len(rows)} generated rows -> {written[split]}", flush=True)
         return written
     for split in ("train", "test"):
         part = data_cfg.get(split)
@@ -146,9 +143,13 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
         if limit:
             frame = frame.head(int(limit))
         rows = to_verl_rows(frame, fmt, split, data_cfg.get("instruction"))
-        path = out_dir / f"{split}.parquet"
-        with atomic_path(path) as tmp:
-            rows.to_parquet(tmp, index=False)
-        written[split] = path
-        print(f"{split}: {len(rows)} rows from {part['source']} -> {path}", flush=True)
+        written[split] = _write(rows, out_dir / f"{split}.parquet")
+        print(f"{split}: {len(rows)} rows from {part['source']} -> {written[split]}", flush=True)
     return written
+
+
+def _write(rows, path: Path) -> Path:
+    """One split's parquet, written atomically (a crash leaves the previous file or none)."""
+    with atomic_path(path) as tmp:
+        rows.to_parquet(tmp, index=False)
+    return path
