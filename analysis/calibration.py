@@ -32,25 +32,22 @@ def calibrate(stability: pd.DataFrame, patience: int, smooth_window: int) -> dic
             "runs_with_room_to_fall": int((left >= patience + smooth_window).sum())}
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("calibrate", help="the collapse rule's false positives on runs with no mismatch")
     p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
     p.add_argument("--config", required=True, help="their config (its `collapse:` thresholds)")
     p.add_argument("--runs", help="the runs themselves (needed for --alternative)")
     p.add_argument("--alternative", action="append", default=[],
                    help="thresholds to try instead, e.g. min_rise=0.05,patience=5 (repeatable)")
+    return p
 
 
 def main(args: argparse.Namespace) -> int:
     from analysis.config import CollapseConfig
     from rla.config import load
 
-    try:
-        stability = pd.read_csv(args.stability)
-        cfg = CollapseConfig.from_mapping(load(args.config).get("collapse"))
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    stability = pd.read_csv(args.stability)
+    cfg = CollapseConfig.from_mapping(load(args.config).get("collapse"))
     for key, value in calibrate(stability, cfg.patience, cfg.smooth_window).items():
         print(f"{key}: {value}")
     if args.alternative:

@@ -1,10 +1,11 @@
-"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...``;
-``python -m analysis probe --probe DIR --out FIGURES`` (see :mod:`analysis.probe`);
-``python -m analysis treatments --tables DIR --out FIGURES`` (see :mod:`analysis.treatments`)."""
+"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...`` read run logs;
+each study of `STUDIES` adds its own subcommand (``python -m analysis probe|treatments|stall|
+calibrate|scaling ...``: the module's `add_parser` and `main`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 import time
@@ -16,6 +17,8 @@ from analysis.load import Run, load_runs, tidy_table, wide_table
 from analysis.output import to_markdown, write_csv, write_parquet, write_text
 
 log = logging.getLogger("analysis")
+# The studies' modules: each reads its own files (probe CSVs, tables, a stability table...), not runs.
+STUDIES = ("analysis.probe", "analysis.treatments", "analysis.stall", "analysis.calibration", "analysis.scaling")
 
 
 def _default_tables(runs_dir: str) -> Path:
@@ -126,41 +129,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figures", required=True, help="figures directory")
     p.add_argument("--max-points", **plot_args)
 
-    from analysis.probe import add_parser as add_probe_parser
-
-    add_probe_parser(sub)
-    from analysis.treatments import add_parser as add_treatments_parser
-
-    add_treatments_parser(sub)
-    from analysis.stall import add_parser as add_stall_parser
-
-    add_stall_parser(sub)
-    from analysis.calibration import add_parser as add_calibration_parser
-
-    add_calibration_parser(sub)
+    for module in STUDIES:
+        study = importlib.import_module(module)
+        study.add_parser(sub).set_defaults(study=study.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "probe":  # reads probe CSV files, not runs
-        from analysis.probe import main as probe_main
-
-        return probe_main(args)
-    if args.command == "treatments":  # reads tables and a benchmark file, not runs
-        from analysis.treatments import main as treatments_main
-
-        return treatments_main(args)
-    if args.command == "stall":  # reads one study's runs against its pre-registration
-        from analysis.stall import main as stall_main
-
-        return stall_main(args)
-    if args.command == "calibrate":  # reads a stability table
-        from analysis.calibration import main as calibration_main
-
-        return calibration_main(args)
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
+    logging.basicConfig(level=logging.WARNING if getattr(args, "quiet", False) else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if hasattr(args, "study"):  # a bad input file or value: one line naming it
+        try:
+            return args.study(args)
+        except (FileNotFoundError, ValueError, KeyError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     # Data warnings name the file and line themselves: print them without the source-code echo.
     original_format = warnings.formatwarning
     warnings.formatwarning = lambda message, *_args, **_kw: f"warning: {message}\n"

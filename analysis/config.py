@@ -13,63 +13,35 @@ from pathlib import Path
 from typing import Any
 
 from rla import config as rla_config
+from rla.config import COLLAPSE, collapse_settings
+
+
+_D = {name: key.default for name, key in COLLAPSE.items()}  # the defaults, from the table
 
 
 @dataclass(frozen=True)
 class CollapseConfig:
-    """Thresholds of the collapse definition (see :mod:`analysis.collapse` for their meaning)."""
+    """Thresholds of the collapse definition (see :mod:`analysis.collapse` for their meaning); keys,
+    defaults and checks are `rla.config.COLLAPSE`'s."""
 
-    smooth_window: int = 5
-    min_rise: float = 0.05
-    drop_frac: float = 0.5
-    patience: int = 5
-    k3_kl_threshold: float = 0.01
-    score_metric: str = "critic/score/mean"
-    k3_metric: str = "rollout_corr/k3_kl"
-    nonfinite_metrics: tuple[str, ...] = ("actor/pg_loss", "actor/grad_norm")
+    smooth_window: int = _D["smooth_window"]
+    min_rise: float = _D["min_rise"]
+    drop_frac: float = _D["drop_frac"]
+    patience: int = _D["patience"]
+    k3_kl_threshold: float = _D["k3_kl_threshold"]
+    score_metric: str = _D["score_metric"]
+    k3_metric: str = _D["k3_metric"]
+    nonfinite_metrics: tuple[str, ...] = _D["nonfinite_metrics"]
 
     def __post_init__(self) -> None:
-        checks = {
-            "smooth_window": (self.smooth_window, "an integer >= 1", _is_int(self.smooth_window, 1)),
-            "patience": (self.patience, "an integer >= 1", _is_int(self.patience, 1)),
-            "min_rise": (self.min_rise, "a number > 0", _is_number(self.min_rise) and self.min_rise > 0),
-            "drop_frac": (self.drop_frac, "a number in (0, 1]",
-                          _is_number(self.drop_frac) and 0 < self.drop_frac <= 1),
-            "k3_kl_threshold": (self.k3_kl_threshold, "a number > 0",
-                                _is_number(self.k3_kl_threshold) and self.k3_kl_threshold > 0),
-        }
-        for key, (value, allowed, ok) in checks.items():
-            if not ok:
-                raise ValueError(f"collapse.{key} = {value!r} is invalid: it must be {allowed}")
-        if isinstance(self.nonfinite_metrics, str) or not all(
-            isinstance(m, str) for m in self.nonfinite_metrics
-        ):
-            raise ValueError(
-                f"collapse.nonfinite_metrics = {self.nonfinite_metrics!r} is invalid: "
-                "it must be a list of metric names"
-            )
+        for f in dataclasses.fields(self):
+            COLLAPSE[f.name].check(f"collapse.{f.name}", getattr(self, f.name))
         object.__setattr__(self, "nonfinite_metrics", tuple(self.nonfinite_metrics))
 
     @classmethod
     def from_mapping(cls, section: dict[str, Any] | None) -> "CollapseConfig":
         """Build from a config's ``collapse:`` mapping; unknown keys are an error, missing keys default."""
-        section = dict(section or {})
-        allowed = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(section) - set(allowed))
-        if unknown:
-            raise ValueError(
-                f"unknown key(s) in the collapse section: {', '.join(unknown)}; "
-                f"allowed: {', '.join(allowed)}"
-            )
-        return cls(**section)
-
-
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return cls(**collapse_settings({"collapse": section}))
 
 
 @dataclass(frozen=True)
@@ -90,11 +62,8 @@ def load_config(path: str | Path | None) -> AnalysisConfig:
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
     raw = rla_config.load(path)
-    section = raw.get("collapse")
-    if section is not None and not isinstance(section, dict):
-        raise ValueError(f"{path}: 'collapse' must be a mapping, got {type(section).__name__}")
     try:
-        collapse = CollapseConfig.from_mapping(section)
+        collapse = CollapseConfig.from_mapping(raw.get("collapse"))
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path}: {err}") from err
     return AnalysisConfig(

@@ -191,9 +191,12 @@ def _legend(fig, layout: Layout, with_collapse: bool = False) -> None:
                title="ablation", frameon=False)
 
 
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
+def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
+    """`name`.png and .pdf in `out_dir`, byte-reproducible, written atomically; closes the figure.
+    Every figure of the suite goes through here."""
     from rla.files import atomic_path
 
+    out_dir = Path(out_dir)
     written = []
     for fmt in FORMATS:
         target = out_dir / f"{name}.{fmt}"
@@ -235,7 +238,7 @@ def score_figure(runs, stability, cfg: AnalysisConfig, layout: Layout, out_dir: 
     for ax in list(axes.flat)[len(layout.models):]:
         ax.set_visible(False)
     _legend(fig, layout, with_collapse=not marks.empty)
-    return _save(fig, out_dir, "score")
+    return save_figure(fig, out_dir, "score")
 
 
 def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name: str,
@@ -262,7 +265,7 @@ def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name
             if row == len(panels) - 1:
                 ax.set_xlabel("step")
     _legend(fig, layout)
-    return _save(fig, out_dir, name)
+    return save_figure(fig, out_dir, name)
 
 
 def collapse_heatmap(stability: pd.DataFrame, cfg: AnalysisConfig, out_dir: Path) -> list[Path]:
@@ -285,7 +288,7 @@ def collapse_heatmap(stability: pd.DataFrame, cfg: AnalysisConfig, out_dir: Path
     ax.set_xlabel("ablation")
     ax.set_ylabel("model")
     ax.set_title("collapsed seeds / seeds  (@ median collapse step)")
-    return _save(fig, out_dir, "collapse_heatmap")
+    return save_figure(fig, out_dir, "collapse_heatmap")
 
 
 def make_figures(runs: list[Run], stability: pd.DataFrame, cfg: AnalysisConfig, out_dir: str | Path,

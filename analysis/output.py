@@ -7,12 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from rla import files
-from rla.files import atomic_path
-
-
-def write_csv(frame: pd.DataFrame, target: str | Path) -> None:
-    with atomic_path(target) as tmp:
-        frame.to_csv(tmp, index=False)
+from rla.files import atomic_path, write_csv  # noqa: F401  (analysis' name for it)
 
 
 def write_parquet(frame: pd.DataFrame, target: str | Path) -> None:

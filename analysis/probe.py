@@ -20,13 +20,13 @@ import argparse
 import itertools
 import logging
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from rla.names import REGIONS
+from analysis import figures
 from analysis.output import to_markdown, write_csv, write_text
 from analysis.style import ABLATION_COLORS, apply_theme
 
@@ -218,12 +218,6 @@ def _pyplot():
     return plt
 
 
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
-    from analysis.figures import _save as save_figure
-
-    return save_figure(fig, Path(out_dir), name)
-
-
 def _positive_floor(values: np.ndarray) -> float:
     positive = values[values > 0]
     return float(positive.min()) / 10 if len(positive) else 1e-8
@@ -258,7 +252,7 @@ def plot_subsets(subsets: pd.DataFrame, out_dir: Path, title: str, name: str = "
     main = training_settings(subsets)
     fig, ax = plt.subplots(figsize=(5.2, 3.4), layout="constrained")
     _bars(ax, main, title)
-    return _save(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, name)
 
 
 def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "probe_subsets") -> list[Path]:
@@ -273,7 +267,7 @@ def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "pro
     axes[0, 0].set_ylim(_positive_floor(all_values), all_values.max() * 4)
     for ax in axes[0, 1:]:
         ax.set_ylabel("")
-    return _save(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, name)
 
 
 def plot_layers(layers: pd.DataFrame, out_dir: Path, title: str, name: str = "layers") -> list[Path]:
@@ -302,7 +296,7 @@ def plot_layers(layers: pd.DataFrame, out_dir: Path, title: str, name: str = "la
     ax_same.set_ylim(-0.03, 1.03)
     ax_same.legend(fontsize=6, loc="best")
     fig.suptitle(title)
-    return _save(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, name)
 
 
 def plot_where(by_probability: pd.DataFrame, by_position: pd.DataFrame, out_dir: Path, title: str,
@@ -338,7 +332,7 @@ def plot_where(by_probability: pd.DataFrame, by_position: pd.DataFrame, out_dir:
         ax.set_ylabel("mean |Δ logprob|")
     ax_pos.legend(fontsize=6)
     fig.suptitle(title)
-    return _save(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, name)
 
 
 def write_model_report(probe_dir: str | Path, title: str | None = None, figures_dir: str | Path | None = None,
@@ -366,13 +360,14 @@ def write_model_report(probe_dir: str | Path, title: str | None = None, figures_
 # Command line: python -m analysis probe --probe DIR --out FIGURES [--tables DIR]
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("probe", help="figures and tables of the mismatch probe (its CSV files)")
     p.add_argument("--probe", required=True, help="one probe directory, or a directory of them (results/probe)")
     p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
     p.add_argument("--tables", help="where probe_subsets.csv / probe_shares.csv / probe.md go "
                                     "(default: <probe>/../tables)")
     p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    return p
 
 
 def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path | None = None) -> list[Path]:
@@ -411,12 +406,6 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        written = run(args.probe, args.out, args.tables)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    written = run(args.probe, args.out, args.tables)
     log.info("wrote %d files", len(written))
     return 0

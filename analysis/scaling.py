@@ -12,7 +12,7 @@
 
 Figures are byte-reproducible (no timestamps: PDF CreationDate off, PNG without dates).
 
-    python -m analysis.scaling --tables results/tables --out figures/scaling
+    python -m analysis scaling --tables results/scaling --out figures/scaling
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from analysis.output import atomic_path, to_markdown, write_csv, write_text  # noqa: E402
+from analysis import figures  # noqa: E402
+from analysis.output import to_markdown, write_csv, write_text  # noqa: E402
 from analysis.style import ABLATION_COLORS, apply_theme  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,6 @@ ABLATIONS = ("none", "rope", "swiglu", "rmsnorm", "all", "compile", "fp16")  # t
 ALONE = {"rope": "swiglu+rmsnorm", "swiglu": "rope+rmsnorm", "rmsnorm": "rope+swiglu"}
 ARCH_STYLE = {"qwen2": "-", "qwen3": "--"}
 REQUIRED = ["factor", "value", "arch", "setting", *METRICS]
-SAVE_METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Producer": None}}
 
 
 def load_table(path: str | Path) -> pd.DataFrame:
@@ -89,17 +89,6 @@ def fit_exponents(table: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
                          "value_high": g["value"].max(), "metric_low": float(g.loc[g["value"].idxmin(), metric]),
                          "metric_high": float(g.loc[g["value"].idxmax(), metric])})
     return pd.DataFrame(rows)
-
-
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
-    written = []
-    for fmt, metadata in SAVE_METADATA.items():
-        target = out_dir / f"{name}.{fmt}"
-        with atomic_path(target) as tmp:
-            fig.savefig(tmp, format=fmt, dpi=150, metadata=metadata)
-        written.append(target)
-    plt.close(fig)
-    return written
 
 
 def _legend(fig, archs, settings):
@@ -154,7 +143,7 @@ def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     fig.subplots_adjust(left=0.07, right=1 - 1.5 / fig.get_figwidth(), top=0.95, bottom=0.08, wspace=0.35,
                         hspace=0.3)
     _legend(fig, archs, set(table["setting"]))
-    return _save(fig, out_dir, "mismatch_scaling")
+    return figures.save_figure(fig, out_dir, "mismatch_scaling")
 
 
 def _region_lines() -> dict[str, tuple[str, str]]:
@@ -177,7 +166,7 @@ def regions_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     handles = [plt.Line2D([], [], color=c, lw=2, label=n) for n, (_, c) in _region_lines().items()]
     handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
     fig.legend(handles=handles, loc="center right", frameon=False, title="error of")
-    return _save(fig, out_dir, "mismatch_regions")
+    return figures.save_figure(fig, out_dir, "mismatch_regions")
 
 
 def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict) -> pd.DataFrame:
@@ -242,7 +231,7 @@ def where_figure(by_position: pd.DataFrame, by_probability: pd.DataFrame, point:
     desc = ", ".join(f"{k} {v}" for k, v in point.items())
     fig.suptitle(f"where the error sits ({desc}); Δ = train - engine", fontsize=9)
     fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.1, wspace=0.25, hspace=0.3)
-    return _save(fig, out_dir, "mismatch_where")
+    return figures.save_figure(fig, out_dir, "mismatch_where")
 
 
 def fits_markdown(fits: pd.DataFrame, metrics=("mean_abs_dlogprob", "k3_kl", "seq_logratio_var")) -> str:
@@ -283,21 +272,15 @@ def run(tables: Path, out: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m analysis.scaling", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tables", required=True, help="dir with mismatch_scaling.csv (+ _by_position, _by_probability)")
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("scaling", help="fits, figures and tables of the mismatch scaling study (its CSVs)")
+    p.add_argument("--tables", required=True, help="dir with mismatch_scaling.csv (+ _by_position, _by_probability), "
+                   "e.g. results/scaling")
     p.add_argument("--out", required=True, help="figures dir, e.g. figures/scaling")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    try:
-        for path in run(Path(args.tables), Path(args.out)):
-            print(f"wrote {path}", file=sys.stderr)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    for path in run(Path(args.tables), Path(args.out)):
+        print(f"wrote {path}", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -67,11 +67,12 @@ def judge(runs: pd.DataFrame, prereg: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("stall", help="judge the rejection-stall study's pre-registered predictions")
     p.add_argument("--config", required=True, help="the study's config (its `preregistration:` section)")
     p.add_argument("--runs", required=True, help="the study's runs directory")
     p.add_argument("--out", required=True, help="where stall_runs.csv and stall_checks.csv go")
+    return p
 
 
 def main(args: argparse.Namespace) -> int:
@@ -81,12 +82,8 @@ def main(args: argparse.Namespace) -> int:
     if not isinstance(prereg, dict):
         print(f"error: {args.config} has no `preregistration:` section", file=sys.stderr)
         return 2
-    try:
-        runs = per_run(load_runs(args.runs))
-        checks = judge(runs, prereg)
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    runs = per_run(load_runs(args.runs))
+    checks = judge(runs, prereg)
     out = Path(args.out)
     write_csv(runs, out / "stall_runs.csv")
     write_csv(checks, out / "stall_checks.csv")

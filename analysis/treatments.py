@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
 import pandas as pd
 
+from analysis import figures
 from analysis.output import to_markdown, write_csv, write_text
 from analysis.style import ablation_order, ablation_palette, apply_theme
 
@@ -143,7 +143,6 @@ def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analysis.figures import _save
 
     apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
@@ -169,7 +168,7 @@ def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[P
         ax.set_xticks(range(len(ablations)), ablations, rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=8)
     axes[0, -1].legend(fontsize=6, title="model", title_fontsize=6)
-    return _save(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, name)
 
 
 def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> list[Path]:
@@ -187,21 +186,16 @@ def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> li
     return [out_dir / "treatments.csv", out_dir / "treatments.md"] + plot(frame, out_dir)
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("treatments", help="the fixes side by side: mismatch, cost, stability")
     p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
     p.add_argument("--bench", help="benchmarks/results/treatments.json (cost columns)")
     p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
     p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    return p
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    try:
-        written = run(args.tables, args.bench, args.out)
-    except (FileNotFoundError, ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    written = run(args.tables, args.bench, args.out)
     log.info("wrote %s", ", ".join(str(p) for p in written))
     return 0

@@ -5,7 +5,7 @@
     python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
     python -m localrl probe --config CFG --model NAME --out results/tiny/probe/NAME
     python -m localrl probe --engine vllm --model CHECKPOINT_DIR --out DIR     # any Qwen2/2.5/3 checkpoint
-    python -m localrl scaling --out results/tables [--factors ...] [--big] [--real]
+    python -m localrl scaling --out results/scaling [--factors ...] [--big] [--real]
     python -m localrl gradprobe --config CFG --model NAME [--checkpoint FILE] [--temperature T] --out DIR
     python -m localrl gradprobe --plan experiments/gradprobe.yaml --out results/gradprobe   # the ladders
 """

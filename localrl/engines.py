@@ -30,7 +30,6 @@ IDENTITY_KEYS = ("name", "target", "version", "platform")
 # memory, and that path is untested. On a GPU, the probe (`--engine vllm`) and verlrun use a GPU vLLM.
 RIG_VLLM_ON_CPU_ONLY = ("the rig runs vLLM's CPU build only (LOCALRL_DEVICE is not cpu); on a GPU, "
                         "`python -m localrl probe --engine vllm` and the verl backend use your vLLM")
-VLLM_CPU_MACHINES = ("x86_64", "aarch64")
 
 
 @functools.cache

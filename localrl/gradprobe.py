@@ -358,7 +358,7 @@ def run_point(spec: PointSpec, log=print) -> PointResult:
 
 
 def write(result: PointResult, out: str | Path) -> list[Path]:
-    from analysis.output import write_csv
+    from rla.files import write_csv
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -83,7 +83,7 @@ def checkpoint_of(point: dict, out: Path, log=print) -> str | None:
     cfg = load(point["config"])
     ablation, seed = point.get("rl_ablation", "none"), int(point.get("seed", 0))
     cell = resolve_cell(cfg, point["model"], ablation, seed, int(steps))
-    cell_dir = Path(layout.results_dir(cfg)) / "runs" / point["model"] / ablation / f"seed{seed}"
+    cell_dir = layout.cell_dir(cfg, point["model"], ablation, seed)
     data_dir, model_dir = default_paths(cfg, point["model"])
     log(f"RL checkpoint: {point['model']}/{ablation}/seed{seed} to step {steps} in {cell_dir}")
     train_cell(cell, cell_dir, model_dir, data_dir)
@@ -176,7 +176,7 @@ def report(plan_file: str | Path, out: str | Path, log=print) -> int:
     `{out}/hypotheses.csv` (per point) and a summary on stdout."""
     import pandas as pd
 
-    from analysis.output import write_csv
+    from rla.files import write_csv
 
     plan, points = plan_points(plan_file)
     out = Path(out)

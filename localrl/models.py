@@ -6,28 +6,29 @@ no bias). Depth and width come from `model_specs` in the experiment config.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 MAX_POSITIONS = 256
 ROPE_THETA = 10000.0
 
 
-def model_config(spec: dict, tokenizer):
-    """A transformers Qwen2Config / Qwen3Config for one `model_specs` entry."""
+def qwen_config(arch: str, vocab_size: int, rope_theta: float = ROPE_THETA,
+                max_position_embeddings: int = MAX_POSITIONS, **fields):
+    """A transformers Qwen2Config / Qwen3Config with untied embeddings and default RoPE: every model
+    the suite builds (the tiny grid, the scaling study, the rounding map) comes from here."""
     from transformers import Qwen2Config, Qwen3Config
 
-    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec["arch"]]  # checked by rla.config.model_spec
-    kwargs = {k: v for k, v in spec.items() if k not in ("arch", "rope_theta", "max_position_embeddings")}
-    return cls(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=spec.get("max_position_embeddings", MAX_POSITIONS),
-        rope_parameters={"rope_type": "default", "rope_theta": float(spec.get("rope_theta", ROPE_THETA))},
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        **kwargs,
-    )
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
+    return cls(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
+               rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, **fields)
+
+
+def model_config(spec: dict, tokenizer):
+    """The config of one `model_specs` entry (its keys checked by rla.config.model_spec)."""
+    return qwen_config(**spec, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                       eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
 
 
 def build_model(spec: dict, tokenizer, seed: int):
@@ -43,12 +44,14 @@ def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def to_bf16_fsdp_style(model):
-    """Cast parameters to bf16 but keep buffers (rotary inv_freq) in fp32, as FSDP mixed precision does.
-    `model.to(bfloat16)` alone would also round inv_freq and change every cos/sin."""
-    buffers = {n: b.clone() for n, b in model.named_buffers()}
-    model.to(torch.bfloat16)
-    for name, buf in buffers.items():
-        module_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(module_name), attr, buf)
+def to_bf16_fsdp_style(model, dtype: torch.dtype = torch.bfloat16):
+    """Cast the parameters (in place) to `dtype` but keep the buffers (rotary inv_freq) in fp32, as FSDP
+    mixed precision does. `model.to(bfloat16)` would also round inv_freq and change every cos/sin."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
     return model
+
+
+def compute_copy(master, dtype: torch.dtype = torch.bfloat16):
+    """The training side's compute model: a copy of the fp32 master, parameters in `dtype`, buffers fp32."""
+    return to_bf16_fsdp_style(copy.deepcopy(master), dtype)

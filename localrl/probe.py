@@ -42,6 +42,7 @@ from patches import compile as compiled_layers
 from rla.config import ConfigError
 from rla.names import ENGINES, REGIONS, subset_name
 from localrl.engine.engine import Engine, Rollout, prefill_mask
+from localrl.models import compute_copy
 from localrl.trainer import Batch, Trainer, sequence_inputs
 
 MAIN_REFERENCE = "engine_forward"
@@ -122,13 +123,6 @@ def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -
     return Forward(next_token_logprobs(logits, ids), [embed] + [h.to(embed.dtype) for h in layers], logits)
 
 
-def _decoder_layers(model):
-    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no decoder layers to record")
-    return layers
-
-
 @contextlib.contextmanager
 def numerics(model, setting: Setting):
     """The training side under `setting` inside the block: its regions rounding like its target, the
@@ -178,7 +172,7 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
         # activation dtype, as the engine's pieces store the residual.
         recorded.append(hidden_state(out, hidden).to(dtype))
 
-    layers = _decoder_layers(model)
+    layers = compiled_layers.decoder_layers(model)
     handles = [layer.register_forward_hook(record) for layer in layers]  # outside a compiled layer
     handles.append(model.get_input_embeddings().register_forward_hook(record))
     try:
@@ -325,7 +319,7 @@ class ProbeResult:
     FILES = ("subsets", "layers", "by_probability", "by_position")
 
     def write(self, out_dir: str | Path) -> list[Path]:
-        from analysis.output import write_csv
+        from rla.files import write_csv
 
         out_dir = Path(out_dir)
         paths = []
@@ -365,7 +359,7 @@ class Sides:
 
             if self.master is None:
                 raise ValueError(f"a {dtype} setting needs the fp32 master weights (run_probe(..., master=...))")
-            self.train[dtype] = use_local_kernels(Trainer._compute_copy(self.master, dtype))
+            self.train[dtype] = use_local_kernels(compute_copy(self.master, dtype))
             self.engine[dtype] = EngineModel(self.master.config, self.max_positions, dtype, device=self.master.device)
             self.engine[dtype].load_hf_weights(self.master.state_dict())
         return self.train[dtype], self.engine[dtype]

@@ -183,6 +183,7 @@ def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
     """{dtype: model}: the RL trainer's BF16 model (its own construction) and an FP16 copy of the same
     master weights, each with the GEMM that equals its engine's."""
     from localrl.kernels import use_local_kernels
+    from localrl.models import compute_copy
     from localrl.trainer import Trainer
     from rla.config import rl_settings
 
@@ -190,7 +191,7 @@ def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
     trainer = Trainer(str(model_dir), rl, "all", target=target, gemm=gemm[torch.bfloat16])
     models = {torch.bfloat16: trainer.model}
     if torch.float16 in gemm:
-        models[torch.float16] = use_local_kernels(Trainer._compute_copy(trainer.master, torch.float16),
+        models[torch.float16] = use_local_kernels(compute_copy(trainer.master, torch.float16),
                                                   linear=gemm[torch.float16] == "fp32")
     return trainer, models
 

@@ -312,12 +312,10 @@ def expected_target(engine: str) -> str:
 
 
 def model_config(arch: str, shape: str, vocab_size: int = 1024):
-    from transformers import Qwen2Config, Qwen3Config
+    from localrl.models import qwen_config
 
-    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
-    return cls(vocab_size=vocab_size, max_position_embeddings=1024, tie_word_embeddings=False,
-               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-               architectures=[f"{cls.__name__.removesuffix('Config')}ForCausalLM"], **SHAPES[shape])
+    return qwen_config(arch, vocab_size, max_position_embeddings=1024,
+                       architectures=[f"{arch.capitalize()}ForCausalLM"], **SHAPES[shape])
 
 
 def derive(engine: str, arch: str, shape: str) -> dict[str, Counter]:

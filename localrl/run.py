@@ -28,13 +28,9 @@ from localrl import checkpoint
 from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
 from localrl.task import render_prompt, score
 from rla import cells, files
-from rla.config import ConfigError
+from rla.config import RL, ConfigError, identity_of
 
 log = logging.getLogger("localrl")
-
-# rl settings that change how a cell is run, not what it computes: not part of its identity.
-OPERATIONAL_RL_KEYS = ("checkpoint_every",)
-
 
 class PromptSampler:
     """Epoch-wise shuffled prompt order (like verl's RandomSampler), resumable."""
@@ -220,7 +216,7 @@ def cell_identity(cell: dict, model_dir: Path, data_dir: Path) -> dict:
     return cells.canonical({
         "backend": "local", "model": cell["model"], "model_spec": cell["model_spec"],
         "ablation": cell["ablation"], "seed": cell["seed"], "engine": engines.identity(cell["engine"]),
-        "rl": {k: v for k, v in cell["rl"].items() if k not in OPERATIONAL_RL_KEYS},
+        "rl": identity_of(cell["rl"], RL),
         "data": cells.fingerprint(data_dir / "train.parquet", data_dir / "test.parquet"),
         "initial_model": cells.fingerprint(model_dir / "model.safetensors"),
     })

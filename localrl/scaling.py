@@ -16,7 +16,7 @@ response length, sharpness (output-layer scale -> entropy per token), attention 
 and `update` (error persistence: the same tokens scored after a weight update of a given size).
 `shape` points are the tiny grid's shapes and the published Qwen2.5-1.5B / Qwen3-1.7B shapes.
 
-    python -m localrl scaling --out results/tables [--factors depth,width] [--archs qwen2,qwen3]
+    python -m localrl scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]
 """
 
@@ -182,14 +182,12 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
 
 
 def hf_config(shape: Shape, max_positions: int):
-    from transformers import Qwen2Config, Qwen3Config
+    from localrl.models import qwen_config
 
-    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[shape.arch]
-    return cls(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-               num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-               intermediate_size=shape.intermediate, max_position_embeddings=max_positions,
-               rope_parameters={"rope_type": "default", "rope_theta": float(shape.rope_theta)},
-               tie_word_embeddings=False, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    return qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
+                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                       intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None, bos_token_id=None)
 
 
 def _attn_scaled(arch: str) -> tuple[str, ...]:
@@ -220,15 +218,15 @@ def build_model(point: Point, max_positions: int):
 def compute_copy(master, like=None, keep_master: bool = True):
     """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage. Without
     `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
+    from localrl import models
     from localrl.kernels import use_local_kernels
-    from localrl.trainer import Trainer
 
     if like is None and not keep_master:
         for p in master.parameters():
             p.data = p.data.to(torch.bfloat16)
         return use_local_kernels(master)
     if like is None:
-        return use_local_kernels(Trainer._compute_copy(master))
+        return use_local_kernels(models.compute_copy(master))
     with torch.no_grad():
         for p, m in zip(like.parameters(), master.parameters()):
             p.copy_(m)
@@ -511,7 +509,7 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
 
 
 def main(args) -> int:
-    from analysis.output import write_csv
+    from rla.files import write_csv
 
     from rla.config import ConfigError
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from rla.config import TASK, task_settings
+
 # verl's default reward routes this data_source to its gsm8k scorer (strict "#### <n>" format).
 DATA_SOURCE = "openai/gsm8k"
 ABILITY = "math"
@@ -28,30 +30,26 @@ OP_TEXT = {
 QUESTION = "How many {item} does {name} have now?"
 
 
+_D = {name: key.default for name, key in TASK.items()}  # the defaults, from the table
+
+
 @dataclass(frozen=True)
 class TaskSettings:
-    """Difficulty knobs (the `task:` section of the experiment config)."""
+    """Difficulty knobs (the `task:` section of the experiment config; keys, defaults and checks are
+    `rla.config.TASK`'s)."""
 
-    seed: int = 1234
-    n_train: int = 4000
-    n_test: int = 200
-    min_ops: int = 1
-    max_ops: int = 2
-    max_operand: int = 20
-    max_multiplier: int = 3
+    seed: int = _D["seed"]
+    n_train: int = _D["n_train"]
+    n_test: int = _D["n_test"]
+    min_ops: int = _D["min_ops"]
+    max_ops: int = _D["max_ops"]
+    max_operand: int = _D["max_operand"]
+    max_multiplier: int = _D["max_multiplier"]
 
     @classmethod
-    def from_config(cls, section: dict) -> "TaskSettings":
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(section) - known - {"name"})
-        if unknown:
-            raise ValueError(f"unknown task setting(s) {unknown}; allowed: {sorted(known)}")
-        s = cls(**{k: v for k, v in section.items() if k in known})
-        if not 1 <= s.min_ops <= s.max_ops:
-            raise ValueError(f"task needs 1 <= min_ops <= max_ops, got min_ops={s.min_ops}, max_ops={s.max_ops}")
-        if s.max_operand < 2 or s.max_multiplier < 2:
-            raise ValueError(f"task needs max_operand >= 2 and max_multiplier >= 2, got {s.max_operand}, {s.max_multiplier}")
-        return s
+    def from_config(cls, section: dict | None, where: str = "task") -> "TaskSettings":
+        settings = task_settings(section, where)
+        return cls(**{k: v for k, v in settings.items() if k != "name"})
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ local engine: a training forward equal to the engine's, no mismatch at all).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from localrl.models import compute_copy
 
 
 @dataclass
@@ -72,9 +73,9 @@ def compute_dtype(ablation: str) -> torch.dtype:
 
 def rollout_correction_config(ablation: str):
     """verl's RolloutCorrectionConfig of the ablation's preset, with the preset's defaults (None: none)."""
-    from rla.names import rollout_correction_of
+    from rla.names import ablation as entry
 
-    preset = rollout_correction_of(ablation)
+    preset = entry(ablation).rollout_correction
     if preset is None:
         return None
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
@@ -145,10 +146,10 @@ class Trainer:
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         if self.regions:
             patches.check_model(self.master)
-        self.model = self._numerics(self._compute_copy(self.master, self.dtype))
+        self.model = self._numerics(compute_copy(self.master, self.dtype))
         self.ref = None
         if rl["kl_coef"] > 0:  # the reference policy: the initial weights, same numerics
-            self.ref = self._numerics(self._compute_copy(self.master, self.dtype)).requires_grad_(False)
+            self.ref = self._numerics(compute_copy(self.master, self.dtype)).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl["lr"], betas=tuple(rl["betas"]),
                                            weight_decay=rl["weight_decay"])
         # FP16 gradients underflow without loss scaling; verl's FSDP engine: ShardedGradScaler(growth_interval=400).
@@ -164,14 +165,6 @@ class Trainer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    @staticmethod
-    def _compute_copy(master, dtype: torch.dtype = torch.bfloat16):
-        """bf16 (or fp16) parameters, fp32 buffers (model.to(bf16) would also round RoPE's inv_freq)."""
-        model = copy.deepcopy(master)
-        for p in model.parameters():
-            p.data = p.data.to(dtype)
-        return model
 
     def _numerics(self, model):
         """The shared GEMM/attention kernels, and the decoder layers compiled under `compile`."""

@@ -26,9 +26,10 @@ _stock_inits: list[tuple[type, object]] = []  # (decoder layer class, its own __
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's decoder layers (what `compile` compiles and the probe records), in order."""
     layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
     if not layers:
-        raise ValueError(f"{type(model).__name__} has no decoder layers to compile")
+        raise ValueError(f"{type(model).__name__} has no decoder layers")
     return layers
 
 

@@ -34,7 +34,7 @@ def compiled(fn: Callable) -> Callable:
     its head counts being constants of one model; here q and k, with their different GQA head counts,
     share one kernel.)"""
     if fn not in _compiled:
-        graph = torch.compile(fn, dynamic=None, fullgraph=True)
+        graph = torch.compile(fn, fullgraph=True)
 
         def run(*args):
             for a in args:

@@ -24,10 +24,39 @@ import datetime
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPLACED = ".replaced-"  # suffix of a moved-aside cell folder: `seed0.replaced-20261130-191500`
+
+
+@dataclass(frozen=True, eq=False)
+class Cell:
+    """One cell of a config's grid and its folders: what a backend's launcher is handed.
+    `Cell.of` fills in the defaults (the profile's data folder, the config's steps) and makes the
+    paths absolute (verl's Hydra changes the working directory)."""
+
+    cfg: dict = field(repr=False)
+    model: str
+    ablation: str
+    seed: int
+    out: Path  # the cell folder
+    data: Path  # train.parquet and test.parquet
+    steps: int
+
+    @classmethod
+    def of(cls, cfg: dict, model: str, ablation: str, seed: int, out: str | Path,
+           data: str | Path | None = None, steps: int | None = None) -> "Cell":
+        from rla import layout
+
+        return cls(cfg, model, ablation, int(seed), Path(out).resolve(),
+                   Path(data if data is not None else layout.data_dir(cfg)).resolve(),
+                   int(steps if steps is not None else cfg["steps"]))
+
+    @property
+    def name(self) -> str:
+        """One name per cell: verl's experiment_name (and so the wandb run)."""
+        return f"{self.model}-{self.ablation}-seed{self.seed}"
 
 
 def fingerprint(*paths: str | Path) -> str:

@@ -5,8 +5,9 @@
     spec = model_spec(cfg, "qwen2-s", "local")
     engine = engine_settings(cfg, "local")              # the rollout engine (local backend)
 
-Every section's keys are declared once below with their default, their type and, for `rl`, the verl
-key each one becomes (`verlrun.overrides` writes them; docs/reference.md's table is this one). A bad value
+Every section's keys are declared once below with their default, their type, whether a cell's identity
+holds it, and the verl keys it becomes (`verlrun.overrides` writes the one-key settings from the table,
+the rest by hand). docs/reference/config.md is generated from the tables (`python -m rla.config`). A bad value
 or an unknown key is a `ConfigError` that names the key, the value and what is allowed, raised before
 anything is written. The workflow runs the same checks when it parses the config.
 """
@@ -59,9 +60,16 @@ KINDS = {  # kind -> (check, what is allowed)
                       "a positive integer, or null"),
     "fraction": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
                  "a number in (0, 1)"),
-    "texts": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+    "share": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
+              "a number in (0, 1]"),
+    "texts": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v), "a list of strings"),
     "path_or_null": (lambda v: v is None or isinstance(v, str), "a path, or null"),
+    "text_or_null": (lambda v: v is None or isinstance(v, str), "a string, or null"),
+    "mapping_or_null": (lambda v: v is None or isinstance(v, dict), "a mapping, or null"),
 }
+
+
+FLOAT_KINDS = ("positive", "nonnegative", "number", "fraction")  # written to verl as floats
 
 
 @dataclass(frozen=True)
@@ -69,9 +77,18 @@ class Key:
     default: Any
     kind: str
     help: str
-    verl: tuple[str, ...] = ()  # the verl keys it sets (under actor_rollout_ref. when not dotted from the top)
+    verl: tuple[str, ...] = ()  # the verl keys it sets (A = actor_rollout_ref.)
     backends: tuple[str, ...] = BACKENDS
     choices: tuple[str, ...] = ()
+    identity: bool = True  # False: it changes how a cell runs, not what it computes (rla.cells)
+
+    def verl_value(self, value: Any) -> Any:
+        """The value as a verl (Hydra) setting: numbers of a float kind as floats."""
+        if self.kind in FLOAT_KINDS:
+            return float(value)
+        if self.kind == "betas":
+            return [float(b) for b in value]
+        return value
 
     def check(self, name: str, value: Any) -> Any:
         if self.choices:
@@ -122,10 +139,13 @@ RL: dict[str, Key] = {
     "kl_loss_type": Key("low_var_kl", "text", "KL estimator of the KL loss", (A + "actor.kl_loss_type",),
                         choices=("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")),
     "entropy_coeff": Key(0.0, "number", "entropy bonus", (A + "actor.entropy_coeff",)),
+    # verl's engine clips with the optimizer's clip_grad (workers/engine/fsdp/transformer_impl.py:806);
+    # actor.grad_clip is a field no V1 code reads.
     "grad_clip": Key(1.0, "positive", "gradient-norm clip", (A + "actor.optim.clip_grad",)),
-    "checkpoint_every": Key(20, "count", "steps between checkpoints", ("trainer.save_freq",)),
+    "checkpoint_every": Key(20, "count", "steps between checkpoints", ("trainer.save_freq",), identity=False),
+    # verl prunes only what its running process saved; verlrun.launch prunes across restarts.
     "keep_checkpoints": Key(2, "count_or_null", "newest checkpoints kept per cell; null keeps every one",
-                            ("trainer.max_actor_ckpt_to_keep",), backends=("verl",)),
+                            ("trainer.max_actor_ckpt_to_keep",), backends=("verl",), identity=False),
     "test_every": Key(0, "int", "steps between test scores (val/score/mean); <= 0: never",
                       ("trainer.test_freq", "trainer.val_before_train")),
     "test_size": Key(100, "count", "test problems scored (the first ones), greedily", backends=("local",)),
@@ -152,6 +172,44 @@ WARMSTART: dict[str, Key] = {
 }
 
 
+# The collapse rule (analysis.collapse says what each threshold means). It judges a cell's logs and is
+# part of no cell's identity: changing it re-judges, never retrains.
+COLLAPSE: dict[str, Key] = {
+    "smooth_window": Key(5, "count", "steps of the trailing mean the rule reads", identity=False),
+    "min_rise": Key(0.05, "positive", "the smoothed score must first rise this far above its start", identity=False),
+    "drop_frac": Key(0.5, "share", "then fall by this share of that rise ...", identity=False),
+    "patience": Key(5, "count", "... and stay fallen this many steps", identity=False),
+    "k3_kl_threshold": Key(0.01, "positive", "with the mismatch (k3) above this when it falls", identity=False),
+    "score_metric": Key("critic/score/mean", "text", "the score metric", identity=False),
+    "k3_metric": Key("rollout_corr/k3_kl", "text", "the mismatch metric", identity=False),
+    "nonfinite_metrics": Key(("actor/pg_loss", "actor/grad_norm"), "texts",
+                             "a non-finite value in any of these is a collapse at once", identity=False),
+}
+
+TASK: dict[str, Key] = {  # the generated arithmetic task (localrl.task); verl's data.generate takes the same keys
+    "name": Key("arith", "text", "the task", choices=("arith",)),
+    "seed": Key(1234, "int", "the problems' seed"),
+    "n_train": Key(4000, "count", "training problems"),
+    "n_test": Key(200, "count", "test problems"),
+    "min_ops": Key(1, "count", "fewest operations in a problem"),
+    "max_ops": Key(2, "count", "most operations in a problem (>= min_ops)"),
+    "max_operand": Key(20, "count", "largest operand (>= 2)"),
+    "max_multiplier": Key(3, "count", "largest multiplier (>= 2)"),
+}
+
+DATA: dict[str, Key] = {  # the verl backend's data (verlrun.data): sources, or the generated task
+    "format": Key("gsm8k", "text", "gsm8k: question / answer \"#### n\"; math: problem / solution with \\boxed{}",
+                  backends=("verl",), choices=("gsm8k", "math")),
+    "train": Key(None, "mapping_or_null", "{source: a local path or a datasets name, split, name}", backends=("verl",)),
+    "test": Key(None, "mapping_or_null", "the test split's source, as train", backends=("verl",)),
+    "max_train_samples": Key(None, "count_or_null", "the first N training rows; null: all", backends=("verl",)),
+    "max_test_samples": Key(None, "count_or_null", "the first N test rows; null: all", backends=("verl",)),
+    "instruction": Key(None, "text_or_null", "appended to each question; null: the format's own", backends=("verl",)),
+    "generate": Key(None, "mapping_or_null", "the local task's generated problems instead of sources (the task "
+                    "keys); both splits, GSM8K's format", backends=("verl",)),
+}
+SOURCE_KEYS = ("source", "split", "name")
+
 ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engines resolves auto)
     "name": Key("auto", "text", "rollout engine: vllm (vLLM in process: its CPU build on a CPU), local "
                 "(localrl/engine, the suite's model of vLLM's GPU graph), auto (vllm where it runs, else local, "
@@ -160,7 +218,8 @@ ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engine
     "target": Key("auto", "text", "alignment target of the trainer (patches.apply): auto follows the engine "
                   "(vllm-cpu for vLLM's CPU build, vllm for vLLM on a GPU and for the local engine)",
                   backends=("local",), choices=("auto",) + TARGETS),
-    "kv_cache_gib": Key(1, "count", "vLLM's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE, GiB)", backends=("local",)),
+    "kv_cache_gib": Key(1, "count", "vLLM's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE, GiB)", backends=("local",),
+                        identity=False),
 }
 
 PLATFORMS = ("cuda", "cpu")  # where a verl cell runs (verl.platform)
@@ -187,16 +246,29 @@ VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs en
 PER_MODEL_VERL = ("nnodes", "n_gpus_per_node", "rollout_tp", "gpu_memory_utilization")
 
 
-def section_settings(cfg: dict, section: str, keys: dict[str, Key], backend: str,
+def identity_of(values: dict, keys: dict[str, Key]) -> dict:
+    """The settings a cell's results depend on: those whose key is part of the identity."""
+    return {k: v for k, v in values.items() if keys[k].identity}
+
+
+def verl_overrides(values: dict, keys: dict[str, Key]) -> dict:
+    """{verl key: value} of the settings that each set one verl key as they are; the settings of
+    several verl keys are derived by hand (verlrun.overrides)."""
+    return {key.verl[0]: key.verl_value(values[name]) for name, key in keys.items()
+            if len(key.verl) == 1 and name in values}
+
+
+def section_settings(cfg: dict, section: str, keys: dict[str, Key], backend: str | None,
                      extra: dict | None = None) -> dict:
-    """Defaults updated from `cfg[section]` (then `extra`); unknown keys and bad values are errors."""
-    if backend not in BACKENDS:
+    """Defaults updated from `cfg[section]` (then `extra`); unknown keys and bad values are errors.
+    `backend` None: a section of both backends' keys."""
+    if backend is not None and backend not in BACKENDS:
         raise ConfigError(f"backend = {backend!r} is not allowed; allowed: {', '.join(BACKENDS)}")
     given = cfg.get(section) or {}
     if not isinstance(given, dict):
         raise ConfigError(f"{section} must be a mapping, got {given!r}")
     given = {**given, **(extra or {})}
-    allowed = {k: key for k, key in keys.items() if backend in key.backends}
+    allowed = {k: key for k, key in keys.items() if backend is None or backend in key.backends}
     unknown = sorted(set(given) - set(allowed))
     if unknown:
         elsewhere = [k for k in unknown if k in keys]
@@ -226,6 +298,41 @@ def engine_settings(cfg: dict, backend: str = "local") -> dict:
     if isinstance(section, str):
         cfg = {**cfg, "engine": {"name": section}}
     return section_settings(cfg, "engine", ENGINE, backend)
+
+
+def collapse_settings(cfg: dict) -> dict:
+    return section_settings(cfg, "collapse", COLLAPSE, None)
+
+
+def task_settings(section: dict | None, where: str = "task") -> dict:
+    """The task's settings: the local `task` section, or the verl `data.generate` mapping."""
+    task = section_settings({where: section}, where, TASK, None)
+    if not task["min_ops"] <= task["max_ops"]:
+        raise ConfigError(f"{where} needs min_ops <= max_ops, got min_ops={task['min_ops']}, max_ops={task['max_ops']}")
+    if task["max_operand"] < 2 or task["max_multiplier"] < 2:
+        raise ConfigError(f"{where} needs max_operand >= 2 and max_multiplier >= 2, got "
+                          f"{task['max_operand']}, {task['max_multiplier']}")
+    return task
+
+
+def data_settings(cfg: dict) -> dict:
+    """The verl `data` section: sources for both splits, or `generate` (then no sources, GSM8K's format)."""
+    data = section_settings(cfg, "data", DATA, "verl")
+    if data["generate"] is not None:
+        task_settings(data["generate"], "data.generate")
+        sources = [k for k in ("train", "test") if data[k] is not None]
+        if sources or data["format"] != "gsm8k":
+            raise ConfigError(f"data.generate makes both splits in GSM8K's format: it takes no train/test sources and "
+                              f"no format but gsm8k (got format {data['format']!r}, sources {sources})")
+        return data
+    for split in ("train", "test"):
+        part = data[split]
+        if not isinstance(part, dict) or "source" not in part:
+            raise ConfigError(f"data.{split} needs a 'source' (a local path or a datasets name), got {part!r}")
+        unknown = sorted(set(part) - set(SOURCE_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown data.{split} key(s) {unknown}; allowed: {', '.join(SOURCE_KEYS)}")
+    return data
 
 
 def warmstart_settings(cfg: dict) -> dict:
@@ -282,15 +389,3 @@ def model_spec(cfg: dict, model: str, backend: str) -> dict:
             raise ConfigError(f"model_specs.{model}.build = {spec['build']!r}: it must be a mapping of {', '.join(BUILD_KEYS)}")
         _check_local_spec(f"model_specs.{model}.build", spec["build"], BUILD_KEYS)
     return spec
-
-
-def markdown_table(keys: dict[str, Key] = RL) -> str:
-    """The reference table (docs/reference.md) of a section's keys: default, meaning, backends, the verl keys each sets."""
-    rows = ["| key | default | meaning | local | verl keys it sets |", "| --- | --- | --- | --- | --- |"]
-    for name, key in keys.items():
-        default = "derived" if key.default is None else f"`{key.default}`"
-        if key.choices:
-            default += f" ({', '.join(key.choices)})"
-        verl = ", ".join(f"`{v.removeprefix(A)}`" for v in key.verl) if "verl" in key.backends else "-"
-        rows.append(f"| `{name}` | {default} | {key.help} | {'yes' if 'local' in key.backends else '-'} | {verl} |")
-    return "\n".join(rows) + "\n"

@@ -43,5 +43,11 @@ def write_bytes(target: str | Path, data: bytes) -> Path:
     return Path(target)
 
 
+def write_csv(frame, target: str | Path) -> None:
+    """A pandas DataFrame as CSV without its index, atomically (rla needs no pandas: duck-typed)."""
+    with atomic_path(target) as tmp:
+        frame.to_csv(tmp, index=False)
+
+
 def write_text(target: str | Path, text: str) -> Path:
     return write_bytes(target, text.encode())

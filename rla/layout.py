@@ -22,3 +22,19 @@ def data_dir(cfg: dict) -> Path:
 
 def model_dir(cfg: dict, model: str) -> Path:
     return results_dir(cfg) / "models" / model
+
+
+def runs_dir(cfg: dict) -> Path:
+    return results_dir(cfg) / "runs"
+
+
+def cell_dir(cfg: dict, model: str, ablation: str, seed: int) -> Path:
+    return runs_dir(cfg) / model / ablation / f"seed{seed}"
+
+
+def tables_dir(cfg: dict) -> Path:
+    return results_dir(cfg) / "tables"
+
+
+def logs_dir(cfg: dict) -> Path:
+    return results_dir(cfg) / "logs"

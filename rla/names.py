@@ -51,7 +51,6 @@ EFFECTS: dict[str, dict] = {
     "geo_rs": {"rollout_correction": "decoupled_geo_rs"},
     "engine_order": {"reduction": "inductor_cpu", "local_only": True},
 }
-ROLLOUT_CORRECTION: dict[str, str] = {t: e["rollout_correction"] for t, e in EFFECTS.items() if "rollout_correction" in e}
 # Treatments that act inside verl's FSDP workers (through patches.verl_plugin), not through verl's config.
 WORKER_TREATMENTS: tuple[str, ...] = ("compile",)
 
@@ -129,16 +128,6 @@ def regions_of(name: str) -> tuple[str, ...]:
 def treatments_of(name: str) -> tuple[str, ...]:
     """The treatments an ablation switches on; a ValueError names an unknown one and the allowed ones."""
     return ablation(name).treatments
-
-
-def rollout_correction_of(name: str) -> str | None:
-    """The verl rollout-correction preset of an ablation (None: no rollout correction)."""
-    return ablation(name).rollout_correction
-
-
-def reduction_of(name: str) -> str:
-    """The RMSNorm summation order an ablation's training side uses (patches.apply's `reduction`)."""
-    return ablation(name).reduction
 
 
 def local_only(name: str) -> tuple[str, ...]:

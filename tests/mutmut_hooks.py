@@ -41,7 +41,13 @@ trampoline.record_trampoline_hit = _record_hit
 
 
 def pytest_sessionstart(session):
-    """The code under test must be mutmut's copy (mutants/), or every mutant would survive."""
+    """The code under test must be mutmut's copy (mutants/), or every mutant would survive.
+
+    Every mutated function goes through the one `_trampoline_wrapper` code object, so the suite's
+    recompile limit per code object (64, tests/conftest.py; a hit is an error there) is reached after
+    a few dozen tests in one process, on unmutated code: raised here, after conftest set it."""
+    torch._dynamo.config.recompile_limit = 4096
+    torch._dynamo.config.accumulated_recompile_limit = 65536
     import localrl.engine.ops
     import patches
 

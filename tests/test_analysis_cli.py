@@ -117,7 +117,7 @@ def test_bad_input_is_a_clear_error_and_keeps_existing_output(tmp_path, capsys):
     config.write_text(json.dumps({"collapse": {"patiense": 3}}))
     assert main(["stability", "--runs", str(tmp_path / "runs"), "--out", str(out), "--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "unknown key(s) in the collapse section: patiense" in err and "allowed:" in err
+    assert "unknown collapse setting(s) ['patiense']" in err and "allowed:" in err
     assert out.read_text() == "previous,result\n"  # nothing already written is lost
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".stability")]  # no temp left
 

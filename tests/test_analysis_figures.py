@@ -104,7 +104,7 @@ def captured(monkeypatch):
     import analysis.figures as figures
 
     kept = {}
-    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
     return kept
 
 

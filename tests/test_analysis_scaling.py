@@ -1,4 +1,4 @@
-"""analysis.scaling on hand-made tables: exponents, byte-reproducible figures, no backend import."""
+"""analysis.scaling (`python -m analysis scaling`) on hand-made tables: exponents, byte-reproducible figures, no backend import."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import scaling
+from analysis import cli, scaling
 from tests.standalone import BACKENDS, ROOT
 
 EXPONENT = {"none": 0.5, "rope": 0.4, "swiglu": 0.5, "rmsnorm": 0.3, "all": 2.0}
@@ -85,17 +85,17 @@ def test_figures_are_byte_reproducible(tmp_path):
 
 
 def test_missing_table_and_columns_are_named(tmp_path, capsys):
-    assert scaling.main(["--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert cli.main(["scaling", "--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
     assert "mismatch_scaling.csv not found" in capsys.readouterr().err
     synthetic_table().drop(columns="k3_kl").to_csv(tmp_path / "mismatch_scaling.csv", index=False)
-    assert scaling.main(["--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert cli.main(["scaling", "--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
     assert "k3_kl" in capsys.readouterr().err
 
 
 def test_runs_without_any_backend(tmp_path):
     synthetic_table().to_csv(tmp_path / "mismatch_scaling.csv", index=False)
-    code = ("import runpy, sys\nsys.argv = ['x', '--tables', sys.argv[1], '--out', sys.argv[2]]\n"
-            "try:\n    runpy.run_module('analysis.scaling', run_name='__main__')\n"
+    code = ("import runpy, sys\nsys.argv = ['x', 'scaling', '--tables', sys.argv[1], '--out', sys.argv[2]]\n"
+            "try:\n    runpy.run_module('analysis', run_name='__main__')\n"
             "except SystemExit as stop:\n    assert stop.code == 0, stop.code\n"
             f"print('LOADED', sorted(m for m in {BACKENDS!r} if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "figs")], cwd=ROOT,

@@ -51,3 +51,14 @@ def test_fingerprint_follows_the_bytes(tmp_path):
     assert cells.fingerprint(a) == cells.fingerprint(b)
     b.write_bytes(b"x" * 9 + b"y")
     assert cells.fingerprint(a) != cells.fingerprint(b)
+
+
+def test_a_cell_fills_in_its_defaults_and_absolute_paths(tmp_path, monkeypatch):
+    from rla.cells import Cell
+
+    monkeypatch.chdir(tmp_path)
+    cfg = {"profile": "p", "steps": 7}
+    cell = Cell.of(cfg, "qwen2-s", "rope", "3", "runs/x")
+    assert (cell.out, cell.data) == (tmp_path / "runs/x", tmp_path / "results/p/data")
+    assert (cell.seed, cell.steps, cell.name) == (3, 7, "qwen2-s-rope-seed3")
+    assert Cell.of(cfg, "m", "none", 0, "o", "d", steps=2).steps == 2

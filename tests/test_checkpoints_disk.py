@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from verlrun import checkpoints, disk, launch
+from rla.cells import Cell
 from rla.config import load as load_config
 from tests.test_verlrun import PAPER
 
@@ -67,7 +68,7 @@ def test_the_launcher_bounds_checkpoints_across_a_restart_of_a_stand_in_verl(tmp
     monkeypatch.setattr(launch, "compose", lambda overrides: None)
     monkeypatch.setattr(launch, "check_model", lambda cfg, model: None)
     for _ in range(2):
-        assert launch.train(paper, "qwen3-8b", "none", 0, cell, tmp_path / "data") == 0
+        assert launch.train(Cell.of(paper, "qwen3-8b", "none", 0, cell, tmp_path / "data")) == 0
         assert checkpoints.saved_steps(cell / "checkpoints")[-1] == checkpoints.latest_step(cell / "checkpoints")
         assert len(checkpoints.saved_steps(cell / "checkpoints")) == paper["rl"]["keep_checkpoints"]
     # The restart starts with its resume point only.
@@ -99,4 +100,4 @@ def test_a_bad_keep_checkpoints_names_the_allowed_values(tmp_path):
     paper = load_config(PAPER)
     bad = {**paper, "rl": {**paper["rl"], "keep_checkpoints": 0}}
     with pytest.raises(ValueError, match=r"rl.keep_checkpoints = 0 \(int\) is invalid: it must be a positive integer, or null"):
-        build_overrides(bad, "qwen3-8b", "none", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of(bad, "qwen3-8b", "none", 0, tmp_path, tmp_path))

@@ -14,6 +14,7 @@ from rla.config import load as load_config
 from verlrun.overrides import build_overrides, compose
 from tests.test_verlrun import PAPER, REPO
 from tests.test_workflow import copy_workflow, snakemake
+from rla.cells import Cell
 
 
 def engine_precision(cfg):
@@ -41,7 +42,7 @@ def engine_precision(cfg):
 def test_rl_dtype_reaches_the_fsdp_engine_and_vllm(dtype, expected, tmp_path):
     paper = load_config(PAPER)
     cfg = {**paper, "rl": {**paper["rl"], "dtype": dtype}}
-    composed = compose(build_overrides(cfg, "qwen3-1.7b", "all", 0, tmp_path, tmp_path))
+    composed = compose(build_overrides(Cell.of(cfg, "qwen3-1.7b", "all", 0, tmp_path, tmp_path)))
     precision = engine_precision(composed)
     assert precision.param == expected and precision.reduce == torch.float32 and precision.buffer == torch.float32
     assert precision.master == torch.float32
@@ -52,7 +53,7 @@ def test_rl_dtype_reaches_the_fsdp_engine_and_vllm(dtype, expected, tmp_path):
 def test_an_unknown_dtype_names_the_allowed_ones(tmp_path):
     paper = load_config(PAPER)
     with pytest.raises(ValueError, match="rl.dtype = 'fp8' is not allowed; allowed: bfloat16, float16"):
-        build_overrides({**paper, "rl": {**paper["rl"], "dtype": "fp8"}}, "qwen3-8b", "none", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of({**paper, "rl": {**paper["rl"], "dtype": "fp8"}}, "qwen3-8b", "none", 0, tmp_path, tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -60,7 +61,7 @@ def test_an_unknown_dtype_names_the_allowed_ones(tmp_path):
 
 def test_both_profiles_switch_conda_on_and_the_gpu_env_is_used_by_verl_rules():
     for name in ("slurm", "local"):
-        profile = yaml.safe_load((REPO / f"workflows/profiles/{name}/config.yaml").read_text())
+        profile = yaml.safe_load((REPO / f"profiles/{name}/config.yaml").read_text())
         assert profile["software-deployment-method"] == "conda", name
     common = (REPO / "workflows/rules/common.smk").read_text()
     # Without conda the rules would put the interpreter running Snakemake first on PATH.
@@ -88,7 +89,7 @@ def test_the_slurm_profile_submits_each_paper_cell_to_one_node_with_its_resource
 
     work = copy_workflow(tmp_path / "wf")
     paper = load_config(work / "experiments/paper.yaml")
-    jobs = [j for j in _dry_run_jobs(work, "--configfile", "experiments/paper.yaml", "--workflow-profile", "workflows/profiles/slurm")
+    jobs = [j for j in _dry_run_jobs(work, "--configfile", "experiments/paper.yaml", "--workflow-profile", "profiles/slurm")
             if j["rule"] == "train"]
     assert len(jobs) == 36
     for job in jobs:
@@ -110,7 +111,7 @@ def test_the_slurm_profile_submits_each_paper_cell_to_one_node_with_its_resource
 def test_the_partition_file_parses_with_the_plugin_and_holds_every_cell():
     from snakemake_executor_plugin_slurm.partitions import read_partition_file
 
-    profile = yaml.safe_load((REPO / "workflows/profiles/slurm/config.yaml").read_text())
+    profile = yaml.safe_load((REPO / "profiles/slurm/config.yaml").read_text())
     partitions = {p.name: p.limits for p in read_partition_file(REPO / profile["slurm-partition-config"])}
     paper = load_config(PAPER)
     for model in paper["models"]:

@@ -157,3 +157,28 @@ def test_decoder_layer_saves_no_more_than_stock(arch, target):
     print(f"{arch} {target}: per decoder layer, stock {stock / per_token:.1f} B, aligned {aligned / per_token:.1f} B "
           f"per hidden element ({aligned / stock:.2f}x)")
     assert 0 < aligned <= stock
+
+
+FUNCTIONS = {"rope": rope.Rope, "qk_norm_rope": rope.NormRope, "swiglu": swiglu.SwiGLU,
+             "add_rmsnorm": rmsnorm.AddRMSNorm, "rmsnorm": rmsnorm.RMSNorm}
+
+
+@pytest.mark.parametrize("region", CASES)
+def test_gradients_leave_the_region_in_the_inputs_dtype(region, monkeypatch):
+    """Each backward hands autograd BF16 gradients for BF16 inputs. Autograd would cast an FP32 one
+    itself (the same bits), but only after it existed: a transient FP32 tensor of activation size,
+    twice what the stock path holds."""
+    function, seen = FUNCTIONS[region], []
+    original = function.backward
+
+    def recording(ctx, *grads):
+        out = original(ctx, *grads)
+        seen.extend(g.dtype for g in (out if isinstance(out, tuple) else (out,)) if g is not None)
+        return out
+
+    monkeypatch.setattr(function, "backward", staticmethod(recording))
+    inputs, _, aligned = CASES[region](torch.bfloat16)
+    inputs = tuple(t.detach().requires_grad_() for t in inputs)
+    outputs = aligned(*inputs)
+    torch.autograd.backward(outputs, [torch.randn_like(o) for o in outputs])
+    assert len(seen) == len(inputs) and set(seen) == {torch.bfloat16}, seen

@@ -219,3 +219,15 @@ def test_bad_impl_names_value_and_allowed():
     with pytest.raises(ValueError, match="'triton'.*auto, eager, fused"):
         patches.apply("all", impl="triton")
     assert patches.active() == {"rope"} and _precision.impl() == "eager"  # a bad value changes nothing
+
+
+def test_a_graph_break_in_a_region_function_is_an_error():
+    """A region function runs as one graph: one Dynamo would split (part of it eager, with its own
+    rounding between the pieces) is refused, not run in pieces."""
+    def breaks(x):
+        y = x * 2
+        torch._dynamo.graph_break()
+        return y + 1
+
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
+        fused.compiled(breaks)(torch.ones(4, 8))

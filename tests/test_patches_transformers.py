@@ -6,7 +6,7 @@ import torch
 from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 import patches
-from tests.model_factory import tiny_config, tiny_model, to_bf16_fsdp_style
+from tests.model_factory import tiny_model, to_bf16_fsdp_style
 
 SETTINGS = [(spec, target) for spec in ("rope", "swiglu", "rmsnorm", "all") for target in patches.TARGETS]
 DECODING = {

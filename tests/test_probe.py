@@ -149,7 +149,7 @@ def test_the_subsets_figure_draws_the_tables_numbers(probed, tmp_path, monkeypat
     from analysis.probe import plot_subsets, training_settings
 
     kept = {}
-    monkeypatch.setattr(figures, "_save", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
+    monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
     subsets = probed[3].subsets
     plot_subsets(subsets, tmp_path, "t")
     ax = kept["subsets"].axes[0]

@@ -52,7 +52,7 @@ def test_vllms_own_graphs_store_what_the_targets_say(engine, arch, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.shapes
+@pytest.mark.long
 @needs_vllm
 @pytest.mark.parametrize("engine, arch, shape", [
     ("vllm", "qwen2", "qwen2.5-1.5b"), ("vllm", "qwen3", "qwen3-1.7b"),

@@ -18,6 +18,7 @@ from rla.config import load as load_config
 from rla.config import rl_settings
 from tests.model_factory import tiny_model, to_bf16_fsdp_style
 from tests.test_patches_api import _hf_model_config, tiny_model_dir  # noqa: F401 (a fixture)
+from rla.cells import Cell
 
 INDUCTOR_CALL = "## Call CompiledFxGraph"  # the profiler's event around each run of Inductor-generated code
 
@@ -33,9 +34,9 @@ def test_every_ablation_is_regions_plus_known_treatments():
     for name, ablation in names.ABLATIONS.items():
         assert set(ablation.regions) <= set(names.REGIONS) and set(ablation.treatments) <= set(names.TREATMENTS), name
     assert (names.ABLATIONS["all+tis"].regions, names.ABLATIONS["all+tis"].treatments) == (names.REGIONS, ("tis",)) and names.regions_of("fp16") == ()
-    assert names.rollout_correction_of("rope+tis") == "decoupled_token_is" and names.rollout_correction_of("fp16") is None
-    assert names.rollout_correction_of("all+geo_rs") == "decoupled_geo_rs" and names.regions_of("geo_rs") == ()
-    assert names.reduction_of("all+engine_order") == "inductor_cpu" and names.reduction_of("all") == "eager"
+    assert names.ablation("rope+tis").rollout_correction == "decoupled_token_is" and names.ablation("fp16").rollout_correction is None
+    assert names.ablation("all+geo_rs").rollout_correction == "decoupled_geo_rs" and names.regions_of("geo_rs") == ()
+    assert names.ablation("all+engine_order").reduction == "inductor_cpu" and names.ablation("all").reduction == "eager"
     assert "engine_order" not in names.ABLATIONS  # a modifier of `all`, never an ablation by itself
     with pytest.raises(ValueError, match=r"unknown ablation 'tiss'; allowed: none, rope, .*, tis, mis, geo_rs, rope\+tis"):
         names.treatments_of("tiss")
@@ -195,7 +196,7 @@ def test_rollout_correction_changes_the_loss_exactly_as_verls_functions(ablation
 
     rl = rl_settings({}, "local")
     config = rollout_correction_config(ablation)
-    assert config == getattr(RolloutCorrectionConfig, names.rollout_correction_of(ablation))()
+    assert config == getattr(RolloutCorrectionConfig, names.ablation(ablation).rollout_correction)()
     assert rollout_correction_config("none") is None and rollout_correction_config("fp16") is None
     batch = _corrected_batch()
     log_prob = batch.old_log_probs + 0.01 * torch.randn(batch.old_log_probs.shape, generator=torch.Generator().manual_seed(3))
@@ -217,7 +218,7 @@ def test_rollout_correction_changes_the_loss_exactly_as_verls_functions(ablation
 
     # what the presets mean, independently of verl's code (threshold 2; MIS keeps sequence ratios in [0.5, 2])
     ratio = torch.exp(batch.old_log_probs - batch.rollout_log_probs)
-    if names.rollout_correction_of(ablation) == "decoupled_token_is":
+    if names.ablation(ablation).rollout_correction == "decoupled_token_is":
         assert torch.allclose(weights, ratio.clamp(max=2) * mask, rtol=1e-6) and weights[0, 0] == 2
         assert torch.equal(kept, mask)
     else:
@@ -278,9 +279,9 @@ def test_verl_overrides_carry_each_treatment(ablation, tmp_path):
         from rla.config import ConfigError
 
         with pytest.raises(ConfigError, match=f"ablation '{re.escape(ablation)}' runs on the local backend only"):
-            build_overrides(paper, paper["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data")
+            build_overrides(Cell.of(paper, paper["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data"))
         return
-    cfg = compose(build_overrides(paper, paper["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data"))
+    cfg = compose(build_overrides(Cell.of(paper, paper["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data")))
     treatments = names.treatments_of(ablation)
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env[names.REGIONS_ENV] == ",".join(names.regions_of(ablation))
@@ -291,7 +292,7 @@ def test_verl_overrides_carry_each_treatment(ablation, tmp_path):
     assert precision.master == precision.reduce == torch.float32
     assert cfg.actor_rollout_ref.rollout.dtype == ("float16" if fp16 else "bfloat16")
     correction = omega_conf_to_dataclass(cfg.algorithm).rollout_correction  # verl's trainer reads it with .get
-    preset = names.rollout_correction_of(ablation)
+    preset = names.ablation(ablation).rollout_correction
     if preset is None:
         assert correction.get("rollout_is") is None and correction.get("rollout_rs") is None
     else:

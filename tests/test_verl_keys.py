@@ -14,6 +14,7 @@ import pytest
 from rla.config import load as load_config
 from tests.test_verlrun import CPU, PAPER
 from verlrun.overrides import build_overrides, compose
+from rla.cells import Cell
 
 A = "actor_rollout_ref."
 F = "workers/engine/fsdp/transformer_impl.py"
@@ -157,7 +158,7 @@ def reader_of(key: str) -> tuple[str, str] | None:
 def test_every_generated_key_has_a_reader_and_none_is_one_the_audit_found_unread(tmp_path):
     seen = set()
     for name, cfg, ablation in generated_configs():
-        overrides = build_overrides(cfg, cfg["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data")
+        overrides = build_overrides(Cell.of(cfg, cfg["models"][0], ablation, 0, tmp_path / "cell", tmp_path / "data"))
         keys = {o.split("=", 1)[0].lstrip("+") for o in overrides if not o.startswith("hydra.")}
         seen |= keys
         assert not keys & set(UNREAD), (name, {k: UNREAD[k] for k in keys & set(UNREAD)})
@@ -177,7 +178,7 @@ def test_the_reading_line_is_in_the_installed_verl(key):
 def test_the_unread_keys_compose_silently(tmp_path):
     """Why composing is not enough: Hydra takes each of them without a word."""
     paper = load_config(PAPER)
-    base = build_overrides(paper, paper["models"][0], "none", 0, tmp_path, tmp_path)
+    base = build_overrides(Cell.of(paper, paper["models"][0], "none", 0, tmp_path, tmp_path))
     for key in UNREAD:
         value = {"trainer.max_critic_ckpt_to_keep": "2", "algorithm.rollout_correction.loss_type": "ppo_clip",
                  A + "rollout.val_kwargs.do_sample": "True", A + "actor.fsdp_config.dtype": "bfloat16"}.get(key, "1")

@@ -21,6 +21,7 @@ from rla.config import load as load_config
 from rla.names import ABLATIONS
 from verlrun.data import prepare, to_verl_rows
 from verlrun.overrides import build_overrides, compose
+from rla.cells import Cell
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER = REPO / "experiments/paper.yaml"
@@ -43,7 +44,7 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
     assert len(cells) == 4 * len(paper["ablations"]) * len(paper["seeds"])
     for model, ablation, seed in cells:
         cell = tmp_path / "runs" / model / ablation / f"seed{seed}"
-        cfg = compose(build_overrides(paper, model, ablation, seed, cell, tmp_path / "data"))
+        cfg = compose(build_overrides(Cell.of(paper, model, ablation, seed, cell, tmp_path / "data")))
         env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
         assert env.RLA_REGIONS == ",".join(ABLATIONS[ablation].regions)
         assert Path(env.VERL_FILE_LOGGER_PATH) == cell.resolve() / "metrics.running.jsonl"
@@ -81,7 +82,7 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
 
 def test_per_model_settings_win_over_the_global_ones(paper, tmp_path):
     model = next(m for m, spec in paper["model_specs"].items() if (spec.get("rl") or {}).get("max_response_length"))
-    cfg = compose(build_overrides(paper, model, "none", 0, tmp_path, tmp_path))
+    cfg = compose(build_overrides(Cell.of(paper, model, "none", 0, tmp_path, tmp_path)))
     assert cfg.data.max_response_length == paper["model_specs"][model]["rl"]["max_response_length"]
     assert cfg.data.max_response_length != paper["rl"]["max_response_length"]
     assert cfg.actor_rollout_ref.rollout.tensor_model_parallel_size == paper["model_specs"][model]["rollout_tp"]
@@ -90,27 +91,27 @@ def test_per_model_settings_win_over_the_global_ones(paper, tmp_path):
 def test_a_mistyped_key_fails_to_compose(paper, tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    overrides = build_overrides(paper, paper["models"][0], "all", 0, tmp_path, tmp_path)
+    overrides = build_overrides(Cell.of(paper, paper["models"][0], "all", 0, tmp_path, tmp_path))
     with pytest.raises(ConfigCompositionException, match="calculate_log_prob"):
         compose(overrides + ["actor_rollout_ref.rollout.calculate_log_prob=True"])
     # The same through the config's escape hatch.
     bad = {**paper, "verl": {**paper["verl"], "overrides": ["trainer.nnode=2"]}}
     with pytest.raises(ConfigCompositionException, match="nnode"):
-        compose(build_overrides(bad, paper["models"][0], "all", 0, tmp_path, tmp_path))
+        compose(build_overrides(Cell.of(bad, paper["models"][0], "all", 0, tmp_path, tmp_path)))
 
 
 def test_an_inconsistent_batch_fails_verl_validation(paper, tmp_path):
     # 3 prompts x 3 samples = 9 responses cannot be split over 8 GPUs.
     bad = {**paper, "rl": {**paper["rl"], "prompts_per_step": 3, "samples_per_prompt": 3, "ppo_mini_batch_size": 3}}
     with pytest.raises(AssertionError, match="divisible"):
-        compose(build_overrides(bad, paper["models"][0], "none", 0, tmp_path, tmp_path))
+        compose(build_overrides(Cell.of(bad, paper["models"][0], "none", 0, tmp_path, tmp_path)))
 
 
 def test_unknown_names_fail_with_the_allowed_ones(paper, tmp_path):
     with pytest.raises(ValueError, match="'ropee'.*none, rope, swiglu, rmsnorm, all"):
-        build_overrides(paper, paper["models"][0], "ropee", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of(paper, paper["models"][0], "ropee", 0, tmp_path, tmp_path))
     with pytest.raises(ValueError, match="qwen9"):
-        build_overrides(paper, "qwen9", "none", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of(paper, "qwen9", "none", 0, tmp_path, tmp_path))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,11 +188,11 @@ def test_the_launcher_keeps_metrics_across_a_failure_and_a_resume_of_a_stand_in_
     monkeypatch.setattr(launch, "check_model", lambda cfg, model: None)
     cell = tmp_path / "runs/m/rope/seed0"
     model = paper["models"][0]
-    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 1
+    assert launch.train(Cell.of(paper, model, "rope", 0, cell, tmp_path / "data")) == 1
     # The failed launch left no metrics.jsonl (it exists only for a finished cell) but a part.
     assert not (cell / "metrics.jsonl").exists()
     assert [p.name for p in metrics.part_files(cell)] == ["metrics.part-000.jsonl"]
-    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data") == 0
+    assert launch.train(Cell.of(paper, model, "rope", 0, cell, tmp_path / "data")) == 0
     records = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["data"]["launch"]) for r in records] == [(1, 1), (2, 1), (3, 3), (4, 3), (5, 3), (6, 3)]
     log = (cell / "train.log").read_text()
@@ -295,14 +296,14 @@ def test_a_relaunch_of_a_stand_in_verl_resumes_only_the_same_cell(paper, tmp_pat
     monkeypatch.setattr(launch, "compose", lambda overrides: None)
     monkeypatch.setattr(launch, "check_model", lambda cfg, model: None)
     cell, model = tmp_path / "runs/m/rope/seed0", paper["models"][0]
-    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=3) == 0
+    assert launch.train(Cell.of(paper, model, "rope", 0, cell, tmp_path / "data", steps=3)) == 0
     (cell / "checkpoints").mkdir()
     (cell / "checkpoints/latest_checkpointed_iteration.txt").write_text("3")
     finished = (cell / "metrics.jsonl").read_bytes()
     # `snakemake --force` deletes the job's output (metrics.jsonl) before it runs the launcher: the
     # folder moved aside gets it back from its archived parts, the same bytes.
     (cell / "metrics.jsonl").unlink()
-    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=3) == 0
+    assert launch.train(Cell.of(paper, model, "rope", 0, cell, tmp_path / "data", steps=3)) == 0
     moved = [p for p in cell.parent.iterdir() if ".replaced-" in p.name]
     assert len(moved) == 1 and (moved[0] / "metrics.jsonl").read_bytes() == finished
     assert "already finished all 3 steps" in (cell / "train.log").read_text()
@@ -310,10 +311,10 @@ def test_a_relaunch_of_a_stand_in_verl_resumes_only_the_same_cell(paper, tmp_pat
     (cell / "checkpoints/latest_checkpointed_iteration.txt").write_text("2")
     other = cell.parent.parent / "all/seed0"
     shutil.copytree(cell, other)
-    assert launch.train(paper, model, "all", 0, other, tmp_path / "data", steps=3) == 0
+    assert launch.train(Cell.of(paper, model, "all", 0, other, tmp_path / "data", steps=3)) == 0
     assert "ablation: 'rope' -> 'all'" in (other / "train.log").read_text()
     # the same cell with more steps resumes from its checkpoint (nothing moved)
-    assert launch.train(paper, model, "rope", 0, cell, tmp_path / "data", steps=5) == 0
+    assert launch.train(Cell.of(paper, model, "rope", 0, cell, tmp_path / "data", steps=5)) == 0
     assert "resuming from the checkpoint at step 2 of 5" in (cell / "train.log").read_text()
     assert len([p for p in cell.parent.iterdir() if ".replaced-" in p.name]) == 1
 
@@ -324,7 +325,7 @@ def test_every_rl_setting_reaches_the_verl_keys_its_table_names(paper, tmp_path,
     from rla.config import RL
 
     cfg = {**paper, "rl": {**paper["rl"], "use_dynamic_bsz": dynamic}}
-    written = {o.split("=", 1)[0].lstrip("+") for o in build_overrides(cfg, paper["models"][0], "all", 0, tmp_path, tmp_path)}
+    written = {o.split("=", 1)[0].lstrip("+") for o in build_overrides(Cell.of(cfg, paper["models"][0], "all", 0, tmp_path, tmp_path))}
     exclusive = "micro_batch_size_per_gpu" if dynamic else "max_token_len_per_gpu"
     for name, key in RL.items():
         if "verl" in key.backends and name != exclusive:
@@ -341,7 +342,7 @@ CPU = REPO / "experiments/verl-cpu.yaml"
 @pytest.mark.parametrize("ablation", ["none", "all", "fp16", "compile"])
 def test_the_cpu_profile_composes_with_its_platform_and_target(tmp_path, ablation):
     cpu = load_config(CPU)
-    cfg = compose(build_overrides(cpu, "qwen2-tiny", ablation, 0, tmp_path / "cell", tmp_path / "data"))
+    cfg = compose(build_overrides(Cell.of(cpu, "qwen2-tiny", ablation, 0, tmp_path / "cell", tmp_path / "data")))
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
     assert env.RLA_TARGET == "vllm-cpu" and env.RLA_REGIONS == ",".join(ABLATIONS[ablation].regions)
     assert env.RLA_TREATMENTS == ("compile" if ablation == "compile" else "")
@@ -360,19 +361,19 @@ def test_the_cpu_profile_composes_with_its_platform_and_target(tmp_path, ablatio
 def test_the_target_reaches_the_workers_of_every_profile(paper, tmp_path):
     for target in ("vllm", "vllm-cpu"):
         cfg = {**paper, "verl": {**paper["verl"], "target": target}}
-        env = compose(build_overrides(cfg, "qwen3-8b", "all", 0, tmp_path, tmp_path)).ray_kwargs.ray_init.runtime_env.env_vars
+        env = compose(build_overrides(Cell.of(cfg, "qwen3-8b", "all", 0, tmp_path, tmp_path))).ray_kwargs.ray_init.runtime_env.env_vars
         assert env.RLA_TARGET == target
     with pytest.raises(ValueError, match="verl.target = 'gpu' is not allowed; allowed: vllm, vllm-cpu"):
-        build_overrides({**paper, "verl": {**paper["verl"], "target": "gpu"}}, "qwen3-8b", "all", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of({**paper, "verl": {**paper["verl"], "target": "gpu"}}, "qwen3-8b", "all", 0, tmp_path, tmp_path))
     with pytest.raises(ValueError, match="verl.platform = 'tpu' is not allowed; allowed: cuda, cpu"):
-        build_overrides({**paper, "verl": {**paper["verl"], "platform": "tpu"}}, "qwen3-8b", "all", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of({**paper, "verl": {**paper["verl"], "platform": "tpu"}}, "qwen3-8b", "all", 0, tmp_path, tmp_path))
 
 
 def test_a_cpu_cell_runs_one_rank(tmp_path):
     cpu = load_config(CPU)
     bad = {**cpu, "verl": {**cpu["verl"], "n_gpus_per_node": 8}}
     with pytest.raises(ValueError, match="nnodes, n_gpus_per_node and rollout_tp must be 1, got .*'n_gpus_per_node': 8"):
-        build_overrides(bad, "qwen2-tiny", "none", 0, tmp_path, tmp_path)
+        build_overrides(Cell.of(bad, "qwen2-tiny", "none", 0, tmp_path, tmp_path))
 
 
 @pytest.mark.parametrize("kl_coef", [0.0, 0.001])
@@ -380,7 +381,7 @@ def test_reference_policy_keys_are_written_exactly_when_verl_runs_one(paper, tmp
     from verl.trainer.ppo.utils import need_reference_policy
 
     cfg = {**paper, "rl": {**paper["rl"], "kl_coef": kl_coef}}
-    overrides = build_overrides(cfg, "qwen3-8b", "none", 0, tmp_path, tmp_path)
+    overrides = build_overrides(Cell.of(cfg, "qwen3-8b", "none", 0, tmp_path, tmp_path))
     written = [o for o in overrides if o.startswith("actor_rollout_ref.ref.")]
     composed = compose(overrides)
     assert need_reference_policy(composed) == (kl_coef > 0) == bool(written)
@@ -396,7 +397,7 @@ def test_a_model_spec_has_a_path_or_a_build(tmp_path):
                          ({"build": {**spec["build"], "hidden": 3}}, r"unknown model_specs.qwen2-tiny.build key\(s\) \['hidden'\]"),
                          ({"build": {**spec["build"], "arch": "llama"}}, "build.arch = 'llama'; allowed: qwen2, qwen3")]:
         with pytest.raises(ValueError, match=message):
-            build_overrides({**cpu, "model_specs": {"qwen2-tiny": bad}}, "qwen2-tiny", "none", 0, tmp_path, tmp_path)
+            build_overrides(Cell.of({**cpu, "model_specs": {"qwen2-tiny": bad}}, "qwen2-tiny", "none", 0, tmp_path, tmp_path))
 
 
 def test_a_built_model_is_staged_once_with_a_chat_template_and_rebuilt_when_its_spec_changes(tmp_path):

@@ -91,7 +91,7 @@ def test_the_logprob_is_that_of_the_distribution_sampled_from(engine, weights, v
     log_softmax(logits / T) of the same weights in HF, not the raw log_softmax(logits) (vLLM's default)."""
     from transformers import AutoModelForCausalLM
 
-    from localrl.trainer import Trainer
+    from localrl.models import compute_copy
 
     T, n = 0.6, 3000
     tok, ids = prompts(vllm_model, 1)
@@ -102,7 +102,7 @@ def test_the_logprob_is_that_of_the_distribution_sampled_from(engine, weights, v
         hf.lm_head.weight.mul_(0.25)
         hf_bf16 = {k: v.to(torch.bfloat16) for k, v in hf.state_dict().items()}
         # BF16 weights, FP32 buffers (as the trainer's compute copy)
-        logits = Trainer._compute_copy(hf)(input_ids=torch.tensor(ids)).logits[0, -1].float()
+        logits = compute_copy(hf)(input_ids=torch.tensor(ids)).logits[0, -1].float()
     engine.load_weights(hf_bf16)
     try:
         out = engine.generate(ids * n, 1, T, torch.Generator().manual_seed(3))

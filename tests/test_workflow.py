@@ -202,6 +202,14 @@ def test_backend_sections_are_checked_when_the_workflow_is_parsed(tmp_path):
                   "allowed: auto, vllm, local")
     _fails_naming(work, _write_config(work, engine={"name": "vllm", "target": "gpu"}), "engine.target = 'gpu'",
                   "allowed: auto, vllm, vllm-cpu")
+    # collapse and task too: a typo there would otherwise surface after all training, or never
+    _fails_naming(work, _write_config(work, collapse={"patiense": 3}), "unknown collapse setting(s) ['patiense']",
+                  "patience")
+    _fails_naming(work, _write_config(work, task={**cfg["task"], "max_ops": 0}), "task.max_ops = 0")
+    verl = load(work / "experiments/verl-cpu.yaml")
+    path = work / "experiments/bad.yaml"
+    path.write_text(yaml.safe_dump({**verl, "data": {**verl["data"], "max_test_sample": 3}}))
+    _fails_naming(work, "experiments/bad.yaml", "unknown data setting(s) ['max_test_sample']", "max_test_samples")
 
 
 def test_lint_is_clean_for_both_configs(tmp_path):
@@ -284,10 +292,10 @@ def test_figures_only_never_schedules_training(tmp_path):
 def test_profiles_parse_and_plan_the_grid(tmp_path, conda_on_path):
     work = copy_workflow(tmp_path)
     cfg = load(work / "experiments/tiny.yaml")
-    assert plan(work, "--workflow-profile", "workflows/profiles/local")["train"] == grid_size(cfg)
+    assert plan(work, "--workflow-profile", "profiles/local")["train"] == grid_size(cfg)
     pytest.importorskip("snakemake_executor_plugin_slurm")
     paper = load(work / "experiments/paper.yaml")
-    counts = plan(work, "--configfile", "experiments/paper.yaml", "--workflow-profile", "workflows/profiles/slurm")
+    counts = plan(work, "--configfile", "experiments/paper.yaml", "--workflow-profile", "profiles/slurm")
     assert counts["train"] == grid_size(paper)
 
 

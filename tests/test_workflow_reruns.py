@@ -18,6 +18,7 @@ import sys
 import time
 
 import orjson
+import pytest
 import yaml
 
 from tests.test_workflow import REPO, copy_workflow, plan, snakemake
@@ -49,6 +50,7 @@ def train_log(work) -> str:
     return (work / CELL / "train.log").read_text()
 
 
+@pytest.mark.long
 def test_reruns_never_lose_or_mix_results(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     run(work, "steps=3")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from rla import names
 
@@ -18,12 +17,6 @@ def _cell_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="the cell directory, results/runs/MODEL/ABLATION/seedS")
     parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data)")
     parser.add_argument("--steps", type=int, help="RL steps (default: the config's steps)")
-
-
-def _data_dir(cfg: dict, given: str | None) -> Path:
-    from rla.layout import data_dir
-
-    return Path(given) if given else data_dir(cfg)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
 
     pre = sub.add_parser("preflight", help="check driver, GPUs, imports, staged models and disk; exit 1 on a failure")
     pre.add_argument("--config", required=True)
-    pre.add_argument("--partitions", help="the cluster's partition limits (default: workflows/profiles/slurm/partitions.yaml)")
+    pre.add_argument("--partitions", help="the cluster's partition limits (default: profiles/slurm/partitions.yaml)")
 
     plan = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
     plan.add_argument("--config", required=True)
@@ -108,15 +101,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"{args.config} has no 'data' section (train/test sources for the verl backend)")
             prepare(cfg["data"], args.out)
             return 0
+        from rla.cells import Cell
+
+        cell = Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps)
         if args.command == "overrides":
             from verlrun.overrides import build_overrides
 
-            for item in build_overrides(cfg, args.model, args.ablation, args.seed, args.out, _data_dir(cfg, args.data), args.steps):
-                print(item)
+            print("\n".join(build_overrides(cell)))
             return 0
         from verlrun.launch import train as run_cell
 
-        return run_cell(cfg, args.model, args.ablation, args.seed, args.out, _data_dir(cfg, args.data), args.steps, dry_run=args.dry_run)
+        return run_cell(cell, dry_run=args.dry_run)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

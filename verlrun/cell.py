@@ -11,19 +11,21 @@ import json
 from pathlib import Path
 
 from rla import cells, files
+from rla.config import RL, identity_of
 from verlrun import metrics
 
 IDENTITY_FILE = "identity.json"
 TRACKER = "checkpoints/latest_checkpointed_iteration.txt"  # verl's, in trainer.default_local_dir
 
 
-def identity(rl: dict, verl: dict, spec: dict, model: str, ablation: str, seed: int, data_dir: Path) -> dict:
-    """What the cell's results depend on (besides `steps`). Data not prepared yet (a dry run) counts
-    as its own value: the real launch then sees a change and starts the cell fresh."""
-    splits = [data_dir / "train.parquet", data_dir / "test.parquet"]
+def identity(cell: cells.Cell, rl: dict, verl: dict, spec: dict) -> dict:
+    """What the cell's results depend on (besides `steps`), given its checked settings. Data not
+    prepared yet (a dry run) counts as its own value: the real launch then sees a change and starts
+    the cell fresh."""
+    splits = [cell.data / "train.parquet", cell.data / "test.parquet"]
     return cells.canonical({
-        "backend": "verl", "model": model, "model_spec": spec, "ablation": ablation, "seed": int(seed),
-        "rl": {k: v for k, v in rl.items() if k not in ("checkpoint_every", "keep_checkpoints")}, "verl": verl,
+        "backend": "verl", "model": cell.model, "model_spec": spec, "ablation": cell.ablation, "seed": cell.seed,
+        "rl": identity_of(rl, RL), "verl": verl,
         "data": cells.fingerprint(*splits) if all(p.exists() for p in splits) else "not prepared",
     })
 

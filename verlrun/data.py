@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rla.config import data_settings
 from rla.files import atomic_path
 
 
@@ -109,40 +110,34 @@ def to_verl_rows(frame: pd.DataFrame, fmt: str, split: str, instruction: str | N
     return pd.DataFrame(rows)
 
 
-def generated(data_cfg: dict, split: str) -> pd.DataFrame:
+def generated(data: dict, split: str) -> pd.DataFrame:
     """`data.generate`: the local backend's generated arithmetic problems (`localrl.task` settings),
     already in verl's schema and GSM8K's answer format, so no download is needed."""
     from localrl.data import split_frame
     from localrl.task import TaskSettings
 
-    if data_cfg.get("format", "gsm8k") != "gsm8k" or any(k in data_cfg for k in ("train", "test")):
-        raise ValueError("data.generate makes both splits in GSM8K's format: it takes no train/test sources and "
-                         f"no format but gsm8k (got format {data_cfg.get('format')!r}, "
-                         f"sources {[k for k in ('train', 'test') if k in data_cfg]})")
-    return split_frame(TaskSettings.from_config(dict(data_cfg["generate"])), split)
+    return split_frame(TaskSettings.from_config(dict(data["generate"]), "data.generate"), split)
 
 
 def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
-    """Write `train.parquet` and `test.parquet` for the config's `data` section."""
-    fmt = data_cfg.get("format", "gsm8k")
+    """Write `train.parquet` and `test.parquet` for the config's `data` section (checked first:
+    `rla.config.DATA`)."""
+    data = data_settings({"data": data_cfg})
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
-    if data_cfg.get("generate") is not None:
+    if data["generate"] is not None:
         for split in ("train", "test"):
-            rows = generated(data_cfg, split)
+            rows = generated(data, split)
             written[split] = _write(rows, out_dir / f"{split}.parquet")
             print(f"{split}: {len(rows)} generated rows -> {written[split]}", flush=True)
         return written
     for split in ("train", "test"):
-        part = data_cfg.get(split)
-        if not isinstance(part, dict) or "source" not in part:
-            raise ValueError(f"data.{split} needs a 'source' (a local path or a datasets name), got {part!r}")
+        part = data[split]
         frame = read_source(str(part["source"]), part.get("split", split), part.get("name"))
-        limit = data_cfg.get(f"max_{split}_samples")
-        if limit:
-            frame = frame.head(int(limit))
-        rows = to_verl_rows(frame, fmt, split, data_cfg.get("instruction"))
+        if data[f"max_{split}_samples"]:
+            frame = frame.head(data[f"max_{split}_samples"])
+        rows = to_verl_rows(frame, data["format"], split, data["instruction"])
         written[split] = _write(rows, out_dir / f"{split}.parquet")
         print(f"{split}: {len(rows)} rows from {part['source']} -> {written[split]}", flush=True)
     return written

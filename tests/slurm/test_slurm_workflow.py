@@ -24,10 +24,10 @@ STEPS = 60  # long enough (with micro.yaml's checkpoint every 2 steps) to cancel
 
 
 def slurm_test_profile(work: Path) -> str:
-    """workflows/profiles/slurm as it is, less what this machine lacks: no conda (the micro grid
+    """profiles/slurm as it is, less what this machine lacks: no conda (the micro grid
     runs in the CPU venv), the test cluster's partition, squeue for job states (no accounting
     database), no automatic retries (the test reruns the workflow itself), short polling."""
-    profile = load(REPO / "workflows/profiles/slurm/config.yaml")
+    profile = load(REPO / "profiles/slurm/config.yaml")
     for key in ("software-deployment-method", "conda-prefix"):
         profile.pop(key)
     node = subprocess.run(["scontrol", "show", "node", "--oneliner"], capture_output=True, text=True, check=True).stdout

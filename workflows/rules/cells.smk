@@ -31,5 +31,4 @@ cell_mem_mb = _cell_resource("mem_mb")
 def cell_nodes(wildcards):
     if BACKEND != "verl":
         return 1
-    spec = config["model_specs"][wildcards.model]
-    return int(spec.get("nnodes", (config.get("verl") or {}).get("nnodes", 1)))
+    return settings.verl_settings(config, wildcards.model)["nnodes"]

@@ -14,6 +14,7 @@ from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from rla import config as settings
 from rla import files
+from rla import layout
 from rla import names
 from rla.names import ABLATIONS
 
@@ -102,12 +103,15 @@ def _check_sections(cfg):
     if needed not in cfg:
         raise WorkflowError(f"backend {backend!r} needs a {needed!r} section")
     checks = {"model_specs": lambda m: settings.model_spec(cfg, m, backend),
-              "rl": lambda m: settings.rl_settings(cfg, backend, m)}
-    checks["engine"] = lambda m: settings.engine_settings(cfg, backend)
+              "rl": lambda m: settings.rl_settings(cfg, backend, m),
+              "engine": lambda m: settings.engine_settings(cfg, backend),
+              "collapse": lambda m: settings.collapse_settings(cfg)}
     if backend == "verl":
         checks["verl"] = lambda m: settings.verl_settings(cfg, m)
+        checks["data"] = lambda m: settings.data_settings(cfg)
     else:
         checks["warmstart"] = lambda m: settings.warmstart_settings(cfg)
+        checks["task"] = lambda m: settings.task_settings(cfg.get("task"))
     for section, check in checks.items():
         for model in cfg["models"]:
             try:
@@ -124,11 +128,11 @@ _check_sections(config)
 BACKEND = config["backend"]
 BACKEND_MODULE = BACKEND_MODULES[BACKEND]
 PROFILE = config["profile"]
-RESULTS = (config.get("results_dir") or f"results/{PROFILE}").rstrip("/")  # each profile its own
-RUNS = f"{RESULTS}/runs"
-TABLES = f"{RESULTS}/tables"
-LOGS = f"{RESULTS}/logs"
-DATA = f"{RESULTS}/data"
+RESULTS = str(layout.results_dir(config))  # each profile its own
+RUNS = str(layout.runs_dir(config))
+TABLES = str(layout.tables_dir(config))
+LOGS = str(layout.logs_dir(config))
+DATA = str(layout.data_dir(config))
 FIGURES = f"{config['figures_dir'].rstrip('/')}/{PROFILE}"
 # verl cells run on GPUs (envs/verl-gpu.yaml) unless the profile says verl.platform: cpu
 # (vLLM's CPU build, envs/cpu.yaml); the local backend runs on CPU.
@@ -165,7 +169,7 @@ wildcard_constraints:
 
 
 def cell_dir(model, ablation, seed):
-    return f"{RUNS}/{model}/{ablation}/seed{seed}"
+    return str(layout.cell_dir(config, model, ablation, seed))
 
 
 def grid_metrics():
@@ -201,12 +205,6 @@ def data_settings():
     return config.get("data") if BACKEND == "verl" else config.get("task")
 
 
-def _engine_identity():
-    """The engine settings a cell's results depend on (the KV cache size is operational)."""
-    engine = settings.engine_settings(config)
-    return {k: engine[k] for k in ("name", "target")}
-
-
 def cell_settings(model):
     """Everything one training cell depends on besides its wildcards (provenance of train):
     changing these reruns the cell; adding seeds or models does not touch existing cells."""
@@ -214,7 +212,7 @@ def cell_settings(model):
         "backend": BACKEND,
         "model": config["model_specs"][model],
         "rl": config.get("rl"),
-        "engine": _engine_identity() if BACKEND == "local" else None,
+        "engine": settings.identity_of(settings.engine_settings(config), settings.ENGINE) if BACKEND == "local" else None,
         "verl": config.get("verl") if BACKEND == "verl" else None,
     }
 
@@ -227,7 +225,7 @@ def runs_root(metrics_file):
 def train_inputs(wildcards):
     inputs = {"train": f"{DATA}/train.parquet", "test": f"{DATA}/test.parquet"}
     if BACKEND == "local":
-        inputs["model"] = f"{RESULTS}/models/{wildcards.model}"
+        inputs["model"] = str(layout.model_dir(config, wildcards.model))
     return inputs
 
 
@@ -241,7 +239,5 @@ def train_gpus(wildcards):
         return train_resources().get("gpu", 0)
     if PLATFORM == "cpu":
         return 0
-    spec = config["model_specs"][wildcards.model]
-    verl = config.get("verl") or {}
-    nodes = spec.get("nnodes", verl.get("nnodes", 1))
-    return nodes * spec.get("n_gpus_per_node", verl.get("n_gpus_per_node", 8))
+    verl = settings.verl_settings(config, wildcards.model)
+    return verl["nnodes"] * verl["n_gpus_per_node"]

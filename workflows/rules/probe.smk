@@ -3,7 +3,7 @@
 
 rule probe:
     input:
-        model=f"{RESULTS}/models/{{model}}",
+        model=str(layout.model_dir(config, "{model}")),
         test=f"{DATA}/test.parquet",
     output:
         directory(f"{RESULTS}/probe/{{model}}"),

@@ -6,7 +6,7 @@ rule warmstart:
         train=f"{DATA}/train.parquet",
         test=f"{DATA}/test.parquet",
     output:
-        directory(f"{RESULTS}/models/{{model}}"),
+        directory(str(layout.model_dir(config, "{model}"))),
     params:
         spec=lambda wildcards: config["model_specs"][wildcards.model],
         settings=config.get("warmstart"),
