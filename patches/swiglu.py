@@ -72,7 +72,7 @@ SILU = ("silu", "swish")
 
 def mlp_forward(self, x):
     """Drop-in for Qwen2MLP/Qwen3MLP.forward (SiLU-gated MLP); any other activation is refused."""
-    act = getattr(self.config, "hidden_act", "silu")
+    act = self.config.hidden_act
     if act not in SILU:
         from patches import UnsupportedModelError
 

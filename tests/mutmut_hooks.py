@@ -11,9 +11,8 @@ run) does not: it goes through a ContextVar that Dynamo cannot trace. So here:
 
 - the call stack mutmut keeps for its dependency tracking is a constant (tracking is off:
   track_dependencies = false), and
-- a hit inside compiled code is recorded while Dynamo traces it (comptime), and in the stats run
-  Dynamo's caches are reset before each test, so that every test that reaches compiled code traces
-  it and is recorded for it.
+- a hit inside compiled code is recorded while Dynamo traces it (comptime), and Dynamo's caches
+  are reset before each test (`pytest_runtest_setup` says why).
 """
 
 import pytest
@@ -57,5 +56,9 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    if trampoline.get_mutant_under_test() == "stats":
-        torch._dynamo.reset()
+    """Dynamo's caches and automatic-dynamic state are reset before each test. Every mutated function
+    is traced through the one trampoline code object, so without it a test inherits the shapes that
+    earlier tests compiled for other functions (a dimension already seen to vary is compiled dynamic
+    from the start), and a test of which dimensions recompile passes on a mutant it fails on alone.
+    In the stats run it also makes every test that reaches compiled code trace it, and be recorded."""
+    torch._dynamo.reset()
