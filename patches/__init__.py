@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from patches import _precision
 from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
-from patches.registry import FAMILIES
+from patches.registry import FAMILIES, decoder_layers
 from patches.targets import DEFAULT_TARGET, TARGETS
 from patches.upstream import check_transformers
 from rla.names import REGION_ABLATIONS as ABLATIONS  # patches know regions only
@@ -156,7 +156,7 @@ def check_model(model) -> str:
     what is supported: decoder layers other than Qwen2/Qwen3's dense ones (Llama, Qwen2-MoE /
     Qwen3-MoE experts), activations other than SiLU, RoPE scaling the aligned RoPE does not implement."""
     supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
-    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    layers = decoder_layers(model)
     names = ", ".join(c.__name__ for c in supported)
     name = type(model).__name__
     if not layers:
@@ -181,7 +181,7 @@ def _checked_post_init(self, *args, **kwargs):
     from transformers import PreTrainedModel
 
     PreTrainedModel._rla_stock_post_init(self, *args, **kwargs)
-    if any(type(m).__name__.endswith("DecoderLayer") for m in self.modules()):
+    if decoder_layers(self):
         check_model(self)
 
 

@@ -19,6 +19,7 @@ import weakref
 
 import torch
 
+from patches import registry
 from patches.registry import FAMILIES
 
 _compiled: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
@@ -27,7 +28,7 @@ _stock_inits: list[tuple[type, object]] = []  # (decoder layer class, its own __
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's decoder layers (what `compile` compiles and the probe records), in order."""
-    layers = [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
+    layers = registry.decoder_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no decoder layers")
     return layers

@@ -54,3 +54,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("qwen2", "transformers.models.qwen2.modeling_qwen2", "Qwen2", qk_norm=False),  # Qwen2, Qwen2.5, R1-Distill-Qwen
     "qwen3": Family("qwen3", "transformers.models.qwen3.modeling_qwen3", "Qwen3", qk_norm=True),
 }
+
+
+def decoder_layers(model) -> list:
+    """The model's decoder layers in order, of any family (a module class named *DecoderLayer)."""
+    return [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]
