@@ -166,6 +166,23 @@ def test_swiglu_bitwise(shape, tokens):
     assert stock_diff > 0.05
 
 
+@pytest.mark.parametrize("shape", [(600, 512), (2, 300, 512)])
+def test_eager_swiglu_block_by_block_is_one_block(shape):
+    """Above CHUNK_ELEMENTS the eager SwiGLU runs block by block of rows (its FP32 temporaries stay in
+    cache): the same bits as the whole tensor at once, forward and backward, 2-D and 3-D; the
+    engine's reference as well (the sizes above are the only ones in the suite that take this path)."""
+    assert shape[-1] * (shape[0] if len(shape) == 2 else shape[0] * shape[1]) > swiglu.CHUNK_ELEMENTS
+    gen = torch.Generator().manual_seed(7)
+    gate = (2 * torch.randn(shape, generator=gen)).to(torch.bfloat16)
+    up, grad = (torch.randn(shape, generator=gen).to(torch.bfloat16) for _ in range(2))
+    assert torch.equal(swiglu._in_row_blocks(swiglu.swiglu_forward, gate, up), swiglu.swiglu_forward(gate, up))
+    blocks, whole = (swiglu._in_row_blocks(swiglu.swiglu_backward, grad, gate, up),
+                     swiglu.swiglu_backward(grad, gate, up))
+    assert all(torch.equal(b, w) for b, w in zip(blocks, whole))
+    with patches.aligned("swiglu", impl="eager"):
+        assert torch.equal(swiglu.swiglu(gate, up), ref_silu_and_mul(torch.cat([gate, up], dim=-1)))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("reduction", _precision.REDUCTIONS)

@@ -124,7 +124,7 @@ def test_a_non_silu_activation_is_refused(model):
     gelu = to_bf16_fsdp_style(tiny_model(arch, hidden_act="gelu"))
     ids = torch.randint(2, 256, (1, 8))
     with patches.aligned("swiglu"):
-        with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen[23]MLP: hidden_act 'gelu'.*silu"):
+        with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen[23]MLP: hidden_act 'gelu'.*supported: silu, swish\)$"):
             gelu(ids)  # a model built before apply: refused at its first forward, naming the module
         with pytest.raises(patches.UnsupportedModelError, match=r"hidden_act 'gelu'"):
             tiny_model(arch, hidden_act="gelu")  # built while applied: refused where it is built
