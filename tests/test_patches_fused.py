@@ -120,6 +120,9 @@ def test_one_kernel_per_width():
         call(2, 130, 48)
         with pytest.raises(torch._dynamo.exc.RecompileError):
             call(4, 9, 80)
+    call(4, 9, 80)  # compiled anew; automatic dynamic would now make the width symbolic ...
+    with torch._dynamo.config.patch(error_on_recompile=True), pytest.raises(torch._dynamo.exc.RecompileError):
+        call(4, 9, 112)  # ... but it stays static: a third width compiles a kernel of its own too
 
 
 @pytest.mark.parametrize("region", SIZES)
