@@ -199,7 +199,7 @@ def report(plan_file: str | Path, out: str | Path, log=print) -> int:
                                                  "value": spread, "holds": spread <= 2}])], ignore_index=True)
     write_csv(frame, out / "hypotheses.csv")
     print(points_table(points, out) + "\n")
-    print(f"| check | holds at | values (min - max) |\n| --- | --- | --- |")
+    print("| check | holds at | values (min - max) |\n| --- | --- | --- |")
     for check, group in frame.groupby("check", sort=False):
         print(f"| {check.replace('|', chr(92) + '|')} | {int(group['holds'].sum())} of {len(group)} points | "
               f"{group['value'].min():.3g} - {group['value'].max():.3g} |")

@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rla import layout
+
 REPLACED = ".replaced-"  # suffix of a moved-aside cell folder: `seed0.replaced-20261130-191500`
 
 
@@ -47,8 +49,6 @@ class Cell:
     @classmethod
     def of(cls, cfg: dict, model: str, ablation: str, seed: int, out: str | Path,
            data: str | Path | None = None, steps: int | None = None) -> "Cell":
-        from rla import layout
-
         return cls(cfg, model, ablation, int(seed), Path(out).resolve(),
                    Path(data if data is not None else layout.data_dir(cfg)).resolve(),
                    int(steps if steps is not None else cfg["steps"]))

@@ -7,7 +7,7 @@
 
 Every section's keys are declared once below with their default, their type, whether a cell's identity
 holds it, and the verl keys it becomes (`verlrun.overrides` writes the one-key settings from the table,
-the rest by hand). docs/reference/config.md is generated from the tables (`python -m rla.config`). A bad value
+the rest by hand). docs/reference/config.md is generated from the tables (`python -m rla.reference`). A bad value
 or an unknown key is a `ConfigError` that names the key, the value and what is allowed, raised before
 anything is written. The workflow runs the same checks when it parses the config.
 """
