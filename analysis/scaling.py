@@ -9,6 +9,8 @@
   bias, output scale, width).
 - ``mismatch_where`` (+ ``mismatch_where.csv``): the same errors against position and against the
   engine's probability of the token, signed and absolute, at the longest responses measured.
+- ``mismatch_scaling_shares.csv``: per point, each region's Shapley share of the stock mean
+  |Δ logprob| and k3, then the summation order's and what remains (:func:`point_shares`).
 
 Figures are byte-reproducible (no timestamps: PDF CreationDate off, PNG without dates).
 
@@ -32,7 +34,9 @@ import pandas as pd  # noqa: E402
 
 from analysis import figures  # noqa: E402
 from analysis.output import to_markdown, write_csv, write_text  # noqa: E402
+from analysis.probe import MAIN_REFERENCE, region_shares  # noqa: E402
 from analysis.style import ABLATION_COLORS, apply_theme  # noqa: E402
+from rla import names  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -57,17 +61,50 @@ ABLATIONS = ("none", "rope", "swiglu", "rmsnorm", "all", "compile", "fp16")  # t
 ALONE = {"rope": "swiglu+rmsnorm", "swiglu": "rope+rmsnorm", "rmsnorm": "rope+swiglu"}
 ARCH_STYLE = {"qwen2": "-", "qwen3": "--"}
 REQUIRED = ["factor", "value", "arch", "setting", *METRICS]
+POINT = ["factor", "value", "arch", "shape_name"]  # one measured point (shape_name: a real shape's, else empty)
 
 
 def load_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `python -m localrl scaling --out {path.parent}` first")
-    table = pd.read_csv(path)
+    table = pd.read_csv(path, float_precision="round_trip")  # the values as measured, to the last bit
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
         raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
     return table
+
+
+def _treatment(setting: str) -> str:
+    """A probe row's treatment, from the ablation registry: compiled layers or FP16 align no region."""
+    entry = names.ABLATIONS.get(setting)
+    return "" if entry is None else "compile" if entry.compiled else "fp16" if entry.precision == "fp16" else ""
+
+
+def point_shares(table: pd.DataFrame) -> pd.DataFrame:
+    """Per point, the Shapley shares (`analysis.probe.region_shares`) of the stock mean |Δ logprob|
+    (`share_*`) and k3 (`k3_share_*`): one per region, the summation order's, what remains. A point
+    without every region subset has none (a warning names it)."""
+    rows = []
+    if not {"regions", "reduction"} <= set(table.columns):
+        log.warning("no shares: the table has no regions / reduction columns")
+        return pd.DataFrame(rows)
+    for key, point in table.assign(shape_name=table.get("shape_name", "")).fillna({"shape_name": ""}).groupby(
+            POINT, sort=False):
+        frame = point.assign(reference=MAIN_REFERENCE, treatment=point["setting"].map(_treatment))
+        row = dict(zip(POINT, key))
+        for metric, prefix in (("mean_abs_dlogprob", "share"), ("k3_kl", "k3_share")):
+            try:
+                shares = region_shares(frame, metric).set_index("component")["share"]
+            except ValueError as err:
+                log.warning("point %s: no shares: %s", row, err)
+                break
+            row.update({f"{prefix}_{r}": float(shares[r]) for r in names.REGIONS})
+            row[f"{prefix}_summation_order"] = float(shares.get("summation order", np.nan))
+            row[f"{prefix}_remaining"] = float(shares["remaining"])
+        else:
+            rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def fit_exponents(table: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
@@ -250,6 +287,10 @@ def run(tables: Path, out: Path) -> list[Path]:
     write_csv(fits, out / "mismatch_scaling_fits.csv")
     write_text(fits_markdown(fits), out / "mismatch_scaling_fits.md")
     written = [out / "mismatch_scaling_fits.csv", out / "mismatch_scaling_fits.md"]
+    shares = point_shares(table)
+    if len(shares):
+        write_csv(shares, out / "mismatch_scaling_shares.csv")
+        written.append(out / "mismatch_scaling_shares.csv")
     written += scaling_figure(table, out)
     written += regions_figure(table, out)
     pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"

@@ -36,12 +36,13 @@ def bench_step(models: list[str], steps: int, ablation: str, engine: str) -> dic
     (engine, GEMM check, trainer) and the median phase times of `steps` RL steps after two warm-up steps."""
     import torch
 
-    from localrl.config import resolve_cell
     from localrl.data import write_splits
     from localrl.run import build_rig, rl_step
     from localrl.task import TaskSettings
     from localrl.warmstart import warmstart
+    from rla.cells import Cell
     from rla.config import load as load_config
+    from rla.config import rl_settings
 
     torch.set_num_threads(1)
     cfg = load_config(CONFIG)
@@ -51,10 +52,10 @@ def bench_step(models: list[str], steps: int, ablation: str, engine: str) -> dic
     result = {"engine": engine, "ablation": ablation, "steps_timed": steps, "models": {}}
     for model in models:
         warmstart(cfg, model, tmp / "data", tmp / model)  # a realistic policy: realistic response lengths
-        cell = resolve_cell(cfg, model, ablation, 0, steps + 2)
-        rl = cell["rl"]
+        cell = Cell.of(cfg, model, ablation, 0, tmp / "unused", tmp / "data", steps + 2)
+        rl = rl_settings(cfg, "local", model)
         t0 = time.perf_counter()
-        with build_rig(cell, tmp / model, tmp / "data") as rig:
+        with build_rig(cell, tmp / model) as rig:
             start = time.perf_counter() - t0
             timed = [rl_step(rig, step) for step in range(1, steps + 3)][2:]  # the first two: warm-up
             engine_start = getattr(rig.engine, "startup_s", None)

@@ -88,11 +88,11 @@ def rl_batch(cfg: dict, model_dir: Path, data_dir: Path, rl: dict):
 def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
 
     import patches
-    from localrl.config import resolve_cell
     from localrl.trainer import Trainer, correct_rollout
+    from rla.config import rl_settings
     from rla.names import regions_of
 
-    rl = resolve_cell(cfg, model, "none", 0, 1)["rl"]
+    rl = rl_settings(cfg, "local", model)
     model_dir, data_dir = results / "models" / model, results / "data"
     stock_batch, scores, groups = rl_batch(cfg, model_dir, data_dir, rl)
     trainers, batches, first = {}, {}, {}

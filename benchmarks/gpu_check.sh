@@ -54,7 +54,7 @@ if [ "$device" != cpu ] && "$PYTHON" -c 'import vllm' 2>/dev/null; then
   ckpt=$(mktemp -d)
   "$PYTHON" benchmarks/random_checkpoint.py --arch qwen2 --shape qwen2.5-1.5b --out "$ckpt" --device "$device" \
     > /dev/null && LOCALRL_DEVICE=$device timeout 420 "$PYTHON" -m localrl probe --engine vllm --model "$ckpt" \
-    --n-prompts 16 --max-new-tokens 256 --no-figures --out "$OUT/probe-vllm-$tag" 2>&1 | tee "$OUT/probe-$tag.log" \
+    --n-prompts 16 --max-new-tokens 256 --out "$OUT/probe-vllm-$tag" 2>&1 | tee "$OUT/probe-$tag.log" \
     || status=1
 fi
 timeout 420 "$PYTHON" benchmarks/bench_regions.py "$@" --min-run-time 0.3 --out "$OUT/regions-$tag.json" 2>&1 \

@@ -31,24 +31,20 @@ def _prepare_data(args, cfg):
 
 
 def _warmstart(args, cfg):
-    from localrl.config import default_paths
     from localrl.warmstart import warmstart
+    from rla import layout
     from rla.config import model_spec, warmstart_settings
 
     model_spec(cfg, args.model, "local")  # fail on an unknown model or setting before any work
     warmstart_settings(cfg)
-    data = args.data or default_paths(cfg, args.model)[0]
-    warmstart(cfg, args.model, data, args.out)
+    warmstart(cfg, args.model, args.data or layout.data_dir(cfg), args.out)
 
 
 def _train(args, cfg):
-    from localrl.config import resolve_cell
-    from localrl.config import default_paths
     from localrl.run import train_cell
+    from rla.cells import Cell
 
-    cell = resolve_cell(cfg, args.model, args.ablation, args.seed, args.steps)
-    data, model_dir = default_paths(cfg, args.model)
-    train_cell(cell, args.out, args.model_dir or model_dir, args.data or data)
+    train_cell(Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps), args.model_dir)
 
 
 def _probe(args, cfg):

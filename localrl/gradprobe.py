@@ -307,16 +307,16 @@ class PointSpec:
 def run_point(spec: PointSpec, log=print) -> PointResult:
     from transformers import AutoTokenizer
 
-    from localrl.config import default_paths
     from localrl.data import load_split
     from localrl.engine.engine import Engine
     from localrl.task import render_prompt
+    from rla import layout
     from rla.config import load, model_spec, rl_settings
 
     cfg = load(spec.config)
     model_spec(cfg, spec.model, "local")
     rl = {**rl_settings(cfg, "local", spec.model), "temperature": float(spec.temperature)}
-    data_dir, model_dir = default_paths(cfg, spec.model)
+    data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, spec.model)
     if not (model_dir / "model.safetensors").exists():
         raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --config {spec.config} "
                           f"--model {spec.model} --out {model_dir}` first")

@@ -50,15 +50,15 @@ def plan_points(plan_file: str | Path) -> tuple[dict, dict[str, dict]]:
 
 def ensure_warm_start(point: dict, log=print) -> None:
     """The point's data and warm-started model, made as the workflow makes them if missing."""
-    from localrl.config import default_paths
     from localrl.data import write_splits
     from localrl.task import TaskSettings
     from localrl.warmstart import warmstart
+    from rla import layout
     from rla.config import model_spec, warmstart_settings
 
     cfg = load(point["config"])
     model_spec(cfg, point["model"], "local")
-    data_dir, model_dir = default_paths(cfg, point["model"])
+    data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, point["model"])
     if not (data_dir / "train.parquet").exists():
         log(f"data: {data_dir}")
         write_splits(TaskSettings.from_config(cfg.get("task") or {}), data_dir)
@@ -73,20 +73,18 @@ def checkpoint_of(point: dict, out: Path, log=print) -> str | None:
     steps = point.get("rl_step")
     if not steps:
         return None
-    from localrl.config import default_paths, resolve_cell
     from localrl.run import train_cell
     from rla import layout
+    from rla.cells import Cell
 
     kept = out / "checkpoints" / point["model"] / f"step_{int(steps):06d}.pt"
     if kept.exists():
         return str(kept)
     cfg = load(point["config"])
     ablation, seed = point.get("rl_ablation", "none"), int(point.get("seed", 0))
-    cell = resolve_cell(cfg, point["model"], ablation, seed, int(steps))
     cell_dir = layout.cell_dir(cfg, point["model"], ablation, seed)
-    data_dir, model_dir = default_paths(cfg, point["model"])
     log(f"RL checkpoint: {point['model']}/{ablation}/seed{seed} to step {steps} in {cell_dir}")
-    train_cell(cell, cell_dir, model_dir, data_dir)
+    train_cell(Cell.of(cfg, point["model"], ablation, seed, cell_dir, steps=int(steps)))
     made = cell_dir / "checkpoints" / f"step_{int(steps):06d}.pt"
     if not made.exists():
         raise ConfigError(f"the cell {cell_dir} has no checkpoint at step {steps}")

@@ -436,7 +436,6 @@ def add_parser(subparsers):
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt choice and the sampling (default 0)")
     p.add_argument("--position-bin", type=int, default=DEFAULT_POSITION_BIN,
                    help=f"width of the position bins (default {DEFAULT_POSITION_BIN})")
-    p.add_argument("--no-figures", action="store_true", help="CSV files only")
     p.add_argument("--batch-size", type=int, default=16, help="vllm: sequences per training-side forward (default 16)")
     p.add_argument("--gpu-memory-utilization", type=float, help="vllm on a GPU: vLLM's share of GPU memory "
                                                                  "(default: vLLM's)")
@@ -485,8 +484,8 @@ def main(args, cfg: dict | None = None) -> int:
     from rla.config import load as load_config
     from rla.config import model_spec, rl_settings
     from localrl.data import load_split
-    from localrl.config import default_paths
     from localrl.task import render_prompt
+    from rla import layout
 
     if cfg is None and args.config is not None:
         cfg = load_config(args.config)
@@ -500,8 +499,8 @@ def main(args, cfg: dict | None = None) -> int:
     max_new_tokens = _positive("--max-new-tokens", rl["max_response_length"] if args.max_new_tokens is None
                                else args.max_new_tokens)
     position_bin = _positive("--position-bin", args.position_bin)
-    data_dir, model_dir = default_paths(cfg, args.model)
-    data_dir, model_dir = Path(args.data or data_dir), Path(args.model_dir or model_dir)
+    data_dir = Path(args.data or layout.data_dir(cfg))
+    model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
     if not (model_dir / "config.json").exists():
         raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
                           f"--out {model_dir}` first, or pass --model-dir")
@@ -529,12 +528,7 @@ def main(args, cfg: dict | None = None) -> int:
         rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
         log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
         result = run_probe(trainer.model, engine, rollout, position_bin, log=log, master=trainer.master)
-    out = Path(args.out)
-    for path in result.write(out):
+    for path in result.write(Path(args.out)):
         log(f"wrote {path}")
-    if not args.no_figures:
-        from analysis.probe import write_model_report
-
-        for path in write_model_report(out, title=args.model):
-            log(f"wrote {path}")
+    log(f"figures and tables: python -m analysis probe --probe {args.out} --out FIGURES_DIR")
     return 0

@@ -306,19 +306,14 @@ def machine() -> dict:
     return info
 
 
-def write(result, meta: dict, out: str | Path, figures: bool, title: str, log=print) -> None:
+def write(result, meta: dict, out: str | Path, log=print) -> None:
     out = Path(out)
     for path in result.write(out):
         log(f"wrote {path}")
     from rla import files
 
     files.write_text(out / "probe.json", json.dumps(meta, indent=1) + "\n")
-    log(f"wrote {out / 'probe.json'}")
-    if figures:
-        from analysis.probe import write_model_report
-
-        for path in write_model_report(out, title=title):
-            log(f"wrote {path}")
+    log(f"wrote {out / 'probe.json'}; figures and tables: python -m analysis probe --probe {out} --out FIGURES_DIR")
 
 
 def main(args, cfg: dict | None = None) -> int:
@@ -339,13 +334,13 @@ def main(args, cfg: dict | None = None) -> int:
         max_new_tokens = _positive("--max-new-tokens", args.max_new_tokens or DEFAULT_CHECKPOINT_TOKENS)
         title = model_dir.name
     else:
-        from localrl.config import default_paths
+        from rla import layout
         from rla.config import engine_settings, model_spec, rl_settings
 
         model_spec(cfg, args.model, "local")
         rl = rl_settings(cfg, "local", args.model)
-        data_dir, model_dir = default_paths(cfg, args.model)
-        data_dir, model_dir = Path(args.data or data_dir), Path(args.model_dir or model_dir)
+        data_dir = Path(args.data or layout.data_dir(cfg))
+        model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
         if not (model_dir / "config.json").exists():
             raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
                               f"--out {model_dir}` first, or pass --model-dir")
@@ -359,6 +354,6 @@ def main(args, cfg: dict | None = None) -> int:
     log(f"probe {title} against vLLM: {len(prompts)} prompts, responses of up to {max_new_tokens} tokens")
     result, meta = run(model_dir, prompts, max_new_tokens, args.seed, batch_size, args.gpu_memory_utilization,
                        args.kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
-    write(result, meta, args.out, not args.no_figures, title, log)
+    write(result, meta, args.out, log)
     log(f"probe done in {meta['total_s']:.0f} s")
     return 0

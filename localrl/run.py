@@ -1,8 +1,9 @@
 """One grid cell: the RL loop (rollout on the engine, update on the trainer), logged as verl logs.
 
-    rig = build_rig(cell, model_dir, data_dir)       # trainer, engine, prompts, sampler, generators
-    metrics = rl_step(rig, step)                     # one RL step -> verl-named metrics
-    train_cell(cell, out_dir, model_dir, data_dir)  # the loop: identity check, resume, log, checkpoint
+    cell = Cell.of(cfg, model, ablation, seed, out_dir)  # rla.cells: the cell and its folders
+    rig = build_rig(cell, model_dir)    # trainer, engine, prompts, sampler, generators
+    metrics = rl_step(rig, step)        # one RL step -> verl-named metrics
+    train_cell(cell)                    # the loop: identity check, resume, log, checkpoint
 
 Per step: sample prompts -> engine generates `samples_per_prompt` responses each (with processed
 logprobs) -> verl's gsm8k scorer -> trainer recomputes old log-probs -> GRPO advantages -> one PPO
@@ -27,7 +28,8 @@ import yaml
 from localrl import checkpoint
 from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
 from localrl.task import render_prompt, score
-from rla import cells, files
+from rla import cells, files, layout
+from rla.cells import Cell
 from rla.config import RL, ConfigError, identity_of
 
 log = logging.getLogger("localrl")
@@ -60,7 +62,7 @@ class PromptSampler:
 class Rig:
     """Everything one cell's RL loop holds. A context manager: leaving it removes the patches."""
 
-    cell: dict
+    config: dict  # the cell's resolved config (localrl.config.resolve)
     trainer: object
     engine: object
     tokenizer: object
@@ -96,27 +98,30 @@ class Rig:
         self.engine.load_weights(self.trainer.weights_for_engine())
 
 
-def _check_engine(engine, cell: dict, model_dir: Path, dtype: torch.dtype) -> None:
+def _check_engine(engine, config: dict, model_dir: Path, dtype: torch.dtype) -> None:
     """A given (shared) engine must be the one the cell would start."""
     name = getattr(engine, "name", "local")
-    if name != cell["engine"]["name"] or getattr(engine, "dtype", dtype) != dtype or (
+    if name != config["engine"]["name"] or getattr(engine, "dtype", dtype) != dtype or (
             name == "vllm" and Path(engine.model_dir).resolve() != model_dir.resolve()):
         raise ValueError(f"the given engine ({name}, {getattr(engine, 'dtype', '?')}, "
-                         f"{getattr(engine, 'model_dir', '-')}) is not the cell's ({cell['engine']['name']}, {dtype}, "
-                         f"{model_dir})")
+                         f"{getattr(engine, 'model_dir', '-')}) is not the cell's ({config['engine']['name']}, "
+                         f"{dtype}, {model_dir})")
 
 
-def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path, engine=None) -> Rig:
+def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | None = None) -> Rig:
     """Engine, trainer (patched for the cell's ablation and target, with the engine's GEMM), tokenized
-    prompts and seeded generators. `engine`: an already started engine of the cell's kind to use
-    (and leave running) instead of starting one; it gets the trainer's weights here."""
+    prompts and seeded generators; `model_dir` is the warm-started model. `engine`: an already started
+    engine of the cell's kind to use (and leave running) instead of starting one; it gets the
+    trainer's weights here. `config`: the cell's resolved config, if resolved already."""
     from transformers import AutoConfig, AutoTokenizer
 
     from localrl import engines
+    from localrl.config import resolve
     from localrl.data import load_split
     from localrl.trainer import Trainer, compute_dtype
 
-    seed, rl, model_dir = cell["seed"], cell["rl"], Path(model_dir)
+    config = config or resolve(cell)
+    seed, rl, model_dir = cell.seed, config["rl"], Path(model_dir)
     torch.manual_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
@@ -127,26 +132,26 @@ def build_rig(cell: dict, model_dir: str | Path, data_dir: str | Path, engine=No
         return ([tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]],
                 [rm["ground_truth"] for rm in frame["reward_model"]])
 
-    prompts, truths = encode(load_split(data_dir, "train"))
-    val_prompts, val_truths = encode(load_split(data_dir, "test").iloc[: rl["test_size"]])
-    dtype, hf_config, owns = compute_dtype(cell["ablation"]), AutoConfig.from_pretrained(model_dir), engine is None
-    log.info(engines.describe(cell["engine"]))
+    prompts, truths = encode(load_split(cell.data, "train"))
+    val_prompts, val_truths = encode(load_split(cell.data, "test").iloc[: rl["test_size"]])
+    dtype, hf_config, owns = compute_dtype(cell.ablation), AutoConfig.from_pretrained(model_dir), engine is None
+    log.info(engines.describe(config["engine"]))
     if owns:
-        engine = engines.start(cell["engine"], model_dir, tokenizer, hf_config, dtype, seed, log=log.info)
+        engine = engines.start(config["engine"], model_dir, tokenizer, hf_config, dtype, seed, log=log.info)
     else:
-        _check_engine(engine, cell, model_dir, dtype)
+        _check_engine(engine, config, model_dir, dtype)
     try:
         from localrl.device import device
 
         gemm = engines.trainer_gemm(engine, model_dir, hf_config, dtype, device(), log=log.info)
-        trainer = Trainer(str(model_dir), rl, cell["ablation"], target=cell["engine"]["target"], gemm=gemm)
+        trainer = Trainer(str(model_dir), rl, cell.ablation, target=config["engine"]["target"], gemm=gemm)
         engine.load_weights(trainer.weights_for_engine())
     except BaseException:
         if owns and hasattr(engine, "close"):
             engine.close()
         raise
-    numerics = {**engines.identity(cell["engine"]), "trainer_gemm": gemm}
-    return Rig(cell, trainer, engine, tokenizer, prompts, truths, val_prompts, val_truths,
+    numerics = {**engines.identity(config["engine"]), "trainer_gemm": gemm}
+    return Rig(config, trainer, engine, tokenizer, prompts, truths, val_prompts, val_truths,
                PromptSampler(len(prompts), gens["data"]), gens, numerics, owns)
 
 
@@ -156,7 +161,7 @@ def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]
 
 def validate(rig: Rig) -> float:
     """Greedy score on the test prompts (verl's validation default: do_sample=False)."""
-    out = rig.engine.generate(rig.val_prompts, rig.cell["rl"]["max_response_length"], greedy=True)
+    out = rig.engine.generate(rig.val_prompts, rig.config["rl"]["max_response_length"], greedy=True)
     texts = _decode(rig.tokenizer, out.responses, out.response_mask)
     return float(np.mean([score(t, g) for t, g in zip(texts, rig.val_truths)]))
 
@@ -167,10 +172,10 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
 
     from localrl.trainer import Batch, correct_rollout
 
-    rl, trainer = rig.cell["rl"], rig.trainer
+    rl, trainer = rig.config["rl"], rig.trainer
     t_step, metrics = time.perf_counter(), {}
     every = rl["test_every"]
-    if every > 0 and (step == 1 or step % every == 0 or step == rig.cell["steps"]):
+    if every > 0 and (step == 1 or step % every == 0 or step == rig.config["steps"]):
         metrics["val/score/mean"] = validate(rig)
 
     n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
@@ -209,14 +214,14 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
 # One cell, start to end
 
 
-def cell_identity(cell: dict, model_dir: Path, data_dir: Path) -> dict:
-    """What the cell's results depend on (besides `steps`): see `rla.cells`."""
+def cell_identity(config: dict, model_dir: Path, data_dir: Path) -> dict:
+    """What the cell's results depend on (besides `steps`), from its resolved config: see `rla.cells`."""
     from localrl import engines
 
     return cells.canonical({
-        "backend": "local", "model": cell["model"], "model_spec": cell["model_spec"],
-        "ablation": cell["ablation"], "seed": cell["seed"], "engine": engines.identity(cell["engine"]),
-        "rl": identity_of(cell["rl"], RL),
+        "backend": "local", "model": config["model"], "model_spec": config["model_spec"],
+        "ablation": config["ablation"], "seed": config["seed"], "engine": engines.identity(config["engine"]),
+        "rl": identity_of(config["rl"], RL),
         "data": cells.fingerprint(data_dir / "train.parquet", data_dir / "test.parquet"),
         "initial_model": cells.fingerprint(model_dir / "model.safetensors"),
     })
@@ -244,15 +249,15 @@ def _setup_logging(path: Path) -> list[logging.Handler]:
     return handlers
 
 
-def _wandb_run(cell: dict, out_dir: Path):
+def _wandb_run(config: dict, out_dir: Path):
     """wandb in offline mode (sync later) when `wandb.enabled`; WANDB_MODE in the environment wins."""
-    settings = cell.get("wandb") or {}
+    settings = config.get("wandb") or {}
     if not settings.get("enabled"):
         return None
     import wandb
 
-    name = f"{cell['model']}/{cell['ablation']}/seed{cell['seed']}"
-    return wandb.init(project=settings.get("project", "rounding-alignment"), name=name, config=cell,
+    name = f"{config['model']}/{config['ablation']}/seed{config['seed']}"
+    return wandb.init(project=settings.get("project", "rounding-alignment"), name=name, config=config,
                       dir=str(out_dir), mode=os.environ.get("WANDB_MODE", "offline"), resume="allow",
                       id=name.replace("/", "-"))
 
@@ -261,27 +266,32 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 100 else f"{seconds:.0f} s"
 
 
-def train_cell(cell: dict, out_dir: str | Path, model_dir: str | Path, data_dir: str | Path,
-               stop_after: int | None = None, engine=None) -> int:
-    """Run (or resume) one cell; returns the last completed step. `stop_after` stops like a
-    preemption after that many steps of this call (checkpoint, return); `engine`: a started engine
-    of the cell's kind to use instead of starting one (`build_rig`)."""
-    out_dir, model_dir, data_dir = Path(out_dir), Path(model_dir), Path(data_dir)
+def train_cell(cell: Cell, model_dir: str | Path | None = None, stop_after: int | None = None,
+               engine=None) -> int:
+    """Run (or resume) one cell in `cell.out`; returns the last completed step. `model_dir`: the
+    warm-started model (default: the profile's, `rla.layout`). `stop_after` stops like a preemption
+    after that many steps of this call (checkpoint, return); `engine`: a started engine of the
+    cell's kind to use instead of starting one (`build_rig`)."""
+    from localrl.config import resolve
+
+    out_dir = cell.out
+    model_dir = Path(model_dir if model_dir is not None else layout.model_dir(cell.cfg, cell.model))
     if not (model_dir / "model.safetensors").exists():
         raise ConfigError(f"warm-started model {model_dir} not found: run `python -m localrl warmstart "
-                          f"--model {cell['model']} --out {model_dir}` first")
-    steps, identity = cell["steps"], cell_identity(cell, model_dir, data_dir)
+                          f"--model {cell.model} --out {model_dir}` first")
+    config = resolve(cell)
+    steps, identity = cell.steps, cell_identity(config, model_dir, cell.data)
     old_identity, old_steps, state, has_results = _previous(out_dir)
     plan = cells.plan(old_identity, old_steps, state["step"] if state else 0, has_results, identity, steps)
     moved = cells.move_aside(out_dir) if plan.action == "replace" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     files.write_text(out_dir / "config.yaml", yaml.safe_dump(
-        {**cell, "model_dir": str(model_dir), "data_dir": str(data_dir), "identity": identity}, sort_keys=False))
+        {**config, "model_dir": str(model_dir), "data_dir": str(cell.data), "identity": identity}, sort_keys=False))
     handlers = _setup_logging(out_dir / "train.log")
     try:
-        log.info(f"cell {cell['model']}/{cell['ablation']}/seed{cell['seed']}: {plan.message}"
+        log.info(f"cell {cell.model}/{cell.ablation}/seed{cell.seed}: {plan.message}"
                  + (f"; the previous folder is now {moved}" if moved else ""))
-        with build_rig(cell, model_dir, data_dir, engine) as rig:
+        with build_rig(cell, model_dir, engine, config) as rig:
             return _loop(rig, out_dir, state if plan.restores else None, identity, stop_after)
     finally:
         for h in handlers:
@@ -290,7 +300,7 @@ def train_cell(cell: dict, out_dir: str | Path, model_dir: str | Path, data_dir:
 
 
 def _loop(rig: Rig, out_dir: Path, state: dict | None, identity: dict, stop_after: int | None) -> int:
-    steps, every = rig.cell["steps"], rig.cell["rl"]["checkpoint_every"]
+    steps, every = rig.config["steps"], rig.config["rl"]["checkpoint_every"]
     start = 0
     if state is not None:
         start = state["step"]
@@ -298,9 +308,9 @@ def _loop(rig: Rig, out_dir: Path, state: dict | None, identity: dict, stop_afte
     metrics_log = MetricsLog(out_dir, state["metrics"] if state else [])
     log.info(f"steps {start + 1}..{steps}, regions {sorted(rig.trainer.regions) or 'none'}; "
              f"progress in {out_dir / 'train.log'}")
-    if start < steps and rig.cell["engine"]["name"] == "local":
+    if start < steps and rig.config["engine"]["name"] == "local":
         log.info(f"step {start + 1} first compiles the engine's kernels (Inductor, a one-off 10-60 s on a CPU)")
-    run, began, step = _wandb_run(rig.cell, out_dir), time.perf_counter(), start
+    run, began, step = _wandb_run(rig.config, out_dir), time.perf_counter(), start
 
     def save(at: int) -> None:
         checkpoint.save(out_dir / "checkpoints", at, {"identity": identity, "steps": steps,

@@ -408,37 +408,18 @@ def measure(point: Point, log=print) -> PointResult:
             row["frac_error_unchanged"] = (before == after).double().mean().item()
             row["frac_bf16_weights_changed"] = changed
 
-    shares = region_shares(rows, settings)
     head = describe(point)
-    out_rows = [{**head, **row, **shares} for row in rows]
+    out_rows = [{**head, **row} for row in rows]
     none = next(r for r in out_rows if r["setting"] == "none")
     log(f"{point.factor}={point.value:g} {point.shape_name or point.shape.arch} "
         f"(L{point.shape.layers} h{point.shape.hidden} V{point.shape.vocab} R{point.response_len}): "
         f"none |d| {none['mean_abs_dlogprob']:.2e} k3 {none['k3_kl']:.2e} H {none['entropy_engine']:.2f}; "
-        f"all |d| {next(r for r in out_rows if r['setting'] == 'all')['mean_abs_dlogprob']:.2e}; "
-        f"shares rope/swiglu/rmsnorm {shares['share_rope']:.0%}/{shares['share_swiglu']:.0%}/"
-        f"{shares['share_rmsnorm']:.0%} (sampling {t_sample:.1f} s)")
+        f"all |d| {next(r for r in out_rows if r['setting'] == 'all')['mean_abs_dlogprob']:.2e} "
+        f"(sampling {t_sample:.1f} s)")
     pos = pd.concat(pos_frames, ignore_index=True)
     prob = pd.concat(prob_frames, ignore_index=True)
     keys = {"factor": point.factor, "value": point.value, "arch": point.shape.arch, "shape_name": point.shape_name}
     return PointResult(out_rows, pos.assign(**keys), prob.assign(**keys))
-
-
-def region_shares(rows: list[dict], settings: list[probe.Setting]) -> dict[str, float]:
-    """Shapley shares of the stock mean |d logprob| and k3 (analysis.probe.region_shares)."""
-    from analysis.probe import region_shares as shapley
-
-    reductions = {s.name: s.reduction for s in settings}
-    frame = pd.DataFrame(rows).assign(reference=probe.MAIN_REFERENCE)
-    frame["reduction"] = frame["setting"].map(reductions)
-    frame["treatment"] = frame["setting"].map({s.name: s.treatment for s in settings})
-    out = {}
-    for metric, prefix in (("mean_abs_dlogprob", "share"), ("k3_kl", "k3_share")):
-        table = shapley(frame, metric).set_index("component")["share"]
-        out.update({f"{prefix}_{r}": float(table[r]) for r in patches.REGIONS})
-        out[f"{prefix}_summation_order"] = float(table.get("summation order", np.nan))
-        out[f"{prefix}_remaining"] = float(table["remaining"])
-    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -28,15 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rla import layout
+from rla.config import ConfigError
+from rla.names import ABLATIONS
 
 REPLACED = ".replaced-"  # suffix of a moved-aside cell folder: `seed0.replaced-20261130-191500`
 
 
 @dataclass(frozen=True, eq=False)
 class Cell:
-    """One cell of a config's grid and its folders: what a backend's launcher is handed.
-    `Cell.of` fills in the defaults (the profile's data folder, the config's steps) and makes the
-    paths absolute (verl's Hydra changes the working directory)."""
+    """One cell of a config's grid and its folders: what either backend's launcher is handed.
+    `Cell.of` checks the ablation, seed and steps, fills in the defaults (the profile's data folder,
+    the config's steps) and makes the paths absolute (verl's Hydra changes the working directory)."""
 
     cfg: dict = field(repr=False)
     model: str
@@ -49,14 +51,25 @@ class Cell:
     @classmethod
     def of(cls, cfg: dict, model: str, ablation: str, seed: int, out: str | Path,
            data: str | Path | None = None, steps: int | None = None) -> "Cell":
-        return cls(cfg, model, ablation, int(seed), Path(out).resolve(),
+        if ablation not in ABLATIONS:
+            raise ConfigError(f"unknown ablation {ablation!r}; allowed: {', '.join(ABLATIONS)}")
+        return cls(cfg, model, ablation, _count("seed", seed, 0), Path(out).resolve(),
                    Path(data if data is not None else layout.data_dir(cfg)).resolve(),
-                   int(steps if steps is not None else cfg["steps"]))
+                   _count("steps", cfg.get("steps") if steps is None else steps, 1))
 
     @property
     def name(self) -> str:
         """One name per cell: verl's experiment_name (and so the wandb run)."""
         return f"{self.model}-{self.ablation}-seed{self.seed}"
+
+
+def _count(name: str, value, least: int) -> int:
+    """An integer >= `least`, also from a wildcard's digits ("3")."""
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+    return value
 
 
 def fingerprint(*paths: str | Path) -> str:

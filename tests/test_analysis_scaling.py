@@ -39,6 +39,25 @@ def synthetic_bins(low_key: str, high_key: str, edges) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def test_point_shares_give_each_point_its_regions_shapley_shares():
+    """Additive effects: each region's share is its own effect over the stock value, per point; the
+    compile/fp16 rows (treatments, from the ablation registry) are not region subsets."""
+    from tests.test_probe_analysis import synthetic_subsets
+
+    points = []
+    for value, effect in ((2.0, {"rope": 1.0, "swiglu": 2.0, "rmsnorm": 4.0}), (4.0, {"rope": 3.0, "swiglu": 0.5,
+                                                                                      "rmsnorm": 0.5})):
+        frame = synthetic_subsets(lambda s: 10.0 - sum(effect[r] for r in s)).drop(columns="reference")
+        frame = pd.concat([frame, pd.DataFrame([{"setting": t, "regions": "none", "reduction": "eager",
+                                                 "mean_abs_dlogprob": 99.0, "k3_kl": 1.0} for t in ("compile", "fp16")])])
+        points.append(frame.assign(factor="depth", value=value, arch="qwen2", shape_name=np.nan))
+    shares = scaling.point_shares(pd.concat(points, ignore_index=True)).set_index("value")
+    assert shares.loc[2.0, ["share_rope", "share_swiglu", "share_rmsnorm"]].tolist() == [0.1, 0.2, 0.4]
+    assert shares.loc[4.0, ["share_rope", "share_swiglu", "share_rmsnorm"]].tolist() == [0.3, 0.05, 0.05]
+    assert shares["share_summation_order"].tolist() == [0.3, 0.6]  # all's value over the stock's
+    assert (shares["share_remaining"] == 0).all() and (shares["shape_name"] == "").all()
+
+
 def test_where_table_measures_growth_with_position():
     pos = synthetic_bins("position_low", "position_high", [0, 16, 32, 64, 128])
     prob = synthetic_bins("p_low", "p_high", [0.0, 0.01, 0.1, 0.5, 0.9, 1.0])

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from localrl.config import resolve_cell
+from rla.config import model_spec
 from rla.config import load as load_config
 from localrl.device import ENV, device
 from localrl.scaling import qwen_shape
@@ -51,7 +51,7 @@ def test_bad_arguments_are_named(tmp_path):
 def test_profile_resolves_and_keeps_qwen_ratios():
     cfg = load_config(ROOT / "experiments/gpu_stress.yaml")
     for model in cfg["models"]:
-        spec = resolve_cell(cfg, model, "all", 0, None)["model_spec"]
+        spec = model_spec(cfg, model, "local")
         shape = qwen_shape(spec["arch"], spec["hidden_size"], spec["num_hidden_layers"], 384)
         assert (spec["num_attention_heads"], spec["num_key_value_heads"], spec["head_dim"],
                 spec["intermediate_size"]) == (shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate)

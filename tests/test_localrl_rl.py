@@ -18,7 +18,8 @@ import orjson
 import pytest
 import torch
 
-from localrl.config import resolve_cell
+from rla.cells import Cell
+from rla.config import rl_settings
 from rla.config import load as load_config
 from localrl.metrics import REQUIRED
 
@@ -130,7 +131,7 @@ def test_engine_logprobs_close_to_but_not_identical_with_trainer(setup):
     tok, prompts = _prompts(setup, 32)
     k3, diffs = {}, {}
     for ablation in ("none", "all"):
-        rl = resolve_cell(setup["cfg"], MODEL, ablation, 0, 1)["rl"]
+        rl = rl_settings(setup["cfg"], "local", MODEL)
         with Trainer(str(setup["model"]), rl, ablation, target="vllm") as trainer:
             rotary = [b for n, b in trainer.model.named_buffers() if n.endswith("inv_freq")]
             assert rotary and all(b.dtype == torch.float32 for b in rotary)  # FSDP keeps buffers fp32
@@ -153,8 +154,8 @@ def test_engine_logprobs_close_to_but_not_identical_with_trainer(setup):
 def _train(setup, out, steps, stop_after=None, seed=0):
     from localrl.run import train_cell
 
-    cell = resolve_cell(setup["cfg"], MODEL, "none", seed, steps)
-    return train_cell(cell, out, setup["model"], setup["data"], stop_after=stop_after)
+    cell = Cell.of(setup["cfg"], MODEL, "none", seed, out, setup["data"], steps)
+    return train_cell(cell, setup["model"], stop_after=stop_after)
 
 
 def test_trainer_step_changes_weights_and_logs_every_metric(setup, tmp_path):
@@ -235,8 +236,8 @@ def _first_step(setup, ablation: str) -> tuple[dict, dict]:
     from localrl.run import build_rig, rl_step
     from patches.compile import decoder_layers, is_compiled
 
-    cell = resolve_cell(setup["cfg"], MODEL, ablation, 0, 1)
-    with build_rig(cell, setup["model"], setup["data"]) as rig:
+    cell = Cell.of(setup["cfg"], MODEL, ablation, 0, "unused", setup["data"], 1)
+    with build_rig(cell, setup["model"]) as rig:
         metrics = rl_step(rig, 1)
         ran = {"engine": rig.engine.model.dtype, "trainer": next(rig.trainer.model.parameters()).dtype,
                "compiled": [is_compiled(layer) for layer in decoder_layers(rig.trainer.model)],

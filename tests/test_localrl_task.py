@@ -7,7 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from localrl.config import resolve_cell
+from localrl.config import resolve
+from rla.cells import Cell
 from rla.config import ConfigError
 from rla.config import load as load_config
 from localrl.data import COLUMNS, write_splits
@@ -105,19 +106,21 @@ def test_tokenizer_round_trips_and_survives_autotokenizer(tmp_path):
 def test_bad_config_values_name_value_and_allowed():
     cfg = load_config(CONFIG)
     with pytest.raises(ConfigError, match=r"unknown model 'qwen9'.*qwen2-s"):
-        resolve_cell(cfg, "qwen9", "none", 0, 5)
+        resolve(Cell.of(cfg, "qwen9", "none", 0, "out", steps=5))
     with pytest.raises(ConfigError, match=r"unknown ablation 'ropee'; allowed: none, rope"):
-        resolve_cell(cfg, "qwen2-s", "ropee", 0, 5)
-    with pytest.raises(ConfigError, match=r"steps must be a positive integer, got 0"):
-        resolve_cell(cfg, "qwen2-s", "none", 0, 0)
+        Cell.of(cfg, "qwen2-s", "ropee", 0, "out", steps=5)
+    with pytest.raises(ConfigError, match=r"steps must be an integer >= 1, got 0"):
+        Cell.of(cfg, "qwen2-s", "none", 0, "out", steps=0)
+    with pytest.raises(ConfigError, match=r"seed must be an integer >= 0, got -1"):
+        Cell.of(cfg, "qwen2-s", "none", -1, "out")
     bad = {**cfg, "rl": {**cfg["rl"], "ppo_mini_batch_size": 0}}
     with pytest.raises(ConfigError, match=r"rl.ppo_mini_batch_size"):
-        resolve_cell(bad, "qwen2-s", "none", 0, 5)
+        resolve(Cell.of(bad, "qwen2-s", "none", 0, "out", steps=5))
     bad = {**cfg, "rl": {**cfg["rl"], "lr_typo": 1.0}}
     with pytest.raises(ConfigError, match=r"lr_typo"):
-        resolve_cell(bad, "qwen2-s", "none", 0, 5)
-    cell = resolve_cell(cfg, "qwen3-m", "all", 3, None)
-    assert cell["steps"] == cfg["steps"] and cell["model_spec"]["arch"] == "qwen3"
+        resolve(Cell.of(bad, "qwen2-s", "none", 0, "out", steps=5))
+    config = resolve(Cell.of(cfg, "qwen3-m", "all", 3, "out"))
+    assert config["steps"] == cfg["steps"] and config["model_spec"]["arch"] == "qwen3" and config["seed"] == 3
 
 
 def test_cli_bad_value_errors_before_touching_the_cell(tmp_path, capsys):

@@ -212,12 +212,13 @@ def tiny_setup(tmp_path_factory):
     return root
 
 
-def test_cli_writes_every_table_and_figure(tiny_setup):
+def test_cli_writes_every_table(tiny_setup):
     out = tiny_setup / "results" / "probe" / "m"
     assert localrl_main(["probe", "--config", str(tiny_setup / "cfg.yaml"), "--model", "m", "--out", str(out),
                        "--n-prompts", "4"]) == 0
-    for name in ("subsets.csv", "subsets.md", "layers.csv", "by_probability.csv", "by_position.csv",
-                 "subsets.png", "subsets.pdf", "layers.png", "layers.pdf"):
+    names = ("subsets.csv", "layers.csv", "by_probability.csv", "by_position.csv")
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)  # the figures are analysis's
+    for name in names:
         assert (out / name).stat().st_size > 0, name
     subsets = pd.read_csv(out / "subsets.csv")
     rows = subsets[subsets["reference"] == probe.MAIN_REFERENCE].set_index("setting")

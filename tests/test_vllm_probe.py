@@ -81,9 +81,14 @@ def test_probe_of_a_local_qwen2_checkpoint_against_vllm(vllm_model, tmp_path):
     assert "vLLM ready in" in done.stderr and "trainer GEMM" in done.stderr
     # the aligned training side against the CPU graph vs the GPU graph's target: the right target is closer
     assert by.loc["all", "mean_abs_dlogprob"] < by.loc["all@vllm", "mean_abs_dlogprob"]
-    for name in ("subsets.md", "subsets.png", "where.png", "by_probability.csv", "by_position.csv"):
-        assert (out / name).exists(), name
-    assert "The other alignment target" in (out / "subsets.md").read_text()
+    assert {p.name for p in out.iterdir()} == {"subsets.csv", "by_probability.csv", "by_position.csv", "layers.csv",
+                                               "probe.json"}  # figures are analysis's
+    from analysis.cli import main as analysis_main
+
+    assert analysis_main(["probe", "--probe", str(out), "--out", str(tmp_path / "fig"),
+                          "--tables", str(tmp_path / "tables")]) == 0
+    assert (tmp_path / "fig" / "probe_probe_where.png").exists()
+    assert "The other alignment target" in (tmp_path / "tables" / "probe.md").read_text()
 
 
 @requires_vllm
@@ -93,7 +98,7 @@ def test_probe_of_a_qwen3_checkpoint_with_a_chat_template(tmp_path):
     model = _tiny_checkpoint(tmp_path / "qwen3", "qwen3", CHAT_TEMPLATE)
     out = tmp_path / "probe"
     done = _probe("--engine", "vllm", "--model", str(model), "--out", str(out), "--n-prompts", "16",
-                  "--max-new-tokens", "12", "--no-fp16", "--no-figures")
+                  "--max-new-tokens", "12", "--no-fp16")
     assert done.returncode == 0, done.stderr[-3000:]
     _check_table(out, with_fp16=False)
 

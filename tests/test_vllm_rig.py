@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from localrl.config import resolve_cell
+from rla.cells import Cell
 from localrl.metrics import REQUIRED
 from tests.vllm_setup import MODEL, requires_vllm
 
@@ -49,9 +49,10 @@ def _without_timings(rows):
 def _train(setup, engine, out, steps, stop_after=None, seed=0, ablation="none", cfg=None):
     from localrl.run import train_cell
 
-    cell = resolve_cell(cfg or setup["cfg"], MODEL, ablation, seed, steps)
-    return train_cell(cell, out, setup["model"], setup["data"], stop_after=stop_after,
-                      engine=engine if cell["engine"]["name"] == "vllm" else None)
+    cfg = cfg or setup["cfg"]
+    cell = Cell.of(cfg, MODEL, ablation, seed, out, setup["data"], steps)
+    return train_cell(cell, setup["model"], stop_after=stop_after,
+                      engine=engine if cfg["engine"]["name"] == "vllm" else None)
 
 
 def test_a_cell_on_vllm_logs_verls_metrics_and_records_its_engine(vllm_model, engine, tmp_path):
@@ -94,8 +95,8 @@ def test_aligning_all_at_target_vllm_cpu_removes_most_of_the_mismatch(vllm_model
 
     seen = {}
     for ablation in ("none", "all"):
-        cell = resolve_cell(vllm_model["cfg"], MODEL, ablation, 0, 1)
-        with build_rig(cell, vllm_model["model"], vllm_model["data"], engine) as rig:
+        cell = Cell.of(vllm_model["cfg"], MODEL, ablation, 0, "unused", vllm_model["data"], 1)
+        with build_rig(cell, vllm_model["model"], engine) as rig:
             assert rig.trainer.target == "vllm-cpu" and rig.owns_engine is False
             seen[ablation] = rl_step(rig, 1)
     none, aligned = seen["none"], seen["all"]
@@ -121,6 +122,6 @@ def test_a_cell_is_never_continued_on_another_engine(vllm_model, engine, tmp_pat
 def test_a_given_engine_must_be_the_cells(vllm_model, engine):
     from localrl.run import build_rig
 
-    cell = resolve_cell(vllm_model["cfg"], MODEL, "fp16", 0, 1)  # an FP16 cell needs an FP16 engine
+    cell = Cell.of(vllm_model["cfg"], MODEL, "fp16", 0, "unused", vllm_model["data"], 1)  # needs an FP16 engine
     with pytest.raises(ValueError, match=r"the given engine \(vllm, torch.bfloat16"):
-        build_rig(cell, vllm_model["model"], vllm_model["data"], engine)
+        build_rig(cell, vllm_model["model"], engine)
