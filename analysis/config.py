@@ -7,36 +7,18 @@ of panels and legend entries). Everything else in the file belongs to other stag
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rla import config as rla_config
-from rla.config import COLLAPSE, collapse_settings
+from rla.config import COLLAPSE, collapse_settings, settings_class
 
 
-_D = {name: key.default for name, key in COLLAPSE.items()}  # the defaults, from the table
-
-
-@dataclass(frozen=True)
-class CollapseConfig:
-    """Thresholds of the collapse definition (see :mod:`analysis.collapse` for their meaning); keys,
-    defaults and checks are `rla.config.COLLAPSE`'s."""
-
-    smooth_window: int = _D["smooth_window"]
-    min_rise: float = _D["min_rise"]
-    drop_frac: float = _D["drop_frac"]
-    patience: int = _D["patience"]
-    k3_kl_threshold: float = _D["k3_kl_threshold"]
-    score_metric: str = _D["score_metric"]
-    k3_metric: str = _D["k3_metric"]
-    nonfinite_metrics: tuple[str, ...] = _D["nonfinite_metrics"]
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            COLLAPSE[f.name].check(f"collapse.{f.name}", getattr(self, f.name))
-        object.__setattr__(self, "nonfinite_metrics", tuple(self.nonfinite_metrics))
+class CollapseConfig(settings_class("CollapseConfig", "collapse", COLLAPSE)):
+    """Thresholds of the collapse definition (see :mod:`analysis.collapse` for their meaning): a
+    field per key of `rla.config.COLLAPSE` (smooth_window, min_rise, drop_frac, patience,
+    k3_kl_threshold, score_metric, k3_metric, nonfinite_metrics), with its default and check."""
 
     @classmethod
     def from_mapping(cls, section: dict[str, Any] | None) -> "CollapseConfig":

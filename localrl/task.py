@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from rla.config import TASK, task_settings
+from rla.config import TASK, settings_class, task_settings
 
 # verl's default reward routes this data_source to its gsm8k scorer (strict "#### <n>" format).
 DATA_SOURCE = "openai/gsm8k"
@@ -30,26 +30,14 @@ OP_TEXT = {
 QUESTION = "How many {item} does {name} have now?"
 
 
-_D = {name: key.default for name, key in TASK.items()}  # the defaults, from the table
-
-
-@dataclass(frozen=True)
-class TaskSettings:
-    """Difficulty knobs (the `task:` section of the experiment config; keys, defaults and checks are
-    `rla.config.TASK`'s)."""
-
-    seed: int = _D["seed"]
-    n_train: int = _D["n_train"]
-    n_test: int = _D["n_test"]
-    min_ops: int = _D["min_ops"]
-    max_ops: int = _D["max_ops"]
-    max_operand: int = _D["max_operand"]
-    max_multiplier: int = _D["max_multiplier"]
+class TaskSettings(settings_class("TaskSettings", "task", TASK)):
+    """Difficulty knobs (the `task:` section of the experiment config): a field per key of
+    `rla.config.TASK` (name, seed, n_train, n_test, min_ops, max_ops, max_operand, max_multiplier),
+    with its default and check."""
 
     @classmethod
     def from_config(cls, section: dict | None, where: str = "task") -> "TaskSettings":
-        settings = task_settings(section, where)
-        return cls(**{k: v for k, v in settings.items() if k != "name"})
+        return cls(**task_settings(section, where))
 
 
 @dataclass(frozen=True)

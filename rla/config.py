@@ -14,6 +14,7 @@ anything is written. The workflow runs the same checks when it parses the config
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -298,6 +299,19 @@ def engine_settings(cfg: dict, backend: str = "local") -> dict:
     if isinstance(section, str):
         cfg = {**cfg, "engine": {"name": section}}
     return section_settings(cfg, "engine", ENGINE, backend)
+
+
+def settings_class(name: str, section: str, table: dict[str, Key]) -> type:
+    """A frozen dataclass with a field per key of `table` and its default; a new one checks every
+    value (as `section.key`) and keeps lists as tuples. Subclass it for a section read by attribute."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = table[f.name].check(f"{section}.{f.name}", getattr(self, f.name))
+            object.__setattr__(self, f.name, tuple(value) if isinstance(value, list) else value)
+
+    fields = [(key, Any, dataclasses.field(default=spec.default)) for key, spec in table.items()]
+    return dataclasses.make_dataclass(name, fields, frozen=True, namespace={"__post_init__": __post_init__})
 
 
 def collapse_settings(cfg: dict) -> dict:

@@ -27,7 +27,7 @@ the largest budget (a multiple of `step`) whose peak over both passes fits.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 GIB = 1024**3
 STRATEGY = "fsdp2"  # the layout this plan models; verlrun.overrides writes it for every cell
@@ -193,26 +193,3 @@ def plan_token_budget(shape: Shape, setup: Setup, min_tokens: int, step: int = 1
     while budget + step <= cap and fits(shape, budget + step, setup):
         budget += step
     return budget
-
-
-def table_row(name: str, shape: Shape, setup: Setup, min_tokens: int, micro_batch: int | None = None) -> dict:
-    """One row of the memory table (docs/running.md): the planned budget, its peaks, and an old micro-batch setting."""
-    budget = plan_token_budget(shape, setup, min_tokens)
-    peaks = peak_bytes(shape, budget, setup)
-    row = {
-        "model": name,
-        "params_b": shape.params() / 1e9,
-        "budget_tokens": budget,
-        **{f"{k}_gib": b / GIB for k, b in peaks.items()},
-        "usable_gib": setup.usable_bytes() / GIB,
-    }
-    if micro_batch:
-        old = peak_bytes(shape, micro_batch * min_tokens, setup)
-        row["micro_batch"] = micro_batch
-        row["micro_batch_update_gib"] = old["update"] / GIB
-        row["micro_batch_old_log_prob_gib"] = old["old_log_prob"] / GIB
-    return row
-
-
-def setup_dict(setup: Setup) -> dict:
-    return asdict(setup)
