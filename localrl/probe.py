@@ -481,11 +481,10 @@ def choose_prompts(test: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
 def main(args, cfg: dict | None = None) -> int:
     from transformers import AutoTokenizer
 
-    from rla.config import load as load_config
-    from rla.config import model_spec, rl_settings
     from localrl.data import load_split
+    from localrl.probe_inputs import config_model
     from localrl.task import render_prompt
-    from rla import layout
+    from rla.config import load as load_config
 
     if cfg is None and args.config is not None:
         cfg = load_config(args.config)
@@ -493,17 +492,11 @@ def main(args, cfg: dict | None = None) -> int:
         from localrl.probe_vllm import main as probe_vllm
 
         return probe_vllm(args, cfg)
-    model_spec(cfg, args.model, "local")  # an unknown model fails before any work
-    rl = rl_settings(cfg, "local", args.model)
+    rl, data_dir, model_dir = config_model(args, cfg)  # an unknown model fails before any work
     n_prompts = _positive("--n-prompts", args.n_prompts)
     max_new_tokens = _positive("--max-new-tokens", rl["max_response_length"] if args.max_new_tokens is None
                                else args.max_new_tokens)
     position_bin = _positive("--position-bin", args.position_bin)
-    data_dir = Path(args.data or layout.data_dir(cfg))
-    model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
-    if not (model_dir / "config.json").exists():
-        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
-                          f"--out {model_dir}` first, or pass --model-dir")
     try:
         test = load_split(data_dir, "test")
     except FileNotFoundError as e:

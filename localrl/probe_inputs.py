@@ -1,5 +1,5 @@
-"""What the probe against vLLM reads: a checkpoint directory, checked before any engine starts, and
-its prompts (a verl-schema test split or the generated task, in the checkpoint's chat template)."""
+"""What the probes read: a model of the config or a checkpoint directory, checked before any engine
+starts, and its prompts (a verl-schema test split or the generated task, in the model's chat template)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,20 @@ from pathlib import Path
 import torch
 
 from rla.config import ConfigError
+
+
+def config_model(args, cfg: dict) -> tuple[dict, Path, Path]:
+    """(rl settings, data dir, warm-started model dir) of `--model`, a model of the config; an unknown
+    model or a model not yet warm-started is a ConfigError."""
+    from rla import layout
+    from rla.config import model_spec, rl_settings
+
+    model_spec(cfg, args.model, "local")
+    model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
+    if not (model_dir / "config.json").exists():
+        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
+                          f"--out {model_dir}` first, or pass --model-dir")
+    return rl_settings(cfg, "local", args.model), Path(args.data or layout.data_dir(cfg)), model_dir
 
 
 def check_checkpoint(path: str | Path):

@@ -321,7 +321,7 @@ def main(args, cfg: dict | None = None) -> int:
     from transformers import AutoTokenizer
 
     from localrl.probe import _positive
-    from localrl.probe_inputs import chat_prompts, check_checkpoint, task_messages
+    from localrl.probe_inputs import chat_prompts, check_checkpoint, config_model, task_messages
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     n_prompts = _positive("--n-prompts", args.n_prompts)
@@ -334,16 +334,9 @@ def main(args, cfg: dict | None = None) -> int:
         max_new_tokens = _positive("--max-new-tokens", args.max_new_tokens or DEFAULT_CHECKPOINT_TOKENS)
         title = model_dir.name
     else:
-        from rla import layout
-        from rla.config import engine_settings, model_spec, rl_settings
+        from rla.config import engine_settings
 
-        model_spec(cfg, args.model, "local")
-        rl = rl_settings(cfg, "local", args.model)
-        data_dir = Path(args.data or layout.data_dir(cfg))
-        model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
-        if not (model_dir / "config.json").exists():
-            raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
-                              f"--out {model_dir}` first, or pass --model-dir")
+        rl, data_dir, model_dir = config_model(args, cfg)
         check_checkpoint(model_dir)
         messages = task_messages(data_dir, n_prompts, args.seed)
         max_new_tokens = _positive("--max-new-tokens", args.max_new_tokens or rl["max_response_length"])
