@@ -141,6 +141,57 @@ def test_a_scaled_rope_is_refused(model):
             tiny_model(arch, rope_parameters=scaled)
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_qwen3_attention_keeps_stocks_attention(attn):
+    """The rope patch replaces Qwen3Attention.forward (q/k norm fused into the rotation); the attention
+    call stays stock's: the configured implementation, its scaling, and its dropout while training.
+    FP32 weights round nothing to BF16, so with the same dropout seed the two sides are equal bit for
+    bit; another seed's masks move the logits (so dropout is on and the comparison can fail)."""
+    from patches.rope import qwen3_attention_forward
+
+    model = tiny_model("qwen3", attn_implementation=attn, attention_dropout=0.5).train()
+    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def logits(seed):
+        torch.manual_seed(seed)
+        return model(ids).logits.detach()
+
+    stock, other_masks = logits(1), logits(2)
+    with patches.aligned("rope"):
+        assert type(model.model.layers[0].self_attn).forward is qwen3_attention_forward
+        aligned = logits(1)
+    assert torch.equal(aligned, stock)
+    assert (other_masks - stock).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
+def test_qwen3_attention_hands_the_attention_function_what_stock_hands_it(training):
+    """Every argument but q/k/v reaches the attention function as stock passes it - scaling, dropout
+    (0 in eval), a sliding layer's window, and what the caller passes through (packed sequences'
+    position_ids reach flash attention this way): recorded by an attention function of our own."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    calls = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        calls.append({k: ("tensor", tuple(v.shape)) if torch.is_tensor(v) else v for k, v in kwargs.items()})
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("rla_recording", recording)
+    model = tiny_model("qwen3", attn_implementation="rla_recording", attention_dropout=0.5, use_sliding_window=True,
+                       sliding_window=8, max_window_layers=2).train(training)
+    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    position_ids = torch.arange(16).expand(2, 16)
+    model(ids, position_ids=position_ids)
+    stock, calls[:] = list(calls), []
+    with patches.aligned("rope"):
+        model(ids, position_ids=position_ids)
+    assert calls == stock and len(stock) == 4
+    assert [c["sliding_window"] for c in stock] == [None, None, 8, 8] and stock[0]["position_ids"][0] == "tensor"
+    assert {c["dropout"] for c in stock} == {0.5 if training else 0.0}
+
+
 @pytest.mark.parametrize("make", [
     lambda: Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                                moe_intermediate_size=32, num_experts=2, num_experts_per_tok=1,
