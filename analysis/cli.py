@@ -5,6 +5,7 @@ calibrate|scaling ...``: the module's `add_parser` and `main`)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from analysis.config import AnalysisConfig, load_config
 from analysis.load import Run, load_runs, tidy_table, wide_table
-from analysis.output import to_markdown, write_csv, write_parquet, write_text
+from analysis.output import to_markdown, write_parquet
+from rla.files import write_csv, write_text
 
 log = logging.getLogger("analysis")
 # The studies' modules: each reads its own files (probe CSVs, tables, a stability table...), not runs.
@@ -32,20 +34,13 @@ class _Timer:
     def __init__(self) -> None:
         self.stages: dict[str, float] = {}
 
+    @contextlib.contextmanager
     def __call__(self, name: str):
-        timer = self
-
-        class _Stage:
-            def __enter__(self):
-                log.info("%s ...", name)
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.stages[name] = time.perf_counter() - self.start
-                if exc[0] is None:
-                    log.info("%s done in %.2f s", name, timer.stages[name])
-
-        return _Stage()
+        log.info("%s ...", name)
+        start = time.perf_counter()
+        yield
+        self.stages[name] = time.perf_counter() - start
+        log.info("%s done in %.2f s", name, self.stages[name])
 
 
 def collect(runs: list[Run], out: Path, wide_out: Path | None = None) -> None:
@@ -82,7 +77,7 @@ def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: P
         make_figures(runs, stability_table, cfg, figures_dir, max_points=max_points)
     summary = summarize(stability_table, cfg.models, cfg.ablations)
     write_csv(summary, tables_dir / "summary.csv")
-    write_text(to_markdown(summary), tables_dir / "summary.md")
+    write_text(tables_dir / "summary.md", to_markdown(summary))
     log.info("wrote %s/summary.{csv,md}", tables_dir)
 
 

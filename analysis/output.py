@@ -1,4 +1,4 @@
-"""Writing tables: atomically (`rla.files`), so a crash never leaves half a file."""
+"""Tables for people (markdown) and data (parquet, written atomically: `rla.files`, as every file)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from rla import files
-from rla.files import atomic_path, write_csv  # noqa: F401  (analysis' name for it)
+from rla.files import atomic_path
 
 
 def write_parquet(frame: pd.DataFrame, target: str | Path) -> None:
     with atomic_path(target) as tmp:
         frame.to_parquet(tmp, index=False, engine="pyarrow")
-
-
-def write_text(text: str, target: str | Path) -> None:
-    files.write_text(target, text)
 
 
 def to_markdown(frame: pd.DataFrame, float_format: str = "{:.4g}") -> str:

@@ -25,9 +25,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rla.files import write_csv, write_text
 from rla.names import REGIONS
 from analysis import figures
-from analysis.output import to_markdown, write_csv, write_text
+from analysis.output import to_markdown
 from analysis.style import ABLATION_COLORS, apply_theme
 
 log = logging.getLogger(__name__)
@@ -346,7 +347,7 @@ def write_model_report(probe_dir: str | Path, title: str | None = None, figures_
     written = []
     if markdown:
         written.append(probe_dir / "subsets.md")
-        write_text(markdown_report(frames, title), written[0])
+        write_text(written[0], markdown_report(frames, title))
     written += plot_subsets(frames["subsets"], figures_dir, title, f"{prefix}subsets")
     if len(frames["layers"]):
         written += plot_layers(frames["layers"], figures_dir, title, f"{prefix}layers")
@@ -400,7 +401,7 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
         table = pd.concat(shares, ignore_index=True)
         write_csv(table[["model", "component", "reduction", "share"]], tables_dir / "probe_shares.csv")
         written.append(tables_dir / "probe_shares.csv")
-    write_text("\n".join(report), tables_dir / "probe.md")
+    write_text(tables_dir / "probe.md", "\n".join(report))
     written.append(tables_dir / "probe.md")
     return written
 

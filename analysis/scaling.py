@@ -33,10 +33,11 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import figures  # noqa: E402
-from analysis.output import to_markdown, write_csv, write_text  # noqa: E402
+from analysis.output import to_markdown  # noqa: E402
 from analysis.probe import MAIN_REFERENCE, region_shares  # noqa: E402
 from analysis.style import ABLATION_COLORS, apply_theme  # noqa: E402
 from rla import names  # noqa: E402
+from rla.files import write_csv, write_text  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +286,7 @@ def run(tables: Path, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     fits = fit_exponents(table)
     write_csv(fits, out / "mismatch_scaling_fits.csv")
-    write_text(fits_markdown(fits), out / "mismatch_scaling_fits.md")
+    write_text(out / "mismatch_scaling_fits.md", fits_markdown(fits))
     written = [out / "mismatch_scaling_fits.csv", out / "mismatch_scaling_fits.md"]
     shares = point_shares(table)
     if len(shares):
@@ -297,7 +298,7 @@ def run(tables: Path, out: Path) -> list[Path]:
     if out.resolve() != tables.resolve():  # the measured tables travel with their figures
         for path in (tables / "mismatch_scaling.csv", pos_path, prob_path):
             if path.exists():
-                write_text(path.read_text(), out / path.name)
+                write_text(out / path.name, path.read_text())
                 written.append(out / path.name)
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
@@ -308,7 +309,7 @@ def run(tables: Path, out: Path) -> list[Path]:
             written += where_figure(pos, prob, point, out)
             where = where_table(pos, prob, point)
             write_csv(where, out / "mismatch_where.csv")
-            write_text(to_markdown(where, float_format="{:.3g}"), out / "mismatch_where.md")
+            write_text(out / "mismatch_where.md", to_markdown(where, float_format="{:.3g}"))
             written += [out / "mismatch_where.csv", out / "mismatch_where.md"]
     return written
 

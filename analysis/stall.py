@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.load import load_runs
-from analysis.output import write_csv
+from rla.files import write_csv
 
 REJECTED = "rollout_corr/rollout_rs_seq_masked_fraction"
 VAL = "val/score/mean"

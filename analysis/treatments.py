@@ -27,8 +27,9 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
-from analysis.output import to_markdown, write_csv, write_text
+from analysis.output import to_markdown
 from analysis.style import ablation_order, ablation_palette, apply_theme
+from rla.files import write_csv, write_text
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +183,7 @@ def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> li
         bench_data = json.loads(Path(bench).read_text())
     frame = per_model(tables, bench_data)
     write_csv(frame, out_dir / "treatments.csv")
-    write_text(markdown(frame), out_dir / "treatments.md")
+    write_text(out_dir / "treatments.md", markdown(frame))
     return [out_dir / "treatments.csv", out_dir / "treatments.md"] + plot(frame, out_dir)
 
 

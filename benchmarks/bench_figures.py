@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.machine import cpu_model  # noqa: E402
 
-from analysis.output import write_text  # noqa: E402
+from rla.files import write_text  # noqa: E402
 from analysis.synthetic import write_grid  # noqa: E402
 
 STAGES = re.compile(r"total [\d.]+ s \((.*)\)")
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
         "pandas": pandas.__version__, "matplotlib": matplotlib.__version__, "seaborn": seaborn.__version__,
     }
-    write_text(json.dumps(result, indent=2) + "\n", args.out)
+    write_text(args.out, json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0 if result["within_budget"] else 1
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rla import cells
 from rla.config import ConfigError
-from rla.names import ABLATIONS
 
 
 def _prepare_data(args, cfg):
@@ -42,9 +42,8 @@ def _warmstart(args, cfg):
 
 def _train(args, cfg):
     from localrl.run import train_cell
-    from rla.cells import Cell
 
-    train_cell(Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps), args.model_dir)
+    train_cell(cells.Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps), args.model_dir)
 
 
 def _probe(args, cfg):
@@ -68,13 +67,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--out", required=True)
 
     t = sub.add_parser("train", help="run (or resume) one grid cell")
-    t.add_argument("--config", required=True)
-    t.add_argument("--model", required=True)
-    t.add_argument("--ablation", required=True, help="an ablation of rla.names.ABLATIONS: " + ", ".join(ABLATIONS))
-    t.add_argument("--seed", type=int, required=True)
-    t.add_argument("--out", required=True)
-    t.add_argument("--steps", type=int, help="override the config's steps")
-    t.add_argument("--data", help="data dir (default: {results_dir}/data)")
+    cells.add_arguments(t)
     t.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
     from localrl.probe import add_parser as add_probe_parser
 

@@ -63,6 +63,17 @@ class Cell:
         return f"{self.model}-{self.ablation}-seed{self.seed}"
 
 
+def add_arguments(parser) -> None:
+    """A cell's command-line arguments, as both backends' `train` take them (`Cell.of`'s)."""
+    parser.add_argument("--config", required=True, help="experiment config (YAML)")
+    parser.add_argument("--model", required=True, help="a key of model_specs")
+    parser.add_argument("--ablation", required=True, help="an ablation of rla.names.ABLATIONS: " + ", ".join(ABLATIONS))
+    parser.add_argument("--seed", required=True, type=int)
+    parser.add_argument("--out", required=True, help="the cell directory, results/runs/MODEL/ABLATION/seedS")
+    parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data)")
+    parser.add_argument("--steps", type=int, help="RL steps (default: the config's steps)")
+
+
 def _count(name: str, value, least: int) -> int:
     """An integer >= `least`, also from a wildcard's digits ("3")."""
     if isinstance(value, str) and value.isdigit():

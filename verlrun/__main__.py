@@ -6,17 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rla import names
-
-
-def _cell_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="experiment config (YAML)")
-    parser.add_argument("--model", required=True, help="a key of model_specs")
-    parser.add_argument("--ablation", required=True, help="an ablation of rla.names.ABLATIONS: " + ", ".join(names.ABLATIONS))
-    parser.add_argument("--seed", required=True, type=int)
-    parser.add_argument("--out", required=True, help="the cell directory, results/runs/MODEL/ABLATION/seedS")
-    parser.add_argument("--data", help="directory with train.parquet and test.parquet (default: <results_dir>/data)")
-    parser.add_argument("--steps", type=int, help="RL steps (default: the config's steps)")
+from rla import cells
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,11 +18,11 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--out", required=True)
 
     train = sub.add_parser("train", help="run (or resume) one cell with verl")
-    _cell_args(train)
+    cells.add_arguments(train)
     train.add_argument("--dry-run", action="store_true", help="write config.yaml and train.log, check the overrides, do not launch")
 
     show = sub.add_parser("overrides", help="print the cell's Hydra overrides, one per line")
-    _cell_args(show)
+    cells.add_arguments(show)
 
     merge = sub.add_parser("merge-metrics", help="merge metrics.part-*.jsonl and metrics.jsonl of a cell")
     merge.add_argument("cell")
