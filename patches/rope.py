@@ -116,16 +116,15 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 
 
 def _check_rope(module) -> None:
-    """The aligned rotation and table implement default RoPE over the whole head: refuse anything else."""
+    """The aligned table implements default RoPE: refuse a scaled one. (Qwen2/Qwen3's default RoPE
+    rotates the whole head in every checked transformers release, `partial_rotary_factor` or not;
+    so does the aligned rotation.)"""
     from patches import UnsupportedModelError
 
-    config = module.config
-    partial = getattr(config, "partial_rotary_factor", 1.0) or 1.0
-    if module.rope_type != "default" or partial != 1.0:
+    if module.rope_type != "default":
         raise UnsupportedModelError(
-            f"{type(module).__name__}: rope_type {module.rope_type!r} with partial_rotary_factor {partial} is not "
-            "covered by the aligned RoPE (it implements rope_type 'default' over the full head_dim); "
-            "leave the rope region off for this model")
+            f"{type(module).__name__}: rope_type {module.rope_type!r} is not covered by the aligned RoPE (it "
+            "implements rope_type 'default'); leave the rope region off for this model")
 
 
 @torch.no_grad()

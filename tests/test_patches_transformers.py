@@ -135,10 +135,25 @@ def test_a_scaled_rope_is_refused(model):
     scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
     built_before = tiny_model(arch, rope_parameters=scaled)
     with patches.aligned("rope"):
-        with pytest.raises(patches.UnsupportedModelError, match=r"rope_type 'linear'.*'default'"):
+        with pytest.raises(patches.UnsupportedModelError,
+                           match=r"^Qwen[23]RotaryEmbedding: rope_type 'linear' is not covered.*'default'"):
             built_before(torch.randint(2, 256, (1, 8)))
         with pytest.raises(patches.UnsupportedModelError, match=r"rope_type 'linear'"):
             tiny_model(arch, rope_parameters=scaled)
+
+
+def test_partial_rotary_factor_is_ignored_by_stock_and_aligned_alike(model):
+    """Qwen2/Qwen3's default RoPE rotates the whole head whatever `partial_rotary_factor` says (every
+    checked transformers release), so the aligned rotation, which does too, is not refused."""
+    arch = model.config.model_type
+    half = to_bf16_fsdp_style(tiny_model(arch, partial_rotary_factor=0.5))
+    assert half.model.rotary_emb.inv_freq.numel() == half.config.head_dim // 2  # every pair of dims rotates
+    ids = torch.randint(2, 256, (1, 8))
+    with torch.no_grad():
+        stock = half(ids).logits
+        with patches.aligned("rope"):
+            aligned = half(ids).logits
+    assert 0 < _relative(aligned, stock) < 1e-2  # the rounding the region moves, not another rotation
 
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])

@@ -87,7 +87,6 @@ def _on_sigterm(signum, frame):
 
 def train(cell: Cell, dry_run: bool = False) -> int:
     """Launch (or resume) one cell. Returns verl's exit status (0 in a dry run)."""
-    names.regions_of(cell.ablation)  # a clear error for an unknown ablation before anything is written
     cfg, model, steps, cell_dir = cell.cfg, cell.model, cell.steps, cell.out
     overrides = build_overrides(cell)
     cmd = command(overrides, cell_dir)
