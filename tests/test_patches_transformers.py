@@ -136,7 +136,8 @@ def test_a_scaled_rope_is_refused(model):
     built_before = tiny_model(arch, rope_parameters=scaled)
     with patches.aligned("rope"):
         with pytest.raises(patches.UnsupportedModelError,
-                           match=r"^Qwen[23]RotaryEmbedding: rope_type 'linear' is not covered.*'default'"):
+                           match=r"^Qwen[23]RotaryEmbedding: rope_type 'linear' is not covered by the aligned RoPE "
+                                 r"\(it implements rope_type 'default'\); leave the rope region off for this model$"):
             built_before(torch.randint(2, 256, (1, 8)))
         with pytest.raises(patches.UnsupportedModelError, match=r"rope_type 'linear'"):
             tiny_model(arch, rope_parameters=scaled)
