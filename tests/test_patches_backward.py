@@ -51,9 +51,10 @@ def swiglu_case(dtype, tokens=64, inter=512):
     return (g, u), (lambda g, u: (F.silu(g) * u,)), (lambda g, u: (swiglu.swiglu(g, u),))
 
 
+# The norms get (batch, tokens, hidden) as in a model: a sum over any dim but the last is wrong there.
 def add_norm_case(dtype, tokens=64, hidden=256):
     torch.manual_seed(3)
-    x, r = torch.randn(tokens, hidden, dtype=dtype), 4 * torch.randn(tokens, hidden, dtype=dtype)
+    x, r = torch.randn(2, tokens, hidden, dtype=dtype), 4 * torch.randn(2, tokens, hidden, dtype=dtype)
     w = (1 + 0.3 * torch.randn(hidden)).to(dtype)
 
     def stock(x, r, w):
@@ -65,7 +66,7 @@ def add_norm_case(dtype, tokens=64, hidden=256):
 
 def norm_case(dtype, tokens=64, hidden=256):
     torch.manual_seed(4)
-    x, w = 3 * torch.randn(tokens, hidden, dtype=dtype), (1 + 0.3 * torch.randn(hidden)).to(dtype)
+    x, w = 3 * torch.randn(2, tokens, hidden, dtype=dtype), (1 + 0.3 * torch.randn(hidden)).to(dtype)
     return (x, w), (lambda x, w: (_stock_norm(x, w),)), (lambda x, w: (rmsnorm.rms_norm(x, w, EPS),))
 
 

@@ -68,6 +68,25 @@ def test_hidden_states_are_the_streams_rounded(model):
     assert torch.equal(out.hidden_states[2], carried.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("asked", ["argument", "config"])
+def test_return_dict_false_gives_stocks_tuple(model, asked):
+    """The rmsnorm region wraps Qwen2Model/Qwen3Model.forward (to report hidden states as stock does):
+    `return_dict=False`, passed or set in the config, still gives stock's tuple, element by element."""
+    ids = torch.randint(2, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    kwargs = {"return_dict": False} if asked == "argument" else {}
+    model.config.return_dict = asked != "config"
+    try:
+        with torch.no_grad():
+            stock = model.model(ids, output_hidden_states=True, **kwargs)
+            with patches.aligned("rmsnorm"):
+                aligned = model.model(ids, output_hidden_states=True, **kwargs)
+    finally:
+        model.config.return_dict = True
+    assert type(stock) is type(aligned) is tuple and len(aligned) == len(stock) == 3
+    assert aligned[0].shape == stock[0].shape and 0 < _relative(aligned[0], stock[0]) < 1e-2
+    assert [t.shape for t in aligned[2]] == [t.shape for t in stock[2]]  # hidden states, width hidden
+
+
 def test_hidden_states_take_gradients_like_any_output(model):
     """A loss on an intermediate hidden state (a probe, a distillation term) backpropagates correctly:
     the gradient equals the one through the stream itself, added in FP32 to the next layer's."""
