@@ -170,9 +170,8 @@ def model_forward(self, *args, **kwargs):
     (each layer's stream rounded to the activation dtype, width hidden). Costs nothing otherwise."""
     return_dict = kwargs.pop("return_dict", None)
     out = type(self)._rla_stock_forward(self, *args, return_dict=True, **kwargs)
-    if getattr(out, "hidden_states", None) is not None:
-        width = self.config.hidden_size
-        out.hidden_states = tuple(None if t is None else stream.hidden_state(t, width) for t in out.hidden_states)
-    if return_dict is False or (return_dict is None and not getattr(self.config, "return_dict", True)):
+    if out.hidden_states is not None:  # a field of every model output: None unless asked for
+        out.hidden_states = tuple(stream.hidden_state(t, self.config.hidden_size) for t in out.hidden_states)
+    if return_dict is False or (return_dict is None and not self.config.return_dict):
         return out.to_tuple()
     return out
