@@ -199,11 +199,14 @@ def test_qwen3_attention_keeps_stocks_attention(attn):
     assert (other_masks - stock).abs().max() > 0.1
 
 
+@pytest.mark.parametrize("arch, spec", [("qwen3", "rope"), ("qwen2", "rmsnorm"), ("qwen3", "all")])
 @pytest.mark.parametrize("training", [False, True], ids=["eval", "train"])
-def test_qwen3_attention_hands_the_attention_function_what_stock_hands_it(training):
-    """Every argument but q/k/v reaches the attention function as stock passes it - scaling, dropout
-    (0 in eval), a sliding layer's window, and what the caller passes through (packed sequences'
-    position_ids reach flash attention this way): recorded by an attention function of our own."""
+def test_attention_function_gets_what_stock_hands_it(arch, spec, training):
+    """The rope patch replaces Qwen3's attention forward, the rmsnorm patch the decoder layer that
+    calls it: every argument but q/k/v still reaches the attention function as stock passes it -
+    scaling, dropout (0 in eval), a sliding layer's window, and what the caller passes through
+    (position_ids: packed sequences reach flash attention this way): recorded by an attention
+    function of our own."""
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -214,15 +217,15 @@ def test_qwen3_attention_hands_the_attention_function_what_stock_hands_it(traini
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
     AttentionInterface.register("rla_recording", recording)
-    model = tiny_model("qwen3", attn_implementation="rla_recording", attention_dropout=0.5, use_sliding_window=True,
+    model = tiny_model(arch, attn_implementation="rla_recording", attention_dropout=0.5, use_sliding_window=True,
                        sliding_window=8, max_window_layers=2).train(training)
     ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(0))
     position_ids = torch.arange(16).expand(2, 16)
-    model(ids, position_ids=position_ids)
+    model(ids, position_ids=position_ids, rla_marker=1)  # a caller's keyword (verl: flash attention's cu_seq_lens)
     stock, calls[:] = list(calls), []
-    with patches.aligned("rope"):
-        model(ids, position_ids=position_ids)
-    assert calls == stock and len(stock) == 4
+    with patches.aligned(spec):
+        model(ids, position_ids=position_ids, rla_marker=1)
+    assert calls == stock and len(stock) == 4 and "use_cache" in stock[0] and stock[0]["rla_marker"] == 1
     assert [c["sliding_window"] for c in stock] == [None, None, 8, 8] and stock[0]["position_ids"][0] == "tensor"
     assert {c["dropout"] for c in stock} == {0.5 if training else 0.0}
 
