@@ -79,7 +79,7 @@ def load_table(path: str | Path) -> pd.DataFrame:
 def _treatment(setting: str) -> str:
     """A probe row's treatment, from the ablation registry: compiled layers or FP16 align no region."""
     entry = names.ABLATIONS.get(setting)
-    return "" if entry is None else "compile" if entry.compiled else "fp16" if entry.precision == "fp16" else ""
+    return "" if entry is None else names.forward_treatment(entry.compiled, entry.precision == "fp16")
 
 
 def point_shares(table: pd.DataFrame) -> pd.DataFrame:

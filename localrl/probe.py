@@ -40,7 +40,7 @@ from torch import Tensor
 import patches
 from patches import compile as compiled_layers
 from rla.config import ConfigError
-from rla.names import ENGINES, REGIONS, subset_name
+from rla.names import ENGINES, REGIONS, forward_treatment, subset_name
 from localrl.engine.engine import Engine, Rollout, prefill_mask
 from localrl.models import compute_copy
 from localrl.trainer import Batch, Trainer, sequence_inputs
@@ -71,7 +71,7 @@ class Setting:
 
     @property
     def treatment(self) -> str:
-        return "compile" if self.compiled else ("fp16" if self.dtype == torch.float16 else "")
+        return forward_treatment(self.compiled, self.dtype == torch.float16)
 
     @classmethod
     def of_ablation(cls, name: str, target: str = patches.DEFAULT_TARGET) -> "Setting":

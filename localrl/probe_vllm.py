@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from rla.config import ConfigError
-from rla.names import REGIONS, TARGETS, subset_name
+from rla.names import REGIONS, TARGETS, forward_treatment, subset_name
 
 ENGINE_ORDER = "all+engine_order"
 DEFAULT_BATCH = 16
@@ -66,7 +66,7 @@ class Setting:
 
     @property
     def treatment(self) -> str:
-        return "compile" if self.compiled else ("fp16" if self.dtype == torch.float16 else "")
+        return forward_treatment(self.compiled, self.dtype == torch.float16)
 
 
 def settings_for(target: str, engine_order: bool) -> list[Setting]:

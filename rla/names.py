@@ -70,6 +70,12 @@ class Ablation:
     local_only: bool = False            # the verl backend refuses it (no eager code has a GPU kernel's order)
 
 
+def forward_treatment(compiled: bool, fp16: bool) -> str:
+    """The treatment that changes the training forward itself (a probe row's `treatment`): compile,
+    fp16, or "" (aligned regions, rollout corrections and stock change none)."""
+    return "compile" if compiled else "fp16" if fp16 else ""
+
+
 def _entry(regions: tuple[str, ...], treatments: tuple[str, ...], color: str) -> Ablation:
     effects = {}
     for treatment in treatments:
