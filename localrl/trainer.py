@@ -144,8 +144,6 @@ class Trainer:
         self.compiled = entry(ablation).compiled
         self.correction = rollout_correction_config(ablation)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
-        if self.regions:
-            patches.check_model(self.master)
         self.model = self._numerics(compute_copy(self.master, self.dtype))
         self.ref = None
         if rl["kl_coef"] > 0:  # the reference policy: the initial weights, same numerics

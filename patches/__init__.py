@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from patches import _precision
+from patches import _precision, rope, swiglu
 from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES, decoder_layers
@@ -136,24 +136,12 @@ def aligned(spec: str | Iterable[str] | None, *, target: str = DEFAULT_TARGET, r
         apply(previous.pop("spec"), **previous)
 
 
-def _check_config(model, name: str) -> None:
-    """The settings the aligned forwards assume (each also refuses at its first call)."""
-    config = model.config
-    act = getattr(config, "hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise UnsupportedModelError(f"{name}: hidden_act {act!r} is not covered: the swiglu region computes "
-                                    "silu(gate) * up (supported: silu, swish)")
-    rope = getattr(config, "rope_parameters", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise UnsupportedModelError(f"{name}: rope_type {rope_type!r} is not covered: the rope region implements "
-                                    "rope_type 'default'")
-
-
-def check_model(model) -> str:
-    """Return the model's family name, or raise UnsupportedModelError naming the model, the setting and
-    what is supported: decoder layers other than Qwen2/Qwen3's dense ones (Llama, Qwen2-MoE /
-    Qwen3-MoE experts), activations other than SiLU, RoPE scaling the aligned RoPE does not implement."""
+def check_model(model, regions: Iterable[str] = REGIONS) -> str:
+    """Return the model's family name ("qwen2", "qwen3"), or raise UnsupportedModelError naming the
+    model (or module), the setting and what is supported: decoder layers other than Qwen2/Qwen3's dense
+    ones (Llama, Qwen2-MoE / Qwen3-MoE experts); for the given regions, what each refuses at its first
+    call too (swiglu: an activation other than SiLU; rope: a RoPE scaling the aligned table does not
+    implement)."""
     supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
     layers = decoder_layers(model)
     names = ", ".join(c.__name__ for c in supported)
@@ -170,18 +158,24 @@ def check_model(model) -> str:
                 f"supported: {names} with their dense SiLU MLPs"
             )
         families.add(family.name)
-    _check_config(model, name)
-    return families.pop() if len(families) == 1 else ",".join(sorted(families))
+        if "swiglu" in regions:
+            swiglu.check_activation(mlp)
+    if "rope" in regions:
+        rotary = tuple(family.cls("RotaryEmbedding") for family in FAMILIES.values())
+        for module in model.modules():
+            if isinstance(module, rotary):
+                rope.check_rope(module)
+    return ",".join(sorted(families))
 
 
-def _checked_post_init(self, *args, **kwargs):
+def _checked_post_init(self):
     """PreTrainedModel.post_init while regions are applied: stock, then `check_model` for a model with
     decoder layers, so that an uncovered model fails where it is built (verl's workers, the trainer)."""
     from transformers import PreTrainedModel
 
-    PreTrainedModel._rla_stock_post_init(self, *args, **kwargs)
+    PreTrainedModel._rla_stock_post_init(self)  # post_init(self): every checked release
     if decoder_layers(self):
-        check_model(self)
+        check_model(self, _active)
 
 
 __all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "IMPLS", "TARGETS", "DEFAULT_TARGET", "apply", "remove", "active",

@@ -115,7 +115,7 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
 
 
-def _check_rope(module) -> None:
+def check_rope(module) -> None:
     """The aligned table implements default RoPE: refuse a scaled one. (Qwen2/Qwen3's default RoPE
     rotates the whole head in every checked transformers release, `partial_rotary_factor` or not;
     so does the aligned rotation.)"""
@@ -132,7 +132,7 @@ def rotary_embedding_forward(self, x, position_ids):
     """cos/sin as the engine's table holds them: fp32 `position * inv_freq` (an exact product, never a
     matmul that TF32 could shorten), inv_freq rebuilt in fp32 from the config (immune to a model cast
     to bf16: vLLM computes it in fp32 from the config too), cos/sin rounded to the model dtype."""
-    _check_rope(self)
+    check_rope(self)
     inv_freq = getattr(self, "_rla_inv_freq", None)
     if inv_freq is None or inv_freq.device != x.device:
         # (config) is the signature every checked transformers release accepts (5.19 dropped `device`)

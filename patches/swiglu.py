@@ -70,12 +70,17 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 SILU = ("silu", "swish")
 
 
-def mlp_forward(self, x):
-    """Drop-in for Qwen2MLP/Qwen3MLP.forward (SiLU-gated MLP); any other activation is refused."""
-    act = self.config.hidden_act
+def check_activation(mlp) -> None:
+    """The aligned SwiGLU computes silu(gate) * up: refuse an MLP with another activation."""
+    act = mlp.config.hidden_act
     if act not in SILU:
         from patches import UnsupportedModelError
 
-        raise UnsupportedModelError(f"{type(self).__name__}: hidden_act {act!r} is not covered by the aligned SwiGLU "
+        raise UnsupportedModelError(f"{type(mlp).__name__}: hidden_act {act!r} is not covered by the aligned SwiGLU "
                                     f"(it computes silu(gate) * up; supported: {', '.join(SILU)})")
+
+
+def mlp_forward(self, x):
+    """Drop-in for Qwen2MLP/Qwen3MLP.forward (SiLU-gated MLP); any other activation is refused."""
+    check_activation(self)
     return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))

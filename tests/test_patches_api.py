@@ -45,14 +45,14 @@ def test_bad_spec_names_value_and_allowed(spec):
     with pytest.raises(ValueError) as err:
         patches.apply(spec)
     msg = str(err.value)
-    assert "rope, swiglu, rmsnorm" in msg and "none" in msg
+    assert "use an ablation (none, rope, swiglu, rmsnorm, all), a region (rope, swiglu, rmsnorm), a comma" in msg
     bad = {"ropee": "'ropee'", "rope,swigl": "'swigl'", 3: "3", "all,rope": "'all'"}.get(spec if not isinstance(spec, list) else None, "'everything'")
     assert bad in msg
     assert patches.active() == {"rope"}  # a bad spec changes nothing
 
 
 def test_bad_reduction():
-    with pytest.raises(ValueError, match="'fast'.*eager, inductor_cpu"):
+    with pytest.raises(ValueError, match="^unknown reduction order 'fast'; allowed: eager, inductor_cpu$"):
         patches.apply("all", reduction="fast")
 
 
@@ -122,17 +122,46 @@ def test_check_model_accepts_qwen():
     assert patches.check_model(tiny_model("qwen3")) == "qwen3"
 
 
+SUPPORTED = "supported: Qwen2DecoderLayer, Qwen3DecoderLayer"
+
+
 def test_check_model_rejects_uncovered_models():
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=1))
-    with pytest.raises(patches.UnsupportedModelError, match="LlamaDecoderLayer"):
+    with pytest.raises(patches.UnsupportedModelError,
+                       match=f"^LlamaForCausalLM: LlamaDecoderLayer with LlamaMLP is not covered by the alignment "
+                             f"patches; {SUPPORTED} with their dense SiLU MLPs$"):
         patches.check_model(llama)
     moe = Qwen3MoeForCausalLM(Qwen3MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                              moe_intermediate_size=32, num_experts=2, num_experts_per_tok=1,
                                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                                              head_dim=16))
-    with pytest.raises(patches.UnsupportedModelError, match="Qwen3MoeDecoderLayer"):
+    with pytest.raises(patches.UnsupportedModelError,
+                       match="^Qwen3MoeForCausalLM: Qwen3MoeDecoderLayer with Qwen3MoeSparseMoeBlock is not covered"):
         patches.check_model(moe)
+    with pytest.raises(patches.UnsupportedModelError,
+                       match=f"^Linear has no decoder layers the patches know; {SUPPORTED}$"):
+        patches.check_model(torch.nn.Linear(2, 2))
+    no_mlp = tiny_model("qwen2")
+    del no_mlp.model.layers[0].mlp  # a decoder layer of a known class, rebuilt without its MLP
+    with pytest.raises(patches.UnsupportedModelError, match="^Qwen2ForCausalLM: Qwen2DecoderLayer with NoneType is "):
+        patches.check_model(no_mlp)
+
+
+def test_check_model_refuses_what_the_given_regions_do_not_cover():
+    """An activation other than SiLU concerns the swiglu region only, a scaled RoPE the rope region only:
+    check_model refuses each for its region, with the region's own message, and passes the others."""
+    gelu = tiny_model("qwen2", hidden_act="gelu")
+    with pytest.raises(patches.UnsupportedModelError,
+                       match=r"^Qwen2MLP: hidden_act 'gelu' is not covered by the aligned SwiGLU \(it computes "
+                             r"silu\(gate\) \* up; supported: silu, swish\)$"):
+        patches.check_model(gelu)  # every region by default
+    assert patches.check_model(gelu, ("rope", "rmsnorm")) == "qwen2"
+    assert patches.check_model(tiny_model("qwen2", hidden_act="swish"), ("swiglu",)) == "qwen2"
+    scaled = tiny_model("qwen3", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
+    with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen3RotaryEmbedding: rope_type 'linear' is not "):
+        patches.check_model(scaled, ("rope",))
+    assert patches.check_model(scaled, ("swiglu", "rmsnorm")) == "qwen3"
 
 
 # ---- verl plugin ----------------------------------------------------------------------------------

@@ -142,11 +142,14 @@ def test_a_non_silu_activation_is_refused(model):
     arch = model.config.model_type
     gelu = to_bf16_fsdp_style(tiny_model(arch, hidden_act="gelu"))
     ids = torch.randint(2, 256, (1, 8))
+    refusal = r"^Qwen[23]MLP: hidden_act 'gelu'.*supported: silu, swish\)$"
     with patches.aligned("swiglu"):
-        with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen[23]MLP: hidden_act 'gelu'.*supported: silu, swish\)$"):
+        with pytest.raises(patches.UnsupportedModelError, match=refusal):
             gelu(ids)  # a model built before apply: refused at its first forward, naming the module
-        with pytest.raises(patches.UnsupportedModelError, match=r"hidden_act 'gelu'"):
+        with pytest.raises(patches.UnsupportedModelError, match=refusal):
             tiny_model(arch, hidden_act="gelu")  # built while applied: refused where it is built
+    with patches.aligned(("rope", "rmsnorm")):  # regions that do not read the activation build it
+        assert tiny_model(arch, hidden_act="gelu").config.hidden_act == "gelu"
 
 
 def test_a_scaled_rope_is_refused(model):
@@ -154,12 +157,14 @@ def test_a_scaled_rope_is_refused(model):
     scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
     built_before = tiny_model(arch, rope_parameters=scaled)
     with patches.aligned("rope"):
-        with pytest.raises(patches.UnsupportedModelError,
-                           match=r"^Qwen[23]RotaryEmbedding: rope_type 'linear' is not covered by the aligned RoPE "
-                                 r"\(it implements rope_type 'default'\); leave the rope region off for this model$"):
+        refusal = (r"^Qwen[23]RotaryEmbedding: rope_type 'linear' is not covered by the aligned RoPE "
+                   r"\(it implements rope_type 'default'\); leave the rope region off for this model$")
+        with pytest.raises(patches.UnsupportedModelError, match=refusal):
             built_before(torch.randint(2, 256, (1, 8)))
-        with pytest.raises(patches.UnsupportedModelError, match=r"rope_type 'linear'"):
+        with pytest.raises(patches.UnsupportedModelError, match=refusal):
             tiny_model(arch, rope_parameters=scaled)
+    with patches.aligned(("swiglu", "rmsnorm")):
+        assert tiny_model(arch, rope_parameters=scaled).model.rotary_emb.rope_type == "linear"
 
 
 def test_partial_rotary_factor_is_ignored_by_stock_and_aligned_alike(model):
