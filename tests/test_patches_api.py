@@ -94,6 +94,7 @@ def test_apply_is_idempotent_and_switches():
     patches.remove()
     assert all(getattr(owner, attr) is fn for (owner, attr), fn in STOCK.items())
     assert not hasattr(modeling_qwen2.Qwen2RMSNorm, "_rla_stock_forward")
+    assert patches.active() == frozenset() and isinstance(patches.active(), frozenset)
 
 
 def test_aligned_restores_previous_state():
