@@ -84,9 +84,9 @@ def using(impl: str = "auto", reduction: str = "eager"):
     """The region functions with this implementation and summation order inside the block (restored
     after it); `patches.aligned` does the same for whole models."""
     previous = (_impl, _reduction)
-    set_impl(impl)
-    set_reduction(reduction)
-    try:
+    try:  # a bad value raises here, and the previous state comes back as after the block
+        set_impl(impl)
+        set_reduction(reduction)
         yield
     finally:
         set_impl(previous[0])

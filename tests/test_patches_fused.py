@@ -225,6 +225,16 @@ def test_bad_impl_names_value_and_allowed():
     assert patches.active() == {"rope"} and _precision.impl() == "eager"  # a bad value changes nothing
 
 
+def test_using_refuses_a_bad_value_and_changes_nothing():
+    with _precision.using("fused", "inductor_cpu"):
+        for impl, reduction, refusal in (("eager", "fast", "reduction order 'fast'; allowed: eager, inductor_cpu"),
+                                         ("triton", "eager", "implementation 'triton'; allowed: auto, eager, fused")):
+            with pytest.raises(ValueError, match=f"^unknown {refusal}$"):
+                with _precision.using(impl, reduction):
+                    pass
+            assert (_precision.impl(), _precision.reduction()) == ("fused", "inductor_cpu")
+
+
 def test_a_graph_break_in_a_region_function_is_an_error():
     """A region function runs as one graph: one Dynamo would split (part of it eager, with its own
     rounding between the pieces) is refused, not run in pieces."""
