@@ -97,6 +97,20 @@ def test_cos_sin_equal_the_engine_table_where_stock_does_not(head_dim):
     assert stock_diff > 0.1
 
 
+def test_engine_rope_table_in_fp32_on_the_device_asked_for():
+    """vLLM computes inv_freq in fp32 whatever torch's default dtype (`dtype=torch.float`), on the
+    model's device (a GPU there; the meta device stands in for one here)."""
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert ops.rope_inv_freq(64, THETA).dtype == torch.float32
+    finally:
+        torch.set_default_dtype(default)
+    assert ops.rope_inv_freq(64, THETA, device="meta").device.type == "meta"
+    cache = ops.rope_cos_sin_cache(64, THETA, 16, torch.bfloat16, device="meta")
+    assert (cache.device.type, cache.dtype, cache.shape) == ("meta", torch.bfloat16, (16, 64))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rope_bitwise(shape, tokens):
