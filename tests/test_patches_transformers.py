@@ -152,6 +152,18 @@ def test_a_non_silu_activation_is_refused(model):
         assert tiny_model(arch, hidden_act="gelu").config.hidden_act == "gelu"
 
 
+def test_a_model_loaded_while_applied_is_checked(tmp_path):
+    """from_pretrained, as the local trainer and verl's workers load a model, goes through the same
+    check as a model built in place: refused for the regions that cannot cover it, built for the others."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_model("qwen2", hidden_act="gelu").save_pretrained(tmp_path)
+    with patches.aligned("swiglu"), pytest.raises(patches.UnsupportedModelError, match=r"^Qwen2MLP: hidden_act 'gelu'"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    with patches.aligned("rope"):
+        assert AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).config.hidden_act == "gelu"
+
+
 def test_a_scaled_rope_is_refused(model):
     arch = model.config.model_type
     scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
