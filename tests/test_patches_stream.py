@@ -60,6 +60,21 @@ def test_gradients_of_two_readers_add_in_fp32(shared):
     assert torch.equal(s.grad, want) == shared
 
 
+def test_every_reader_gets_one_view_in_the_grad_mode_it_reads_in():
+    """Readers of one packed tensor share one view while the grad mode they read in matches the view's;
+    a reader under no_grad (an eval forward, verl's log-prob pass) gets a view that carries no graph."""
+    s = torch.randn(4, WIDTH, requires_grad=True)
+    p = stream.pack(s * 1.0, torch.bfloat16)
+    view = stream.unpack(p, WIDTH)
+    assert view.requires_grad and stream.unpack(p, WIDTH) is view
+    with torch.no_grad():
+        quiet = stream.unpack(p, WIDTH)
+        assert not quiet.requires_grad and stream.unpack(p, WIDTH) is quiet
+    detached = stream.pack(s.detach() * 1.0, torch.bfloat16)  # a stream that needs no gradient
+    first = stream.unpack(detached, WIDTH)
+    assert not first.requires_grad and stream.unpack(detached, WIDTH) is first
+
+
 def test_gradients_flow_through_the_packed_tensor():
     """Hooks on a layer's output (FSDP's pre-backward all-gather, module backward hooks) see the
     gradient: it passes through the packed tensor, bit-cast."""
