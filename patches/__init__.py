@@ -136,12 +136,13 @@ def aligned(spec: str | Iterable[str] | None, *, target: str = DEFAULT_TARGET, r
         apply(previous.pop("spec"), **previous)
 
 
-def check_model(model, regions: Iterable[str] = REGIONS) -> str:
+def check_model(model, regions: str | Iterable[str] = REGIONS) -> str:
     """Return the model's family name ("qwen2", "qwen3"), or raise UnsupportedModelError naming the
     model (or module), the setting and what is supported: decoder layers other than Qwen2/Qwen3's dense
     ones (Llama, Qwen2-MoE / Qwen3-MoE experts); for the given regions, what each refuses at its first
     call too (swiglu: an activation other than SiLU; rope: a RoPE scaling the aligned table does not
-    implement)."""
+    implement). `regions` is a spec as `apply` takes it ("all", "rope,swiglu", an iterable)."""
+    regions = resolve(regions)  # a string's `in` would test substrings: "swiglu" in "all" is False
     supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
     layers = decoder_layers(model)
     names = ", ".join(c.__name__ for c in supported)

@@ -158,6 +158,9 @@ def test_check_model_refuses_what_the_given_regions_do_not_cover():
                              r"silu\(gate\) \* up; supported: silu, swish\)$"):
         patches.check_model(gelu)  # every region by default
     assert patches.check_model(gelu, ("rope", "rmsnorm")) == "qwen2"
+    with pytest.raises(patches.UnsupportedModelError, match="^Qwen2MLP: hidden_act 'gelu'"):
+        patches.check_model(gelu, "all")  # a spec as apply takes it
+    assert patches.check_model(gelu, "rope,rmsnorm") == "qwen2"
     assert patches.check_model(tiny_model("qwen2", hidden_act="swish"), ("swiglu",)) == "qwen2"
     scaled = tiny_model("qwen3", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
     with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen3RotaryEmbedding: rope_type 'linear' is not "):
