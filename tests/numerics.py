@@ -24,3 +24,11 @@ def inductor_isa() -> str:
 
     isa = pick_vec_isa()
     return str(isa) if isa else "scalar"
+
+
+def vllm_runs_avx512_kernels() -> bool:
+    """Whether vLLM's CPU build runs its AVX-512 kernels here: vllm.platforms.cpu.import_kernels picks them by
+    this check of the CPU's own flags, which ATEN_CPU_CAPABILITY (`make test-isa`) does not change. Their
+    attention equals FP32 attention of the BF16 q/k/v rounded once, the training side's; the AVX2 library's
+    differs from it on 44-50% of the elements, a mismatch of its own that no region removes."""
+    return torch.cpu._is_avx512_supported()

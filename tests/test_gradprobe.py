@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import patches
-from localrl import gradprobe
+from localrl import gradprobe, probe
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
 from rla.config import rl_settings
@@ -31,12 +31,29 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def _samples(engine, temperature: float, n_batches: int = 4) -> list[gradprobe.Sample]:
+def _decode_equals_prefill(engine, rollout, temperature: float) -> tuple[int, int]:
+    """(response tokens whose sampling log-prob - the engine's KV-cache decode - equals its full forward
+    at the temperature, all response tokens), read from the rollout itself: the engine's own decode
+    difference on this machine (one-token GEMMs and attention may add in another order than the
+    prefill's, and which order each takes depends on the CPU)."""
+    layout = probe.Layout.from_rollout(rollout)
+    with torch.no_grad():
+        logits = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions).logits
+    lp = torch.log_softmax(logits.float() / temperature, -1)[:, :-1]
+    lp = lp.gather(-1, layout.ids[:, 1:, None].to(lp.device)).squeeze(-1).cpu()[:, layout.response_cols]
+    mask = rollout.response_mask.bool()
+    return int((lp == rollout.logprobs)[mask].sum()), int(mask.sum())
+
+
+def _samples(engine, temperature: float, n_batches: int = 4,
+             decode_check: list | None = None) -> list[gradprobe.Sample]:
     gen = torch.Generator().manual_seed(7)
     out = []
     for _ in range(n_batches):
         prompts = [torch.randint(2, 128, (int(n),), generator=gen).tolist() for n in torch.randint(6, 20, (4,), generator=gen)]
         rollout = engine.generate([p for p in prompts for _ in range(4)], 10, temperature, gen)
+        if decode_check is not None:
+            decode_check.append(_decode_equals_prefill(engine, rollout, temperature))
         scores = torch.randint(0, 2, (16,), generator=gen).float()  # groups with differing scores
         batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask,
                       rollout_log_probs=rollout.logprobs)
@@ -49,10 +66,12 @@ def _measure(model_dir, temperature: float, settings):
     with Trainer(str(model_dir), rl, gradprobe.REFERENCE_ABLATION) as trainer:
         engine = Engine(trainer.master.config, eos_id=EOS, pad_id=PAD, max_positions=64)
         engine.load_weights(trainer.weights_for_engine())
-        samples = _samples(engine, temperature)
+        decode_check = []
+        samples = _samples(engine, temperature, decode_check=decode_check)
         result = gradprobe.measure(trainer, engine, samples, settings, log=lambda line: None)
     assert patches.active() == frozenset()
-    return result, samples
+    equal, total = map(sum, zip(*decode_check))
+    return result, samples, equal / total
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +80,15 @@ def at_t1(model_dir):
 
 
 def test_the_reference_equals_the_engines_forward_and_the_trainers_engine_order_at_t1(at_t1):
-    result, _ = at_t1
+    result, _, decode_equals_prefill = at_t1
     rows = result.rows.set_index("setting")
-    assert result.meta["reference"]["frac_equal_engine_forward"] == 1.0  # bit for bit, every response token
-    assert 0.9 <= result.meta["reference"]["frac_equal_engine_sampling"] <= 1.0  # + the engine's own decode difference
+    # bit for bit, every response token: both sides' norm sums are compiled here, on this machine, by Inductor
+    # (inductor_cpu), and the GEMMs/attention are the shared kernels; at these widths (hidden 64, head_dim 32)
+    # exact with AVX-512 code and with AVX2 forced (make test-isa; docs/results.md)
+    assert result.meta["reference"]["frac_equal_engine_forward"] == 1.0
+    # + the engine's own decode difference, which depends on the CPU's kernels: the share measured from the
+    # rollouts themselves, here (the reference equals the full forward on every token, just above)
+    assert result.meta["reference"]["frac_equal_engine_sampling"] == decode_equals_prefill
     for name in (gradprobe.EXACT, "all+engine_order"):  # at T = 1 dividing in BF16 is exact too
         assert rows.loc[name, "e"] == 0 and rows.loc[name, "frac_identical_ref"] == 1
     assert rows.loc["none", "e"] > rows.loc["all", "e"] and rows.loc["none", "mean_abs_d_ref"] > 0
@@ -73,12 +97,14 @@ def test_the_reference_equals_the_engines_forward_and_the_trainers_engine_order_
 
 
 def test_treatments_are_verls_corrections_of_the_stock_gradient(at_t1):
-    result, _ = at_t1
+    result, *_ = at_t1
     rows = result.rows.set_index("setting")
     assert rows.loc["geo_rs", "correction"] == "decoupled_geo_rs" and rows.loc["tis", "correction"] == "decoupled_token_is"
     # same numerics as `none`: the same token mismatch, another gradient (rejection / weights)
     assert rows.loc["geo_rs", "mean_abs_d_ref"] == rows.loc["none", "mean_abs_d_ref"]
     assert rows.loc["geo_rs", "rejected_seq_frac"] > rows.loc["all+geo_rs", "rejected_seq_frac"]
+    # holds on every ISA: the weights are exp(log-ratio) and stock's per-token |log-ratio| is ~1e-3 (rounding
+    # locations, docs/results.md), so their mean is within a few 1e-3 of 1
     assert rows.loc["tis", "is_weight_mean"] == pytest.approx(1, abs=0.05)
     assert not math.isnan(rows.loc["none", "is_size"]) and math.isnan(rows.loc["tis", "is_size"])
     batches = result.batches
@@ -86,11 +112,11 @@ def test_treatments_are_verls_corrections_of_the_stock_gradient(at_t1):
 
 
 def test_below_t1_the_trainers_bf16_temperature_division_is_a_mismatch_of_its_own(model_dir):
-    result, _ = _measure(model_dir, 0.7, ["none", "all+engine_order"])
+    result, *_ = _measure(model_dir, 0.7, ["none", "all+engine_order"])
     rows = result.rows.set_index("setting")
     assert result.meta["reference"]["frac_equal_engine_forward"] == 1.0  # the reference divides as the engine
     assert 0 < rows.loc["all+engine_order", "e"] < rows.loc["none", "e"]
-    assert rows.loc["all+engine_order", "frac_identical_ref"] < 1
+    assert rows.loc["all+engine_order", "frac_identical_ref"] < 1  # IEEE division: the same on every ISA
 
 
 def test_statistics_of_known_gradients():

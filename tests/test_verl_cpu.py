@@ -3,8 +3,8 @@
 rollout and patches.verl_plugin in the workers. Per cell: verl exited 0; the plugin logged the regions
 and target it applied in the FSDP worker; the metrics the analysis reads are there and finite; `all`
 lowers k3 against `none` by more than this machine's own spread of k3 between two cells with the same
-numerics; `figures_only` draws every cell; the README's rerun-one-cell command, run twice, loses
-nothing. 7-17 minutes on 2 cores, with the load of the machine (README); skipped unless RLA_TEST_VERL=1 (the Makefile sets it)."""
+numerics; `figures_only` draws every cell; the README's rerun-one-cell command loses nothing (run
+twice in a row, through the same rule, by tests/test_workflow_reruns.py). 7-17 minutes on 2 cores, with the load of the machine (README); skipped unless RLA_TEST_VERL=1 (the Makefile sets it)."""
 
 from __future__ import annotations
 
@@ -140,28 +140,26 @@ def test_figures_only_draws_every_cell(grid):
     assert len(pd.read_csv(grid["results"] / "tables/stability.csv")) == 5
 
 
-def test_the_readmes_rerun_one_cell_command_twice_loses_nothing(grid):
-    """`snakemake --configfile experiments/verl-cpu.yaml --cores 2 --force <cell>/metrics.jsonl`, twice:
-    each run trains the cell again and moves the previous folder aside, with its metrics; no other
-    cell changes."""
+def test_the_readmes_rerun_one_cell_command_loses_nothing(grid):
+    """`snakemake --configfile experiments/verl-cpu.yaml --cores 2 --force <cell>/metrics.jsonl`: the run
+    trains the cell again and moves the previous verl cell aside, with its metrics and checkpoints; no other
+    cell changes. (A second rerun moves a second folder aside beside the first: the train rule's, whatever
+    the backend, checked in a row by tests/test_workflow_reruns.py.)"""
     cell = grid["cells"]["none"]
     target = str(cell / "metrics.jsonl")
     before = {a: (c / "metrics.jsonl").read_bytes() for a, c in grid["cells"].items()}
-    previous = [before["none"]]
-    for run in (1, 2):
-        start = time.time()
-        result = snakemake(grid["work"], "--configfile", PROFILE, "--cores", "2", "--force", target, "--config",
-                           *grid["args"][3:], timeout=900)
-        TIMINGS[f"rerun{run}"] = time.time() - start
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert job_counts(result.stdout + result.stderr) == {"train": 1}
-        moved = sorted(p for p in cell.parent.iterdir() if ".replaced-" in p.name)
-        assert [(p / "metrics.jsonl").read_bytes() for p in moved] == previous, run
-        assert all((p / "checkpoints/latest_checkpointed_iteration.txt").exists() for p in moved)
-        assert list(metrics(cell).index) == [1, 2]
-        assert "already finished all 2 steps: training it again" in (cell / "train.log").read_text()
-        previous.append((cell / "metrics.jsonl").read_bytes())
-        for ablation, other in grid["cells"].items():
-            if ablation != "none":
-                assert (other / "metrics.jsonl").read_bytes() == before[ablation], ablation
+    start = time.time()
+    result = snakemake(grid["work"], "--configfile", PROFILE, "--cores", "2", "--force", target, "--config",
+                       *grid["args"][3:], timeout=900)
+    TIMINGS["rerun"] = time.time() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert job_counts(result.stdout + result.stderr) == {"train": 1}
+    moved = [p for p in cell.parent.iterdir() if ".replaced-" in p.name]
+    assert [(p / "metrics.jsonl").read_bytes() for p in moved] == [before["none"]]
+    assert (moved[0] / "checkpoints/latest_checkpointed_iteration.txt").exists()
+    assert list(metrics(cell).index) == [1, 2]
+    assert "already finished all 2 steps: training it again" in (cell / "train.log").read_text()
+    for ablation, other in grid["cells"].items():
+        if ablation != "none":
+            assert (other / "metrics.jsonl").read_bytes() == before[ablation], ablation
     print("\n" + ", ".join(f"{k} {v:.3g}" for k, v in TIMINGS.items()))

@@ -17,6 +17,7 @@ import yaml
 
 from rla.cells import Cell
 from localrl.metrics import REQUIRED
+from tests.numerics import vllm_runs_avx512_kernels
 from tests.vllm_setup import MODEL, requires_vllm
 
 pytestmark = requires_vllm
@@ -101,8 +102,13 @@ def test_aligning_all_at_target_vllm_cpu_removes_most_of_the_mismatch(vllm_model
             seen[ablation] = rl_step(rig, 1)
     none, aligned = seen["none"], seen["all"]
     assert none["critic/score/mean"] == aligned["critic/score/mean"]  # the same engine, weights and seeds
+    # Where vLLM runs its AVX-512 kernels its attention is the trainer's (FP32, rounded once) and the GEMM is
+    # the one gemm_match picked here: `all` leaves summation order, 80-600x (k3) and 37-220x (probability
+    # difference) below stock at the tiny grid's shapes (docs/results.md). vLLM's AVX2 attention is a mismatch
+    # of its own, which no region removes: there only "below stock" is claimed.
+    factor = 10 if vllm_runs_avx512_kernels() else 1
     for key in ("rollout_corr/k3_kl", "training/rollout_probs_diff_mean"):
-        assert 0 <= aligned[key] < none[key] / 10, (key, aligned[key], none[key])
+        assert 0 <= aligned[key] * factor < none[key], (key, aligned[key], none[key])
 
 
 def test_a_cell_is_never_continued_on_another_engine(vllm_model, engine, tmp_path):

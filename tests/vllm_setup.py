@@ -1,9 +1,11 @@
-"""Shared set-up of the tests that run vLLM: the skip marker with its reason, a reduced config, and a
-warm-started tiny model (built once per session by the `vllm_model` fixture in conftest.py)."""
+"""Shared set-up of the tests that run a warm-started tiny model (the local rig's and vLLM's): the skip
+marker of vLLM with its reason, a reduced config, and the model (built once per session by the
+`warm_model` fixture in conftest.py; `vllm_model` is the same model where vLLM runs)."""
 
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,18 @@ from localrl.engines import vllm_unavailable
 from rla.config import load as load_config
 
 MODEL = "qwen2-s"
+# Test problems the warm start is judged on (tests/test_localrl_rl.py): enough that its solve rate is told
+# from an untrained model's by far more than chance (the test says by how much).
+EVAL_SIZE = 400
 REASON = vllm_unavailable("cpu")
 requires_vllm = pytest.mark.skipif(REASON is not None, reason=f"vLLM cannot run here: {REASON}")
 
 
 def reduced_config(engine: str = "vllm") -> dict:
-    """tiny.yaml with less data, a shorter warm start and small RL steps (as tests/test_localrl_rl.py)."""
+    """tiny.yaml with less data, a shorter warm start and small RL steps."""
     cfg = load_config(Path(__file__).resolve().parents[1] / "experiments/tiny.yaml")
-    cfg["task"].update({"n_train": 400, "n_test": 40})
-    cfg["warmstart"] = {"steps": 200, "batch_size": 32, "lr": 5.0e-3, "eval_size": 40}
+    cfg["task"].update({"n_train": 400, "n_test": EVAL_SIZE})
+    cfg["warmstart"] = {"steps": 200, "batch_size": 32, "lr": 5.0e-3, "eval_size": EVAL_SIZE}
     cfg["rl"].update({"prompts_per_step": 4, "samples_per_prompt": 4, "test_every": 2, "test_size": 8,
                       "checkpoint_every": 2})
     cfg["engine"] = {"name": engine}
@@ -29,19 +34,23 @@ def reduced_config(engine: str = "vllm") -> dict:
 
 
 def build(root: Path) -> dict:
+    """The reduced config's data and warm-started model under `root`, made unless already there."""
     from localrl.data import write_splits
     from localrl.task import TaskSettings
     from localrl.warmstart import warmstart
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = reduced_config()
-        write_splits(TaskSettings.from_config(cfg["task"]), root / "data")
-        warmstart(cfg, MODEL, root / "data", root / "model")
-    finally:
-        torch.set_num_threads(threads)
-    return {"cfg": cfg, "data": root / "data", "model": root / "model", "root": root}
+    cfg = reduced_config()
+    done = root / "model" / "warmstart.json"  # written last, with the model (localrl.warmstart)
+    if not done.exists():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            write_splits(TaskSettings.from_config(cfg["task"]), root / "data")
+            warmstart(cfg, MODEL, root / "data", root / "model")
+        finally:
+            torch.set_num_threads(threads)
+    return {"cfg": cfg, "data": root / "data", "model": root / "model", "root": root,
+            "summary": json.loads(done.read_text())}
 
 
 def prompts(setup: dict, n: int, split: str = "train") -> tuple[object, list[list[int]]]:
