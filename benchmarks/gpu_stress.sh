@@ -36,6 +36,27 @@ case "$device" in
   *) echo "gpu_stress.sh: --device '$device' is not allowed; allowed: cpu, cuda, cuda:N" >&2; exit 2 ;;
 esac
 export LOCALRL_DEVICE=$device PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+
+# What the stages import and a bare GPU image may lack (the rig uses verl's own advantages, losses and
+# mismatch metrics, and verl imports ray; metrics lines are written with orjson): named in one line within
+# seconds, instead of a traceback a minute in.
+missing=$("$PYTHON" - 2>/dev/null <<'PY'
+import importlib
+needed = ["torch", "transformers", "tokenizers", "verl", "ray", "orjson", "pandas", "pyarrow", "yaml",
+          "matplotlib", "seaborn"]
+missing = []
+for name in needed:
+    try:
+        importlib.import_module(name)
+    except Exception:  # absent, or present but broken (verl without ray)
+        missing.append(name)
+print(" ".join(missing))
+PY
+) || missing="python ($PYTHON did not run)"
+if [ -n "$missing" ]; then
+  echo "gpu_stress.sh: $PYTHON cannot import: $missing (it needs torch, transformers, tokenizers, verl, ray, orjson, pandas, pyarrow, pyyaml, matplotlib, seaborn)" >&2
+  exit 1
+fi
 mkdir -p "$OUT/logs"
 
 left() {  # seconds to the deadline, at least 1 (`timeout 0` would mean no limit at all)

@@ -4,6 +4,7 @@ import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks/gpu_stress.sh"
 
 
-def run_script(out: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable}
+def run_script(out: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, **env_vars}
     env.pop(ENV, None)
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
@@ -46,6 +47,26 @@ def test_bad_arguments_are_named(tmp_path):
     assert done.returncode == 2 and "'tpu'" in done.stderr and "allowed: cpu, cuda" in done.stderr
     done = run_script(tmp_path, "--fast")
     assert done.returncode == 2 and "'--fast'" in done.stderr
+
+
+# What the GPU machine's image lacks (vllm and snakemake the script does not need).
+ABSENT = ("vllm", "verl", "ray", "orjson", "snakemake")
+
+
+def test_missing_packages_are_named_in_one_line_within_seconds(tmp_path):
+    """As on a GPU image without them: each package a stand-in ahead of site-packages that fails to import."""
+    blocked = tmp_path / "blocked"
+    for name in ABSENT:
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    start = time.time()
+    done = run_script(tmp_path / "out", "--device", "cpu", "--quick", PYTHONPATH=str(blocked))
+    took = time.time() - start
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr[-2000:]
+    assert "cannot import: verl ray orjson (it needs" in lines[0]
+    assert took < 30 and not (tmp_path / "out" / "logs").exists()  # before any stage
+    assert run_script(tmp_path / "out", "--device", "cpu", "--quick", PYTHON="/nonexistent/python").returncode == 1
 
 
 def test_profile_resolves_and_keeps_qwen_ratios():
