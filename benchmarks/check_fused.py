@@ -1,15 +1,23 @@
-"""Check the fused aligned regions against the engine's compiled formulations, bit for bit, on a device.
+"""Check the fused aligned regions against the engine's compiled formulations, per region and output,
+with the size of every difference.
 
 Reference: localrl/engine/ops.py (vLLM's native formulations) under torch.compile - on a GPU that is
-Inductor's Triton output, the mechanism of vLLM's default path. The fused implementation must match
-it on every element of every forward output. Also counted, for the record: the eager-aligned
-implementation against the same reference (on a GPU it may differ in a last bit: eager CUDA kernels
-evaluate sigmoid/rsqrt and a*b+c differently from Triton), the stock HF formulas (must differ), and
-fused vs eager-aligned backward gradients. Imports only torch (and this repository).
+Inductor's Triton output, the mechanism of vLLM's default path. Compared with it, forward: the fused
+implementation, the eager-aligned one (on a GPU eager CUDA kernels evaluate sigmoid/rsqrt and a*b+c
+differently from Triton) and the stock HF formulas; backward: fused against eager-aligned gradients.
+Each comparison gives the share of elements that differ, the largest difference in bf16 ulps, and a
+verdict (`verdict`):
+  bit-equal   no element differs
+  last-bit    at most 1 ulp on at most 1% of elements: the order of operations (a reduction's summation
+              order, a transcendental's or an FMA's last fp32 bit) flips about 2^-16 of the roundings
+  rounding    more: a bf16 rounding moved or added changes 15-40% of the elements, by up to several ulps
+The check fails when an aligned implementation (fused or eager, forward or backward) is at `rounding`
+against its reference, and when stock is not at `rounding` on some output of a region (then the check
+could not have seen a misplaced rounding). Imports only torch (and this repository).
 
     python3 benchmarks/check_fused.py --device cuda --out $OUT/fused-check-gpu.json
     .venv/bin/python benchmarks/check_fused.py --device cpu --quick      # a dry run
-Exit status 1 when a fused forward output differs from the reference.
+Exit status 1 when the check fails.
 """
 
 from __future__ import annotations
@@ -37,12 +45,40 @@ EPS, THETA, MAX_POS = 1e-6, 1e6, 32768
 # (name, hidden, heads, kv_heads, head_dim, intermediate)
 SHAPES = [("qwen2.5-7b", 3584, 28, 4, 128, 18944), ("qwen3-8b", 4096, 32, 8, 128, 12288)]
 QUICK = [("quick", 256, 4, 2, 64, 512)]
+REGIONS = ("rope", "qk_norm_rope", "swiglu", "add_rmsnorm", "rmsnorm")  # the keys of `regions`
+
+
+LAST_BIT_SHARE = 0.01  # 1%: ~650x the share an order-of-operations difference flips, 1/15 of a moved rounding's
 
 
 def compare(got: torch.Tensor, want: torch.Tensor) -> dict:
     differ = got != want
     ulps = (got[differ].view(torch.int16).int() - want[differ].view(torch.int16).int()).abs()
-    return {"differing": int(differ.sum()), "of": want.numel(), "max_ulp": int(ulps.max()) if ulps.numel() else 0}
+    row = {"differing": int(differ.sum()), "of": want.numel(), "max_ulp": int(ulps.max()) if ulps.numel() else 0}
+    return {**row, "verdict": verdict(row)}
+
+
+def verdict(row: dict) -> str:
+    if row["differing"] == 0:
+        return "bit-equal"
+    if row["max_ulp"] <= 1 and row["differing"] <= LAST_BIT_SHARE * row["of"]:
+        return "last-bit"
+    return "rounding"
+
+
+def judge(row: dict) -> list[str]:
+    """What fails in one region's row: an aligned comparison at `rounding`, or stock at `rounding` nowhere."""
+    bad = [f"{key} {c['verdict']} ({c['differing']}/{c['of']}, max {c['max_ulp']} ulp)"
+           for key in ("fused_vs_engine", "eager_vs_engine", "fused_vs_eager_grads") for c in row[key]
+           if c["verdict"] == "rounding"]
+    if all(c["verdict"] != "rounding" for c in row["stock_vs_engine"]):
+        bad.append("stock_vs_engine: no output at `rounding`, so this check could not see a misplaced rounding")
+    return bad
+
+
+def summary(rows: list[dict]) -> str:
+    """One line per comparison: share differing, max ulp, verdict."""
+    return ", ".join(f"{r['differing'] / r['of']:.2%} {r['max_ulp']} ulp {r['verdict']}" for r in rows)
 
 
 def with_impl(impl: str, fn, *args):
@@ -111,19 +147,25 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="a small shape: a dry run")
     p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--regions", default=",".join(REGIONS), help=f"comma-separated, of {', '.join(REGIONS)}")
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/fused-check-{cpu,gpu}.json)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device visible to torch")
+    wanted = args.regions.split(",")
+    if bad := [r for r in wanted if r not in REGIONS]:
+        p.error(f"--regions: unknown {', '.join(bad)}; allowed: {', '.join(REGIONS)}")
     device = torch.device(args.device)
     tokens = 48 if args.quick else args.tokens
     out = args.out or ROOT / "benchmarks" / "results" / f"fused-check-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-              "tokens": tokens, "rows": []}
+              "tokens": tokens, "last_bit_share": LAST_BIT_SHARE, "regions": wanted, "rows": []}
     ok = True
     start = time.perf_counter()
     for shape in QUICK if args.quick else SHAPES:
         for name, (inputs, reference, aligned, stock) in regions(shape, tokens, device).items():
+            if name not in wanted:
+                continue
             want = reference(*inputs)
             fused_out = with_impl("fused", aligned, *inputs)
             eager_out = with_impl("eager", aligned, *inputs)
@@ -134,18 +176,22 @@ def main(argv=None) -> int:
                    "stock_vs_engine": [compare(g, w) for g, w in zip(stock_out, want)],
                    "fused_vs_eager_grads": [compare(g, w) for g, w in zip(
                        with_impl("fused", gradients, aligned, inputs), with_impl("eager", gradients, aligned, inputs))]}
-            passed = all(r["differing"] == 0 for r in row["fused_vs_engine"])
-            row["passed"] = passed
-            ok &= passed
+            row["failures"] = judge(row)
+            row["passed"] = not row["failures"]
+            ok &= row["passed"]
             report["rows"].append(row)
-            fmt = lambda rs: ", ".join(f"{r['differing']}/{r['of']}" for r in rs)  # noqa: E731
-            print(f"[{time.perf_counter() - start:5.0f} s] {shape[0]} {name:13s} {'ok  ' if passed else 'FAIL'} "
-                  f"fused-engine {fmt(row['fused_vs_engine'])} | eager-engine {fmt(row['eager_vs_engine'])} | "
-                  f"stock-engine {fmt(row['stock_vs_engine'])} | fused-eager grads {fmt(row['fused_vs_eager_grads'])}")
+            print(f"[{time.perf_counter() - start:5.0f} s] {shape[0]} {name:13s} {'ok  ' if row['passed'] else 'FAIL'}")
+            for key in ("fused_vs_engine", "eager_vs_engine", "stock_vs_engine", "fused_vs_eager_grads"):
+                print(f"    {key:21s} {summary(row[key])}")
+            for failure in row["failures"]:
+                print(f"    FAILS: {failure}")
+            out.parent.mkdir(parents=True, exist_ok=True)  # what is measured survives a timeout
+            out.write_text(json.dumps({**report, "passed": ok}, indent=1))
     report["passed"] = ok
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1))
-    print(f"{'PASSED' if ok else 'FAILED'}: fused forward == compiled engine formulation on every element; wrote {out}")
+    print(f"{'PASSED' if ok else 'FAILED'}: every aligned output at most last-bit from the compiled engine "
+          f"formulation, stock at `rounding`; wrote {out}")
     return 0 if ok else 1
 
 

@@ -18,7 +18,8 @@ The engine and the trainer both call these (the alignment patches never touch GE
 so any difference between the two sides comes from the three elementwise regions alone.
 
 On CUDA tensors they are the GPU kernels themselves: cuBLAS bf16 GEMMs (fp32 accumulation, one
-rounding at the output) and PyTorch's bf16 scaled-dot-product attention; no fp32 emulation there.
+rounding at the output) and PyTorch's bf16 memory-efficient attention, the same kernel for both sides
+(`CUDA_ATTENTION`); no fp32 emulation there.
 """
 
 from __future__ import annotations
@@ -71,10 +72,33 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 # attention: o = bf16(softmax(q k^T * scale + mask) v), fp32 inside
 
 
+# On CUDA both sides get one kernel: PyTorch's memory-efficient attention (fp32 softmax inside, one
+# rounding at the output, as vLLM's flash attention), pinned, and always given an explicit mask. Left to
+# itself SDPA picks by the call's form: the trainer's unpadded batch (no mask, `is_causal`) would get
+# flash attention and the engine's explicit mask the memory-efficient or math kernel - a difference no
+# alignment of the regions can remove.
+CUDA_ATTENTION = "efficient"
+
+
+def causal_mask(q_len: int, k_len: int, device) -> Tensor:
+    """SDPA's `is_causal` as a boolean mask: query i sees keys up to k_len - q_len + i (bottom right)."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+
+
+def _sdpa_cuda(q, k, v, mask, causal: bool, scale: float):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if causal:
+        mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
+    if q.shape[1] != k.shape[1]:  # GQA as repeated KV heads: the pinned kernel's only form on every release
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 def _sdpa(q, k, v, mask, causal: bool, scale: float):
     if q.is_cuda:  # the GPU attention kernel on the bf16 values themselves
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                              enable_gqa=q.shape[1] != k.shape[1])
+        return _sdpa_cuda(q, k, v, mask, causal, scale)
     return F.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, scale=scale,
         enable_gqa=q.shape[1] != k.shape[1],

@@ -15,7 +15,8 @@ of patches/targets.py are recognised by the source line that computes them - vLL
 localrl/engine/ops.py repeats verbatim - and by the model line that calls it (input vs post-attention
 norm, q_norm/k_norm).
 
-    python -m localrl.roundmap --engine local --arch qwen2            # the local engine's pieces
+    python -m localrl.roundmap --engine local --arch qwen2            # the local engine's pieces (C++)
+    python -m localrl.roundmap --engine local --device cuda           # the same pieces compiled to Triton
     python -m localrl.roundmap --engine vllm --arch qwen3             # vLLM as installed (CPU: one graph)
     python -m localrl.roundmap --engine vllm-gpu-split --arch qwen2   # vLLM's own code, split as on a GPU
 """
@@ -208,8 +209,9 @@ def stores(counts: dict[str, Counter]) -> dict[str, bool | None]:
 
 # ---- the graphs of each engine -------------------------------------------------------------------
 
-def local_graphs(config, tokens: int = 16) -> list[Graph]:
-    """The local engine's pieces (first, middle, last), compiled for a model of `config`."""
+def local_graphs(config, tokens: int = 16, device: str = "cpu") -> list[Graph]:
+    """The local engine's pieces (first, middle, last), compiled for a model of `config` on `device`:
+    Inductor writes C++ for the CPU and Triton for a GPU, and each may store differently."""
     from transformers import AutoModelForCausalLM
 
     from localrl.engine.model import EngineModel
@@ -217,9 +219,9 @@ def local_graphs(config, tokens: int = 16) -> list[Graph]:
     torch._dynamo.reset()  # compile again, under the hook
     with torch.device("meta"):  # shapes only: where Inductor stores does not depend on the values
         shapes = AutoModelForCausalLM.from_config(config).state_dict()
-    weights = {name: torch.zeros(t.shape, dtype=torch.bfloat16) for name, t in shapes.items()}
+    weights = {name: torch.zeros(t.shape, dtype=torch.bfloat16, device=device) for name, t in shapes.items()}
     with capture() as graphs:
-        engine = EngineModel(config, max_positions=max(tokens, 32))
+        engine = EngineModel(config, max_positions=max(tokens, 32), device=device)
         engine.load_hf_weights(weights)
         ids = torch.randint(0, config.vocab_size, (1, tokens))
         engine(ids, torch.arange(tokens)[None])
@@ -318,13 +320,13 @@ def model_config(arch: str, shape: str, vocab_size: int = 1024):
                        architectures=[f"{arch.capitalize()}ForCausalLM"], **SHAPES[shape])
 
 
-def derive(engine: str, arch: str, shape: str) -> dict[str, Counter]:
-    """The rounding map of one engine's graphs for one model shape."""
+def derive(engine: str, arch: str, shape: str, device: str = "cpu") -> dict[str, Counter]:
+    """The rounding map of one engine's graphs for one model shape (the local engine's on `device`)."""
     import tempfile
 
     config = model_config(arch, shape)
     if engine == "local":
-        return rounding_map(local_graphs(config))
+        return rounding_map(local_graphs(config, device=device))
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         return rounding_map(vllm_graphs(tmp, gpu_split=engine == "vllm-gpu-split"))
@@ -350,16 +352,22 @@ def main(argv: list[str] | None = None) -> int:
                         "GPU: its piecewise graphs); vllm-gpu-split: vLLM's CPU build split at attention as on a GPU")
     p.add_argument("--arch", choices=("qwen2", "qwen3"), default="qwen2")
     p.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the local engine's pieces are compiled: cpu (C++) or cuda (Triton)")
     p.add_argument("--json", help="also write the map to this file")
     args = p.parse_args(argv)
+    if args.device != "cpu" and args.engine != "local":
+        p.error(f"--device {args.device} is for --engine local; vLLM compiles for the device it runs on")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device visible to torch")
     if args.engine != "local" and not torch.cuda.is_available():
         from localrl.vllm_support import require_vllm
 
         require_vllm(f"--engine {args.engine}")
-    counts = derive(args.engine, args.arch, args.shape)
+    counts = derive(args.engine, args.arch, args.shape, args.device)
     target = expected_target(args.engine)
     rows = compare(counts, target)
-    print(f"{args.engine} {args.arch} {args.shape}: value, stored as BF16 in the graph (occurrences), "
+    print(f"{args.engine} {args.arch} {args.shape} ({args.device}): value, stored as BF16 in the graph (occurrences), "
           f"what target {target!r} says")
     for value, (found, want) in rows.items():
         c = counts[value]
@@ -369,8 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"matches target {target!r}: {same}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "target": target,
-                       "counts": {k: dict(v) for k, v in counts.items()}, "matches": same}, f, indent=1)
+            json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "device": args.device,
+                       "target": target, "counts": {k: dict(v) for k, v in counts.items()},
+                       "values": {value: {"stored": found, "target": want} for value, (found, want) in rows.items()},
+                       "matches": same}, f, indent=1)
     return 0 if same else 1
 
 

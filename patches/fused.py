@@ -22,6 +22,12 @@ from collections.abc import Callable
 import torch
 
 _compiled: dict[Callable, Callable] = {}
+# Graphs one region function may compile: one per feature width and tensor rank (hidden and
+# intermediate sizes, head_dim; a model has a handful). torch's default limit, 8, can be passed by a
+# process that runs several models (a benchmark, the scaling study), and past it Dynamo runs the function
+# eagerly: other kernels, other last bits. Within these calls the limit is this, and reaching it is an
+# error (FailOnRecompileLimitHit), never a quiet fallback; the process's own setting is left alone.
+RECOMPILE_LIMIT = 64
 RUNS: Counter = Counter()  # function name -> calls of its compiled graph (tests check that fused code ran)
 
 
@@ -44,7 +50,11 @@ def compiled(fn: Callable) -> Callable:
                     if a.dim():  # static even after a new width (automatic dynamic would relax it)
                         torch._dynamo.mark_static(a, a.dim() - 1)
             RUNS[fn.__name__] += 1
-            return graph(*args)
+            if torch.compiler.is_compiling():  # inlined into an enclosing graph: compiles nothing of its own
+                return graph(*args)
+            limit = max(RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+            with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
+                return graph(*args)
 
         run.graph = graph
         _compiled[fn] = run

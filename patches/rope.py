@@ -127,17 +127,26 @@ def check_rope(module) -> None:
             "implements rope_type 'default'); leave the rope region off for this model")
 
 
+def engine_inv_freq(config, device) -> Tensor:
+    """vLLM's `RotaryEmbedding._compute_inv_freq` (rotary_embedding/base.py), on `device`: vLLM builds
+    its modules, and so this table, on the device the model lives on, and CUDA's `pow` may differ from
+    the CPU's in a last bit. The formula is transformers' default one too (base and dim from the config
+    as `compute_default_rope_parameters` reads them); only the device was transformers' own (the CPU)."""
+    base = config.rope_parameters["rope_theta"]
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+
+
 @torch.no_grad()
 def rotary_embedding_forward(self, x, position_ids):
     """cos/sin as the engine's table holds them: fp32 `position * inv_freq` (an exact product, never a
-    matmul that TF32 could shorten), inv_freq rebuilt in fp32 from the config (immune to a model cast
-    to bf16: vLLM computes it in fp32 from the config too), cos/sin rounded to the model dtype."""
+    matmul that TF32 could shorten), inv_freq computed in fp32 from the config on the device of `x`, as
+    vLLM computes it on its model's device (immune to a model cast to bf16), cos/sin rounded to the
+    model dtype."""
     check_rope(self)
     inv_freq = getattr(self, "_rla_inv_freq", None)
     if inv_freq is None or inv_freq.device != x.device:
-        # (config) is the signature every checked transformers release accepts (5.19 dropped `device`)
-        inv_freq, _ = self.compute_default_rope_parameters(self.config)
-        self._rla_inv_freq = inv_freq = inv_freq.to(device=x.device, dtype=torch.float32)
+        self._rla_inv_freq = inv_freq = engine_inv_freq(self.config, x.device)
     freqs = position_ids[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)

@@ -53,12 +53,18 @@ def test_bad_arguments_are_named(tmp_path):
 ABSENT = ("vllm", "verl", "ray", "orjson", "snakemake")
 
 
-def test_missing_packages_are_named_in_one_line_within_seconds(tmp_path):
-    """As on a GPU image without them: each package a stand-in ahead of site-packages that fails to import."""
-    blocked = tmp_path / "blocked"
+def without_absent_packages(path: Path) -> Path:
+    """A PYTHONPATH entry that makes the GPU image's absent packages unimportable here: each one a
+    stand-in ahead of site-packages that fails to import."""
     for name in ABSENT:
-        (blocked / name).mkdir(parents=True)
-        (blocked / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+        (path / name).mkdir(parents=True)
+        (path / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    return path
+
+
+def test_missing_packages_are_named_in_one_line_within_seconds(tmp_path):
+    """As on a GPU image without them."""
+    blocked = without_absent_packages(tmp_path / "blocked")
     start = time.time()
     done = run_script(tmp_path / "out", "--device", "cpu", "--quick", PYTHONPATH=str(blocked))
     took = time.time() - start
@@ -92,7 +98,8 @@ def test_device_switch(monkeypatch):
             device()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU check runs it)")
 def test_on_cuda_all_reduces_the_mismatch_against_the_triton_engine():
     """Both sides on the GPU (cuBLAS GEMMs, one attention kernel, engine compiled to Triton)."""
     import patches

@@ -259,3 +259,22 @@ def test_a_graph_break_in_a_region_function_is_an_error():
 
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
         fused.compiled(breaks)(torch.ones(4, 8))
+
+
+def test_region_functions_compile_past_torchs_recompile_limit_and_stop_loudly_at_their_own(monkeypatch):
+    """One graph per width: a process running several models passes torch's default limit (8), and
+    past a limit Dynamo would run the function eagerly (other kernels, other last bits). The fused
+    path raises the limit within its own calls and makes reaching it an error, whatever the process set."""
+    monkeypatch.setattr(fused, "RECOMPILE_LIMIT", 2)
+
+    def doubled(x):
+        return x * 2
+
+    run = fused.compiled(doubled)
+    # (torch's own context manager: monkeypatch's undo would delete the config entry)
+    with torch._dynamo.config.patch(recompile_limit=1, fail_on_recompile_limit_hit=False):
+        for width in (8, 16):  # the second width is past the process's limit of 1
+            assert torch.equal(run(torch.ones(3, width)), torch.full((3, width), 2.0))
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            run(torch.ones(3, 24))
+        assert torch._dynamo.config.recompile_limit == 1 and not torch._dynamo.config.fail_on_recompile_limit_hit

@@ -99,6 +99,38 @@ def test_cos_sin_equal_the_engine_table_where_stock_does_not(head_dim):
     assert stock_diff > 0.1
 
 
+def test_aligned_inv_freq_is_the_engines_computed_where_the_model_runs(monkeypatch):
+    """inv_freq by vLLM's formula on the device of the activations (CUDA's pow and the CPU's may differ
+    in a last bit: built on the CPU, as transformers builds it, it could not equal a GPU engine's)."""
+    emb = rotary("qwen2", 64)
+    devices = []
+
+    def spy(config, device):
+        devices.append(torch.device(device))
+        return engine_inv_freq(config, device)
+
+    engine_inv_freq = rope.engine_inv_freq
+    monkeypatch.setattr(rope, "engine_inv_freq", spy)
+    with patches.aligned("rope"):
+        emb(torch.zeros(1, dtype=torch.bfloat16), torch.arange(4)[None])
+    assert devices == [torch.device("cpu")]
+    assert torch.equal(emb._rla_inv_freq, ops.rope_inv_freq(64, THETA))
+    assert torch.equal(engine_inv_freq(emb.config, "cpu"), emb.compute_default_rope_parameters(emb.config)[0])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU check runs it)")
+def test_cos_sin_equal_the_engine_table_on_cuda():
+    pos = positions_for(512, torch.Generator().manual_seed(1))[None].cuda()
+    emb = rotary("qwen2", 128).cuda()
+    with patches.aligned("rope"):
+        cos, sin = emb(torch.zeros(1, dtype=torch.bfloat16, device="cuda"), pos)
+    want_cos, want_sin = ops.rope_cos_sin_cache(128, THETA, MAX_POS, torch.bfloat16, "cuda")[pos[0]].chunk(2, dim=-1)
+    assert torch.equal(cos[0, :, :64], want_cos) and torch.equal(sin[0, :, :64], want_sin)
+    cpu_built = ops.rope_inv_freq(128, THETA).cuda()
+    print(f"inv_freq built on the CPU vs on CUDA: {(cpu_built != emb._rla_inv_freq).sum().item()} of 64 differ")
+
+
 def test_engine_rope_table_in_fp32_on_the_device_asked_for():
     """vLLM computes inv_freq in fp32 whatever torch's default dtype (`dtype=torch.float`), on the
     model's device (a GPU there; the meta device stands in for one here)."""

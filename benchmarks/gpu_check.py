@@ -1,0 +1,338 @@
+"""The GPU check in one call: what the alignment does on a GPU, measured with the machine's own Python
+(torch with Triton, transformers; no vLLM, verl, ray or orjson) within a time budget, returned as one
+summary and one archive.
+
+Steps, in this order, so that the first minutes give the most:
+  fused         check_fused.py: the fused region kernels and eager-aligned against the engine's
+                formulations compiled by Inductor (Triton), forward and backward, Qwen2.5-7B / Qwen3-8B
+                shapes: share of elements differing, max ulp, verdict, per region
+  model         check_model.py: target `vllm` against the local engine compiled to Triton (vLLM's
+                layout, native formulas and split at attention), at the paper models' shapes, full depth,
+                both sides on one attention kernel: k3, mean |d logprob|, bit-equal share per setting;
+                and the rounding map of those Triton graphs (localrl.roundmap) against the `vllm` table
+  epilogue      check_epilogue.py: whether Inductor keeps Qwen2's q/k/v bias inside the GEMM (the pass
+                that could move it runs for GPUs only: skipped on a CPU)
+  cuda-tests    the suite's `cuda`-marked tests (one attention kernel for both sides, the RoPE table
+                built on the GPU, `all` against the Triton engine), skipped on every CPU
+  regions       bench_regions.py: time and activation memory per region and per decoder layer, stock /
+                aligned eager / aligned fused / Liger (where its wheel is installed), against a copy
+Each step runs in its own process under its own time limit, cut to what is left of --budget-s. A step
+that cannot run (a package missing, no GPU), fails or runs out of time is in the summary with the reason.
+Written to --out (default: $OUT, else benchmarks/results/gpu-check): gpu-check-<tag>.md, the summary,
+and gpu-check-<tag>.tar.gz, every step's JSON and log, the environment and the summary as JSON.
+
+    python3 benchmarks/gpu_check.py                                   # on the GPU machine (gpu_check.sh)
+    .venv/bin/python benchmarks/gpu_check.py --device cpu --quick     # a dry run on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_S = 330  # the whole check on one H200, compilation included: a 15-minute lease holds two runs
+ABSENT_OK = ("vllm", "verl", "ray", "orjson", "snakemake")  # reported, never needed
+
+
+@dataclass(frozen=True)
+class Run:
+    device: str
+    quick: bool
+    work: Path
+    python: str
+
+    @property
+    def tag(self) -> str:
+        return ("gpu" if self.device == "cuda" else "cpu") + ("-quick" if self.quick else "")
+
+    def json(self, step: str) -> Path:
+        return self.work / f"{step}.json"
+
+
+Rows = dict[str, str]  # measurement -> its value, or why it has none
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    needs: tuple[str, ...]  # modules the step imports
+    limit_s: int            # its own time limit (within what is left of the budget)
+    argv: Callable[[Run], list[str]]
+    read: Callable[[dict, Run], Rows]  # its JSON -> rows
+    cuda_only: str = ""     # why it measures nothing on a CPU, if it does not
+
+    def needs_here(self, run: Run) -> tuple[str, ...]:
+        return self.needs + (("triton",) if run.device == "cuda" else ())
+
+
+# ---- what each step's JSON says -------------------------------------------------------------------
+
+def _cmp(rows: list[dict]) -> str:
+    return ", ".join(c["verdict"] + ("" if c["verdict"] == "bit-equal" else
+                                     f" ({c['differing'] / c['of']:.2%}, max {c['max_ulp']} ulp)") for c in rows)
+
+
+def read_fused(report: dict, run: Run) -> Rows:
+    return {f"{r['model']}/{r['region']}": ("ok" if r["passed"] else "FAIL") + f": fused {_cmp(r['fused_vs_engine'])}; "
+            f"eager {_cmp(r['eager_vs_engine'])}; stock {_cmp(r['stock_vs_engine'])}; "
+            f"fused-eager grads {_cmp(r['fused_vs_eager_grads'])}" for r in report["rows"]}
+
+
+def read_model(report: dict, run: Run) -> Rows:
+    rows = {}
+    for r in report["rows"]:
+        key = f"{r['model']} (L{r['layers']})/{r['regions']}/{r['impl']}"
+        text = f"k3 {r['k3']:.3g}, |d| {r['mean_abs_dlogprob']:.3g}, bit-equal {r['bit_equal']:.1%}"
+        rows[key] = rows.get(key, "") + ("" if r["reference"] == "engine_forward" else "; sampling: ") + text
+        rows["attention (both sides)"] = r["attention"]
+    for m in report["roundmaps"]:
+        differ = [v for v, x in m["values"].items() if x["stored"] != x["target"]]
+        rows[f"{m['model']}/rounding map of the engine's {m['graphs']} graphs"] = (
+            f"as target `{report['target']}`" if not differ else f"DIFFERS from `{report['target']}` at {', '.join(differ)}")
+    return rows
+
+
+def read_epilogue(report: dict, run: Run) -> Rows:
+    return {"qkv bias in vLLM's graph": report["vllm_graph"]["bias"]}
+
+
+def read_cuda_tests(report: dict, run: Run) -> Rows:
+    return {test["nodeid"]: test["outcome"] + (f": {test['message']}" if test.get("message") else "")
+            for test in report["tests"]}
+
+
+def read_regions(report: dict, run: Run) -> Rows:
+    rows = {"copy bandwidth": f"{report['copy_GBps']:.0f} GB/s"}
+    for r in report["rows"]:
+        text = f"{r['time_ms']:.3f} ms ({r.get('time_x_stock', float('nan')):.2f}x stock), saved " \
+               f"{r['saved_bytes'] / 2**20:.1f} MiB ({r.get('saved_x_stock', float('nan')):.2f}x)"
+        if "peak_bytes" in r:
+            text += f", peak {r['peak_bytes'] / 2**20:.1f} MiB ({r.get('peak_x_stock', float('nan')):.2f}x)"
+        if "GBps" in r:
+            text += f", {100 * r['GBps'] / report['copy_GBps']:.0f}% of copy"
+        rows[f"{r['model']}/{r['arch']}/{r['case']}/{r['impl']}"] = text
+    if not report["environment"].get("liger_kernel"):
+        why = "liger_kernel not installed" if run.device == "cuda" else "Liger's kernels are Triton: CUDA only"
+        rows["liger (every case)"] = f"skipped: {why}"
+    return rows
+
+
+def _quick(run: Run) -> list[str]:
+    return ["--quick"] if run.quick else []
+
+
+# A dry run (--quick) runs every step's code, on less: the paper's three regions (RoPE with Qwen3's
+# q/k norm, SwiGLU, the residual add + RMSNorm) in `fused`, the decoder layers alone in `regions`.
+QUICK_REGIONS = ("qk_norm_rope", "swiglu", "add_rmsnorm")
+
+
+# The test modules holding `cuda`-marked tests (tests/test_gpu_check.py checks the list is complete):
+# importable without vLLM, verl, ray or orjson, as the rest of the suite's tests are not.
+CUDA_TESTS = ("tests/test_kernels.py", "tests/test_patches_regions.py", "tests/test_gpu_stress.py")
+
+STEPS = [
+    Step("fused", ("torch", "transformers"), 80,
+         lambda r: ["benchmarks/check_fused.py", "--device", r.device, "--out", str(r.json("fused")),
+                    *(["--quick", "--regions", ",".join(QUICK_REGIONS)] if r.quick else [])],
+         read_fused),
+    Step("model", ("torch", "transformers", "pandas"), 140,
+         lambda r: ["benchmarks/check_model.py", "--device", r.device, *_quick(r), "--out", str(r.json("model"))],
+         read_model),
+    Step("epilogue", ("torch",), 15,
+         lambda r: ["benchmarks/check_epilogue.py", "--device", r.device, "--out", str(r.json("epilogue"))],
+         read_epilogue, cuda_only="Inductor's pass that could move the bias out of the GEMM runs for GPUs only"),
+    Step("cuda-tests", ("torch", "transformers", "pytest", "yaml"), 60,
+         lambda r: ["benchmarks/cuda_tests.py", "--out", str(r.json("cuda-tests")), *CUDA_TESTS],
+         read_cuda_tests, cuda_only="they are skipped here, as in every CPU run of the suite"),
+    Step("regions", ("torch", "transformers"), 50,
+         lambda r: ["benchmarks/bench_regions.py", "--device", r.device, "--repeats", "3", "--out", str(r.json("regions")),
+                    *(["--quick", "--cases", "decoder_layer", "--min-run-time", "0.05"] if r.quick
+                      else ["--min-run-time", "0.1"])],
+         read_regions),
+]
+
+
+# ---- running --------------------------------------------------------------------------------------
+
+def importable(name: str) -> bool:
+    """Whether `name` imports (found is not enough: a broken install fails only when imported)."""
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:  # noqa: BLE001 - any failure to import is "cannot import", named in the summary
+        return False
+
+
+def cuda_here() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def environment(run: Run) -> dict:
+    env = {"date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "python": platform.python_version(),
+           "machine": platform.machine(), "processor": platform.processor(), "cores": os.cpu_count(),
+           "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+           "commit": os.environ.get("RLA_COMMIT") or _git_commit()}
+    for name in ("torch", "triton", "transformers", "liger_kernel", "numpy", "pandas"):
+        env[name] = _version(name)
+    try:
+        import torch
+
+        env["cuda"] = torch.version.cuda
+        env["device_name"] = torch.cuda.get_device_name() if run.device == "cuda" else platform.processor() or "cpu"
+    except ImportError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        out = subprocess.run([smi, "--query-gpu=name,driver_version,clocks.max.sm,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        env["nvidia_smi"] = out.stdout.strip()
+    return env
+
+
+def _version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown (no git)"
+    except OSError:
+        return "unknown (no git)"
+
+
+def plan(run: Run) -> dict[str, str | None]:
+    """step -> None (runs) or why it does not."""
+    out = {}
+    for step in STEPS:
+        missing = [m for m in step.needs_here(run) if not importable(m)]
+        if step.cuda_only and run.device != "cuda":
+            out[step.name] = f"skipped on a CPU: {step.cuda_only}"
+        else:
+            out[step.name] = f"skipped: cannot import {', '.join(missing)}" if missing else None
+    return out
+
+
+def run_step(step: Step, run: Run, limit_s: float) -> tuple[str | None, float]:
+    """Run one step, its output shown and logged; returns (None or why it gave no complete result, seconds)."""
+    start = time.perf_counter()
+    log = (run.work / f"{step.name}.log").open("w")
+    cmd = [run.python, *step.argv(run)]
+    log.write("$ " + " ".join(cmd) + "\n")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+    def tee():
+        for line in proc.stdout:
+            log.write(line)
+            if "warn" not in line.lower():
+                print(f"  {step.name}| {line}", end="", flush=True)
+
+    reader = threading.Thread(target=tee, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=limit_s)
+        problem = None if code == 0 else f"exit status {code} (see {step.name}.log)"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        problem = f"stopped at its time limit, {limit_s:.0f} s"
+    reader.join(timeout=10)
+    log.close()
+    return problem, time.perf_counter() - start
+
+
+def summarise(step: Step, run: Run, problem: str | None) -> Rows:
+    path = run.json(step.name)
+    rows = step.read(json.loads(path.read_text()), run) if path.exists() else {}
+    if problem:
+        rows[f"(rows not listed above)" if rows else "(every row)"] = f"not measured: {problem}"
+    return rows
+
+
+def markdown(env: dict, results: dict[str, dict], run: Run) -> str:
+    lines = [f"# GPU check ({run.tag})", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items() if v is not None]
+    lines += [f"- imported by no step: {', '.join(ABSENT_OK)}", ""]
+    lines += ["| step | measurement | value |", "|---|---|---|"]
+    for name, result in results.items():
+        for key, value in result["rows"].items():
+            lines.append(f"| {name} | {key} | {value} |")
+    lines += ["", "| step | status | seconds |", "|---|---|---|"]
+    lines += [f"| {n} | {r['status']} | {r['seconds']:.0f} |" for n, r in results.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--quick", action="store_true", help="tiny shapes: a dry run")
+    p.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for every step (default {BUDGET_S})")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks/results/gpu-check"))
+    args = p.parse_args(argv)
+    if args.budget_s <= 0:
+        p.error(f"--budget-s {args.budget_s}: must be positive")
+    if args.device == "cuda" and not cuda_here():
+        p.error("--device cuda: torch is missing or sees no CUDA device; allowed here: --device cpu")
+    start = time.perf_counter()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run(args.device, args.quick, Path(tmp) / f"gpu-check-{'gpu' if args.device == 'cuda' else 'cpu'}"
+                  f"{'-quick' if args.quick else ''}", sys.executable)
+        run.work.mkdir()
+        env = environment(run)
+        print(f"GPU check ({run.tag}): python {env['python']}, torch {env['torch']}, triton {env['triton']}, "
+              f"transformers {env['transformers']}, liger_kernel {env['liger_kernel']}; budget {args.budget_s:.0f} s")
+        steps = plan(run)
+        for name, why in steps.items():
+            print(f"  {name:15s} {why or 'runs'}")
+        results = {}
+        for step in STEPS:
+            left = args.budget_s - (time.perf_counter() - start)
+            if steps[step.name]:
+                problem, seconds = steps[step.name], 0.0
+            elif left < 5:
+                problem, seconds = f"skipped: the budget of {args.budget_s:.0f} s was spent", 0.0
+            else:
+                print(f"[{time.perf_counter() - start:4.0f} s] {step.name} (limit {min(step.limit_s, left):.0f} s)")
+                problem, seconds = run_step(step, run, min(step.limit_s, left))
+            results[step.name] = {"status": problem or "done", "seconds": seconds,
+                                  "rows": summarise(step, run, problem)}
+        text = markdown(env, results, run)
+        (run.work / "summary.json").write_text(json.dumps({"environment": env, "steps": results}, indent=1))
+        (run.work / "summary.md").write_text(text)
+        summary, archive = args.out / f"gpu-check-{run.tag}.md", args.out / f"gpu-check-{run.tag}.tar.gz"
+        summary.write_text(text)
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(run.work, arcname=run.work.name)
+    print(text)
+    print(f"gpu_check: {time.perf_counter() - start:.0f} s; wrote {summary} and {archive}")
+    failed = [n for n, r in results.items() if r["status"] != "done" and not r["status"].startswith("skipped")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
