@@ -182,7 +182,7 @@ def test_log_probs_are_computed_in_fp32_as_on_gpus():
 
 def test_vllm_linear_layers_keep_their_weights_and_round_alike():
     """Stock vLLM-CPU removes the weight of a linear layer it prepacks (verl's weight sync then fails);
-    the patched dispatch keeps it. Both compute the same bits at the CPU profile's shapes."""
+    the patched dispatch keeps it, on every CPU. Both compute the same bits at the CPU profile's shapes."""
     got = result(run("""
         import json, torch
         from vllm.model_executor.layers import utils
@@ -198,9 +198,12 @@ def test_vllm_linear_layers_keep_their_weights_and_round_alike():
             stock_dispatch(stock, remove_weight=True)
             utils.dispatch_cpu_unquantized_gemm(plain, remove_weight=True)
             same = torch.equal(stock.cpu_linear(x, stock.weight, stock.bias), plain.cpu_linear(x, plain.weight, plain.bias))
-            rows.append([k, n, stock.weight.numel(), plain.weight.numel() == k * n, same])
+            rows.append([k, n, stock.weight.numel() == 0, plain.weight.numel() == k * n, same])
         print(json.dumps({"patched": utils.dispatch_cpu_unquantized_gemm is not stock_dispatch, "rows": rows}))
     """, CPU_ENV))
     assert got["patched"]
-    for k, n, stock_weight, kept, same in got["rows"]:
-        assert stock_weight == 0 and kept and same, (k, n)
+    # Stock drops the weight where vLLM prepacks it for its oneDNN or packed kernels (AVX-512 CPUs); on an
+    # AVX2-only AMD EPYC it fell back to torch's F.linear and kept every weight: nothing to repair there
+    for k, n, dropped, kept, same in got["rows"]:
+        assert kept and same, (k, n)
+    print(f"stock vLLM dropped the weight of {sum(row[2] for row in got['rows'])} of {len(got['rows'])} layers here")
