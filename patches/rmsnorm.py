@@ -171,7 +171,9 @@ def model_forward(self, *args, **kwargs):
     return_dict = kwargs.pop("return_dict", None)
     out = type(self)._rla_stock_forward(self, *args, return_dict=True, **kwargs)
     if out.hidden_states is not None:  # a field of every model output: None unless asked for
-        out.hidden_states = tuple(stream.hidden_state(t, self.config.hidden_size) for t in out.hidden_states)
+        # output_hidden_states=[indices] captures some layers: the others are None
+        out.hidden_states = tuple(t if t is None else stream.hidden_state(t, self.config.hidden_size)
+                                  for t in out.hidden_states)
     if return_dict is False or (return_dict is None and not self.config.return_dict):
         return out.to_tuple()
     return out

@@ -11,6 +11,9 @@ Backward passes recompute the fp32 intermediates: they save only bf16 inputs, th
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -115,41 +118,142 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
 
 
-def check_rope(module) -> None:
-    """The aligned table implements default RoPE: refuse a scaled one. (Qwen2/Qwen3's default RoPE
-    rotates the whole head in every checked transformers release, `partial_rotary_factor` or not;
-    so does the aligned rotation.)"""
+# ---- the engine's cos/sin table, per RoPE scaling ---------------------------------------------------
+#
+# vLLM builds one cos/sin table per model (rotary_embedding/*.py, `_compute_cos_sin_cache`): row p is
+# cos/sin(t_p * inv_freq) in fp32, times a magnitude scale, rounded to the model dtype. Each scaling
+# changes t_p, inv_freq or the scale; the aligned RoPE computes row p as vLLM computes it, on the
+# activations' device (vLLM builds the table on the model's device). transformers computes some of
+# these differently: linear scaling divides inv_freq by the factor (vLLM divides the position), and
+# dynamic NTK grows the base with the sequence length (vLLM fixes it once, from the config).
+
+
+@dataclass(frozen=True)
+class EngineRope:
+    """Row p of the engine's table: cos/sin((p / position_divisor) * inv_freq) * scale."""
+
+    inv_freq: Tensor        # fp32, on the activations' device
+    position_divisor: float | None = None
+    scale: float = 1.0
+
+
+def _inv_freq(base: float, dim: int, device) -> Tensor:
+    """RotaryEmbedding._compute_inv_freq (base.py)."""
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+
+
+def _dims(config) -> tuple[dict, int, int]:
+    """The config's rope parameters, head_dim (every checked transformers release rotates the whole head
+    of a Qwen2/Qwen3 model) and max_position_embeddings (vLLM's `max_position` for these models)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.rope_parameters, head_dim, config.max_position_embeddings
+
+
+def _required(params: dict, key: str, rope_type: str):
     from patches import UnsupportedModelError
 
-    if module.rope_type != "default":
+    if params.get(key) is None:
+        raise UnsupportedModelError(f"rope_type {rope_type!r} needs rope_parameters[{key!r}] (vLLM reads it too)")
+    return params[key]
+
+
+def _default(config, device) -> EngineRope:
+    params, dim, _ = _dims(config)
+    return EngineRope(_inv_freq(params["rope_theta"], dim, device))
+
+
+def _linear(config, device) -> EngineRope:
+    """LinearScalingRotaryEmbedding: t = arange(...) / factor, then the default product."""
+    params, dim, _ = _dims(config)
+    return EngineRope(_inv_freq(params["rope_theta"], dim, device), float(_required(params, "factor", "linear")))
+
+
+def _dynamic(config, device) -> EngineRope:
+    """DynamicNTKScalingRotaryEmbedding (or, with `alpha`, DynamicNTKAlphaRotaryEmbedding): a base fixed
+    once from the config. Without `max_trained_positions` vLLM takes max_position, and the base is the
+    config's own (the factor cancels)."""
+    params, dim, max_position = _dims(config)
+    base = params["rope_theta"]
+    if "alpha" in params:
+        base = base * params["alpha"] ** (dim / (dim - 2))
+    else:
+        factor = _required(params, "factor", "dynamic")
+        trained = params.get("max_trained_positions", max_position)
+        base = base * ((factor * max_position / trained) - (factor - 1)) ** (dim / (dim - 2))
+    return EngineRope(_inv_freq(base, dim, device))
+
+
+def _yarn_mscale(scale: float, mscale: float = 1) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn(config, device) -> EngineRope:
+    """YaRNScalingRotaryEmbedding: inv_freq blended between interpolation and extrapolation by a ramp
+    over the correction range; cos/sin times mscale (common.py's yarn_* helpers)."""
+    params, dim, _ = _dims(config)
+    base, factor = params["rope_theta"], float(_required(params, "factor", "yarn"))
+    original = _required(params, "original_max_position_embeddings", "yarn")
+    if params.get("attention_factor") is not None:
+        scale = float(params["attention_factor"])
+    elif params.get("mscale") and params.get("mscale_all_dim"):
+        scale = float(_yarn_mscale(factor, params["mscale"]) / _yarn_mscale(factor, params["mscale_all_dim"]))
+    else:
+        scale = float(_yarn_mscale(factor))
+
+    def correction_dim(rotations):
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(params.get("beta_fast", 32)), correction_dim(params.get("beta_slow", 1))
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # vLLM's guard against a zero-width ramp
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float, device=device) - low) / (high - low), 0, 1)
+    mask = 1 - ramp
+    return EngineRope(inv_freq_interpolation * (1 - mask) + inv_freq_extrapolation * mask, scale=scale)
+
+
+# rope_type -> the engine's table for it: every scaling vLLM's `get_rope` builds for a Qwen2/Qwen3 config
+# without multimodal sections (vLLM 0.24-0.32, rotary_embedding/__init__.py).
+ENGINE_ROPES = {"default": _default, "linear": _linear, "dynamic": _dynamic, "yarn": _yarn}
+
+
+def check_rope(module) -> None:
+    """The aligned table implements the scalings in ENGINE_ROPES: refuse another, naming it."""
+    from patches import UnsupportedModelError
+
+    params = getattr(module.config, "rope_parameters", None) or {}
+    if module.rope_type not in ENGINE_ROPES or "mrope_section" in params:
+        what = "with mrope_section" if module.rope_type in ENGINE_ROPES else ""
         raise UnsupportedModelError(
-            f"{type(module).__name__}: rope_type {module.rope_type!r} is not covered by the aligned RoPE (it "
-            "implements rope_type 'default'); leave the rope region off for this model")
+            f"{type(module).__name__}: rope_type {module.rope_type!r}{' ' + what if what else ''} is not covered by "
+            f"the aligned RoPE (it implements vLLM's tables for {', '.join(ENGINE_ROPES)}); leave the rope region "
+            "off for this model")
 
 
-def engine_inv_freq(config, device) -> Tensor:
-    """vLLM's `RotaryEmbedding._compute_inv_freq` (rotary_embedding/base.py), on `device`: vLLM builds
-    its modules, and so this table, on the device the model lives on, and CUDA's `pow` may differ from
-    the CPU's in a last bit. The formula is transformers' default one too (base and dim from the config
-    as `compute_default_rope_parameters` reads them); only the device was transformers' own (the CPU)."""
-    base = config.rope_parameters["rope_theta"]
-    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+def engine_rope(config, device) -> EngineRope:
+    return ENGINE_ROPES[config.rope_parameters.get("rope_type", "default")](config, device)
 
 
 @torch.no_grad()
 def rotary_embedding_forward(self, x, position_ids):
-    """cos/sin as the engine's table holds them: fp32 `position * inv_freq` (an exact product, never a
-    matmul that TF32 could shorten), inv_freq computed in fp32 from the config on the device of `x`, as
-    vLLM computes it on its model's device (immune to a model cast to bf16), cos/sin rounded to the
-    model dtype."""
+    """cos/sin as the engine's table holds them (`EngineRope`): fp32 `position * inv_freq` (an exact
+    product, never a matmul that TF32 could shorten), inv_freq computed in fp32 from the config on the
+    device of `x` (immune to a model cast to bf16), times the table's scale, rounded to the model dtype."""
     check_rope(self)
-    inv_freq = getattr(self, "_rla_inv_freq", None)
-    if inv_freq is None or inv_freq.device != x.device:
-        self._rla_inv_freq = inv_freq = engine_inv_freq(self.config, x.device)
-    freqs = position_ids[..., None].float() * inv_freq
+    table = getattr(self, "_rla_engine_rope", None)
+    if table is None or table.inv_freq.device != x.device:
+        self._rla_engine_rope = table = engine_rope(self.config, x.device)
+    positions = position_ids[..., None].float()
+    if table.position_divisor is not None:
+        positions = positions / table.position_divisor
+    freqs = positions * table.inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+    return (emb.cos() * table.scale).to(x.dtype), (emb.sin() * table.scale).to(x.dtype)
 
 
 def qwen3_attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):

@@ -94,7 +94,7 @@ CHECKED: dict[str, dict[str, dict[str, str]]] = {
             "Qwen3Model.forward": "eed5a7789297b488",
         },
     },
-    "5.19.0": {
+    "5.19.0, 5.20.0, 5.20.1, 5.20.2, 5.21.0, 5.21.1, 5.22.0, 5.22.1, 5.22.2": {
         "qwen2": {
             "apply_rotary_pos_emb": "dcce26b5d7674297",
             "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",

@@ -45,3 +45,28 @@ def test_a_broken_link_is_found(tmp_path):
     page = tmp_path / "p.md"
     page.write_text("# Title\n\n[ok](#title) [gone](#nowhere) [file](missing.md)\n")
     assert broken_links([page]) == ["p.md: #nowhere", "p.md: missing.md"]
+
+
+def test_the_readmes_example_for_other_trainers_runs_aligned():
+    """The README's "Outside verl" example, run as written: the regions apply (the patched forward runs,
+    its gradients flow) and `remove` gives stock back."""
+    import patches
+    from patches import rmsnorm
+
+    text = (ROOT / "README.md").read_text().split("### Outside verl", 1)[1]
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    calls = []
+    stock_norm = rmsnorm.rms_norm
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return stock_norm(*args, **kwargs)
+
+    rmsnorm.rms_norm = counted
+    try:
+        scope = {}
+        exec(compile(code, "README.md", "exec"), scope)
+    finally:
+        rmsnorm.rms_norm = stock_norm
+    assert calls and not patches.active()
+    assert all(p.grad is not None for p in scope["model"].parameters() if p.requires_grad)

@@ -162,8 +162,10 @@ def test_check_model_refuses_what_the_given_regions_do_not_cover():
         patches.check_model(gelu, "all")  # a spec as apply takes it
     assert patches.check_model(gelu, "rope,rmsnorm") == "qwen2"
     assert patches.check_model(tiny_model("qwen2", hidden_act="swish"), ("swiglu",)) == "qwen2"
-    scaled = tiny_model("qwen3", rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
-    with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen3RotaryEmbedding: rope_type 'linear' is not "):
+    scaled = tiny_model("qwen3", rope_parameters={"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e6,
+                                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                  "original_max_position_embeddings": 128})
+    with pytest.raises(patches.UnsupportedModelError, match=r"^Qwen3RotaryEmbedding: rope_type 'llama3' is not "):
         patches.check_model(scaled, ("rope",))
     assert patches.check_model(scaled, ("swiglu", "rmsnorm")) == "qwen3"
 

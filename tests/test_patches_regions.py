@@ -107,15 +107,15 @@ def test_aligned_inv_freq_is_the_engines_computed_where_the_model_runs(monkeypat
 
     def spy(config, device):
         devices.append(torch.device(device))
-        return engine_inv_freq(config, device)
+        return engine_rope(config, device)
 
-    engine_inv_freq = rope.engine_inv_freq
-    monkeypatch.setattr(rope, "engine_inv_freq", spy)
+    engine_rope = rope.engine_rope
+    monkeypatch.setattr(rope, "engine_rope", spy)
     with patches.aligned("rope"):
         emb(torch.zeros(1, dtype=torch.bfloat16), torch.arange(4)[None])
     assert devices == [torch.device("cpu")]
-    assert torch.equal(emb._rla_inv_freq, ops.rope_inv_freq(64, THETA))
-    assert torch.equal(engine_inv_freq(emb.config, "cpu"), emb.compute_default_rope_parameters(emb.config)[0])
+    assert torch.equal(emb._rla_engine_rope.inv_freq, ops.rope_inv_freq(64, THETA))
+    assert torch.equal(engine_rope(emb.config, "cpu").inv_freq, emb.compute_default_rope_parameters(emb.config)[0])
 
 
 @pytest.mark.cuda
@@ -128,7 +128,7 @@ def test_cos_sin_equal_the_engine_table_on_cuda():
     want_cos, want_sin = ops.rope_cos_sin_cache(128, THETA, MAX_POS, torch.bfloat16, "cuda")[pos[0]].chunk(2, dim=-1)
     assert torch.equal(cos[0, :, :64], want_cos) and torch.equal(sin[0, :, :64], want_sin)
     cpu_built = ops.rope_inv_freq(128, THETA).cuda()
-    print(f"inv_freq built on the CPU vs on CUDA: {(cpu_built != emb._rla_inv_freq).sum().item()} of 64 differ")
+    print(f"inv_freq built on the CPU vs on CUDA: {(cpu_built != emb._rla_engine_rope.inv_freq).sum().item()} of 64 differ")
 
 
 def test_engine_rope_table_in_fp32_on_the_device_asked_for():

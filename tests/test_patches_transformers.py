@@ -51,6 +51,42 @@ def test_hidden_states_have_stock_shape_and_values(model, spec, target):
     assert differs > 0  # the regions did act
 
 
+@pytest.mark.parametrize("spec, target", SETTINGS)
+def test_every_replaced_function_has_stocks_signature(model, spec, target):
+    """What `inspect.signature` sees (transformers' Trainer keeps only dataset columns that are forward
+    parameters; generation and PEFT read it too) is stock's, for every function a region replaces."""
+    import inspect
+
+    from patches.registry import FAMILIES
+
+    from patches import rmsnorm
+
+    stock_fn = {(owner, attr): getattr(owner, attr) for family in FAMILIES.values()
+                for owner, attr, _ in family.replacements(patches.REGIONS) if not attr.startswith("_rla")}
+    model_sig = inspect.signature(model.model.forward)
+    with patches.aligned(spec, target=target):
+        replaced = {key: getattr(*key) for key in stock_fn}
+        assert all(inspect.signature(fn) == inspect.signature(stock_fn[key]) for key, fn in replaced.items())
+        assert inspect.signature(model.model.forward) == model_sig and "input_ids" in model_sig.parameters
+        changed = [key for key, fn in replaced.items() if fn is not stock_fn[key]]
+    assert changed  # the regions did replace functions, whose signatures were compared
+    assert inspect.signature(rmsnorm.model_forward) != model_sig  # the replacement's own: (*args, **kwargs)
+
+
+@pytest.mark.parametrize("spec", ["rmsnorm", "all"])
+def test_hidden_states_of_chosen_layers(model, spec):
+    """transformers' output recording of chosen layers (`output_hidden_states=[indices]`): the others None."""
+    ids = torch.randint(2, 256, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        stock = model(ids, output_hidden_states=[0, 2]).hidden_states
+        with patches.aligned(spec):
+            aligned = model(ids, output_hidden_states=[0, 2]).hidden_states
+    assert [t is None for t in aligned] == [t is None for t in stock] and stock[1] is None
+    for s, a in zip(stock, aligned):
+        if s is not None:
+            assert a.shape == s.shape and a.dtype == s.dtype and _relative(a, s) < 0.03
+
+
 def test_hidden_states_are_the_streams_rounded(model):
     """With the rmsnorm region a layer carries the FP32 stream; the reported hidden state is that
     stream rounded once - what the next layer's residual is on `vllm` - not a width-2h pair."""
@@ -173,19 +209,22 @@ def test_a_model_loaded_while_applied_is_checked(tmp_path):
         assert AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).config.hidden_act == "gelu"
 
 
-def test_a_scaled_rope_is_refused(model):
+def test_a_scaling_without_an_aligned_table_is_refused(model):
+    """llama3 scaling: vLLM has a table for it, the aligned RoPE does not (no Qwen config uses it)."""
     arch = model.config.model_type
-    scaled = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+    scaled = {"rope_type": "llama3", "factor": 2.0, "rope_theta": 1e6, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
     built_before = tiny_model(arch, rope_parameters=scaled)
     with patches.aligned("rope"):
-        refusal = (r"^Qwen[23]RotaryEmbedding: rope_type 'linear' is not covered by the aligned RoPE "
-                   r"\(it implements rope_type 'default'\); leave the rope region off for this model$")
+        refusal = (r"^Qwen[23]RotaryEmbedding: rope_type 'llama3' is not covered by the aligned RoPE "
+                   r"\(it implements vLLM's tables for default, linear, dynamic, yarn\); leave the rope region off "
+                   r"for this model$")
         with pytest.raises(patches.UnsupportedModelError, match=refusal):
             built_before(torch.randint(2, 256, (1, 8)))
         with pytest.raises(patches.UnsupportedModelError, match=refusal):
             tiny_model(arch, rope_parameters=scaled)
     with patches.aligned(("swiglu", "rmsnorm")):
-        assert tiny_model(arch, rope_parameters=scaled).model.rotary_emb.rope_type == "linear"
+        assert tiny_model(arch, rope_parameters=scaled).model.rotary_emb.rope_type == "llama3"
 
 
 def test_partial_rotary_factor_is_ignored_by_stock_and_aligned_alike(model):
@@ -224,7 +263,7 @@ def test_qwen3_attention_keeps_stocks_attention(attn):
 
     stock, other_masks = logits(1), logits(2)
     with patches.aligned("rope"):
-        assert type(model.model.layers[0].self_attn).forward is qwen3_attention_forward
+        assert type(model.model.layers[0].self_attn).forward.__code__ is qwen3_attention_forward.__code__
         aligned = logits(1)
     assert torch.equal(aligned, stock)
     # holds on every ISA: other masks zero other halves of the attention weights, an O(1) change (1.2 here)
