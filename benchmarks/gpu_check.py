@@ -236,6 +236,19 @@ def plan(run: Run) -> dict[str, str | None]:
     return out
 
 
+def add_wheels(wheels: Path, run: Run) -> list[str]:
+    """Install the wheels found in `wheels` (no dependencies: Liger-Kernel's is a few hundred kB and needs
+    only torch and Triton) into the work folder, for every step; returns their file names."""
+    found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
+    if found:
+        subprocess.run([run.python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+                        str(run.work / "site"), *map(str, found)], check=True, timeout=120)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(run.work / "site"), os.environ.get("PYTHONPATH")]))
+        importlib.invalidate_caches()
+        sys.path.insert(0, str(run.work / "site"))
+    return [w.name for w in found]
+
+
 def run_step(step: Step, run: Run, limit_s: float) -> tuple[str | None, float]:
     """Run one step, its output shown and logged; returns (None or why it gave no complete result, seconds)."""
     start = time.perf_counter()
@@ -292,6 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny shapes: a dry run")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for every step (default {BUDGET_S})")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks/results/gpu-check"))
+    p.add_argument("--wheels", type=Path, default=ROOT / "benchmarks/wheels",
+                   help="a folder of extra wheels to install for the steps, e.g. Liger-Kernel's (default: %(default)s)")
     args = p.parse_args(argv)
     if args.budget_s <= 0:
         p.error(f"--budget-s {args.budget_s}: must be positive")
@@ -303,7 +318,9 @@ def main(argv=None) -> int:
         run = Run(args.device, args.quick, Path(tmp) / f"gpu-check-{'gpu' if args.device == 'cuda' else 'cpu'}"
                   f"{'-quick' if args.quick else ''}", sys.executable)
         run.work.mkdir()
+        wheels = add_wheels(args.wheels, run)
         env = environment(run)
+        env["extra wheels"] = ", ".join(wheels) or "none"
         print(f"GPU check ({run.tag}): python {env['python']}, torch {env['torch']}, triton {env['triton']}, "
               f"transformers {env['transformers']}, liger_kernel {env['liger_kernel']}; budget {args.budget_s:.0f} s")
         steps = plan(run)

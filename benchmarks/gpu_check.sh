@@ -4,7 +4,8 @@
 # included; what it measures, and in which order: benchmarks/gpu_check.py. Writes one summary
 # (gpu-check-<tag>.md) and one archive (gpu-check-<tag>.tar.gz) to $OUT, else benchmarks/results/gpu-check.
 #
-# RLA_COMMIT=<commit> names the commit in the summary where the copied tree has no .git.
+# RLA_COMMIT=<commit> names the commit in the summary where the copied tree has no .git. Wheels put in
+# benchmarks/wheels/ (ignored by git; Liger-Kernel's, say) are installed for the steps, without dependencies.
 #
 #   benchmarks/gpu_check.sh                                   # on the GPU machine
 #   PYTHON=.venv/bin/python benchmarks/gpu_check.sh --device cpu --quick      # a dry run on a CPU
