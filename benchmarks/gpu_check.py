@@ -16,8 +16,9 @@ Steps, in this order, so that the first minutes give the most:
                 built on the GPU, `all` against the Triton engine), skipped on every CPU
   regions       bench_regions.py: time and activation memory per region and per decoder layer, stock /
                 aligned eager / aligned fused / Liger (where its wheel is installed), against a copy
-Each step runs in its own process under its own time limit, cut to what is left of --budget-s. A step
-that cannot run (a package missing, no GPU), fails or runs out of time is in the summary with the reason.
+Each step runs in its own process under its own time limit on a GPU, cut to what is left of --budget-s (a CPU
+dry run has the budget alone). A step that cannot run (a package missing, no GPU), fails or runs out of
+time is in the summary with the reason.
 Written to --out (default: $OUT, else benchmarks/results/gpu-check): gpu-check-<tag>.md, the summary,
 and gpu-check-<tag>.tar.gz, every step's JSON and log, the environment and the summary as JSON.
 
@@ -45,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 330  # the whole check on one H200, compilation included: a 15-minute lease holds two runs
+CPU_BUDGET_S = 1800  # a dry run's time depends on the CPU and its load; the per-step limits are the GPU's
 ABSENT_OK = ("vllm", "verl", "ray", "orjson", "snakemake")  # reported, never needed
 
 
@@ -70,7 +72,7 @@ Rows = dict[str, str]  # measurement -> its value, or why it has none
 class Step:
     name: str
     needs: tuple[str, ...]  # modules the step imports
-    limit_s: int            # its own time limit (within what is left of the budget)
+    limit_s: int            # its own time limit on a GPU (within what is left of the budget)
     argv: Callable[[Run], list[str]]
     read: Callable[[dict, Run], Rows]  # its JSON -> rows
     cuda_only: str = ""     # why it measures nothing on a CPU, if it does not
@@ -303,11 +305,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
     p.add_argument("--quick", action="store_true", help="tiny shapes: a dry run")
-    p.add_argument("--budget-s", type=float, default=BUDGET_S, help=f"seconds for every step (default {BUDGET_S})")
+    p.add_argument("--budget-s", type=float, help=f"seconds for every step (default: {BUDGET_S} on a GPU, where each "
+                   f"step also has its own limit; {CPU_BUDGET_S} for a CPU dry run, whose steps have none)")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks/results/gpu-check"))
     p.add_argument("--wheels", type=Path, default=ROOT / "benchmarks/wheels",
                    help="a folder of extra wheels to install for the steps, e.g. Liger-Kernel's (default: %(default)s)")
     args = p.parse_args(argv)
+    if args.budget_s is None:
+        args.budget_s = BUDGET_S if args.device == "cuda" else CPU_BUDGET_S
     if args.budget_s <= 0:
         p.error(f"--budget-s {args.budget_s}: must be positive")
     if args.device == "cuda" and not cuda_here():
@@ -334,8 +339,9 @@ def main(argv=None) -> int:
             elif left < 5:
                 problem, seconds = f"skipped: the budget of {args.budget_s:.0f} s was spent", 0.0
             else:
-                print(f"[{time.perf_counter() - start:4.0f} s] {step.name} (limit {min(step.limit_s, left):.0f} s)")
-                problem, seconds = run_step(step, run, min(step.limit_s, left))
+                limit = min(step.limit_s, left) if args.device == "cuda" else left
+                print(f"[{time.perf_counter() - start:4.0f} s] {step.name} (limit {limit:.0f} s)")
+                problem, seconds = run_step(step, run, limit)
             results[step.name] = {"status": problem or "done", "seconds": seconds,
                                   "rows": summarise(step, run, problem)}
         text = markdown(env, results, run)

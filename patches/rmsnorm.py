@@ -150,11 +150,12 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
     s = stream.unpack(hidden_states, width)
     h = rms_norm(s, self.input_layernorm.weight, self.input_layernorm.variance_epsilon, dtype)
     residual = s.to(dtype) if _precision.target().rounds_layer_output else s  # residual.layer_output
+    if past_key_values is not None:  # the KV cache by the release's name (`cache` from 5.24: then in kwargs)
+        kwargs[self._rla_cache_arg] = past_key_values
     h, _ = self.self_attn(
         hidden_states=h,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=past_key_values,
         use_cache=use_cache,
         position_embeddings=position_embeddings,
         **kwargs,

@@ -257,7 +257,9 @@ def rotary_embedding_forward(self, x, position_ids):
 
 
 def qwen3_attention_forward(self, hidden_states, position_embeddings, attention_mask, past_key_values=None, **kwargs):
-    """Qwen3Attention.forward with q/k norm fused into the rotation; everything else as stock."""
+    """Qwen3Attention.forward with q/k norm fused into the rotation; everything else as stock, the KV
+    cache as the release names and updates it (`past_key_values` up to 5.23; `cache`, updated with the
+    call's kwargs, from 5.24, where the old name is still accepted)."""
     modeling = self._rla_modeling
     input_shape = hidden_states.shape[:-1]
     hidden_shape = (*input_shape, -1, self.head_dim)
@@ -270,8 +272,11 @@ def qwen3_attention_forward(self, hidden_states, position_embeddings, attention_
     query_states, key_states = q.transpose(1, 2), k.transpose(1, 2)
     value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
 
-    if past_key_values is not None:
-        key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+    cache = past_key_values if past_key_values is not None else kwargs.pop("cache", None)
+    if cache is not None and self._rla_cache_arg == "cache":
+        key_states, value_states = cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+    elif cache is not None:
+        key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
 
     attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
         self.config._attn_implementation, modeling.eager_attention_forward

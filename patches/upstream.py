@@ -116,6 +116,50 @@ CHECKED: dict[str, dict[str, dict[str, str]]] = {
             "Qwen3Model.forward": "eed5a7789297b488",
         },
     },
+    "5.23.0": {  # Model.forward: one annotation; layer forwards wrapped per class (registry.layer_forwards)
+        "qwen2": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",
+            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "e9de12c49703d725",
+            "Qwen2MLP.forward": "3997a4458faa14a5",
+            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen2Attention.forward": "c5e7f9c63c52302c",
+            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen2Model.forward": "cd24015f61894b0f",
+        },
+        "qwen3": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen3RotaryEmbedding.forward": "ec4e845686d12335",
+            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "0cdc01245e403858",
+            "Qwen3MLP.forward": "3997a4458faa14a5",
+            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
+            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
+            "Qwen3Model.forward": "cd24015f61894b0f",
+        },
+    },
+    "5.24.0, 5.25.0": {  # the KV cache argument renamed `cache` (the copies pass it on by the release's name)
+        "qwen2": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",
+            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "e9de12c49703d725",
+            "Qwen2MLP.forward": "3997a4458faa14a5",
+            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen2Attention.forward": "23677090c8a910b2",
+            "Qwen2DecoderLayer.forward": "d2972e5ff28f9093",
+            "Qwen2Model.forward": "3b78ea658a7b5629",
+        },
+        "qwen3": {
+            "apply_rotary_pos_emb": "dcce26b5d7674297",
+            "Qwen3RotaryEmbedding.forward": "ec4e845686d12335",
+            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "0cdc01245e403858",
+            "Qwen3MLP.forward": "3997a4458faa14a5",
+            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
+            "Qwen3Attention.forward": "25c2dd9ecb38f5b8",
+            "Qwen3DecoderLayer.forward": "d2972e5ff28f9093",
+            "Qwen3Model.forward": "3b78ea658a7b5629",
+        },
+    },
 }
 
 

@@ -127,3 +127,29 @@ def test_fsdp2_with_cast_forward_inputs_keeps_the_stream(process_group, target):
         got.float().sum().backward()
     assert torch.equal(got, want)
     assert all(p.grad is not None and torch.isfinite(p.grad.full_tensor()).all() for p in sharded.parameters())
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_gradient_checkpointing_still_checkpoints_aligned_layers(arch):
+    """transformers' gradient checkpointing runs through each aligned decoder layer (from 5.23 it wraps
+    the class's forward, so a replaced forward must be wrapped again) and changes no gradient."""
+    from patches.registry import decoder_layers
+
+    model = to_bf16_fsdp_style(tiny_model(arch)).train()
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(5))
+
+    def grads():
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    with patches.aligned("all"):
+        want = grads()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        calls = []
+        for layer in decoder_layers(model):
+            checkpoint = layer._gradient_checkpointing_func
+            layer._gradient_checkpointing_func = lambda *a, _c=checkpoint, **k: calls.append(1) or _c(*a, **k)
+        got = grads()
+    assert len(calls) == len(decoder_layers(model))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
