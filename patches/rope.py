@@ -203,7 +203,8 @@ def _yarn(config, device) -> EngineRope:
     def correction_dim(rotations):
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-    low, high = correction_dim(params.get("beta_fast", 32)), correction_dim(params.get("beta_slow", 1))
+    # vLLM's defaults where the config has none (transformers writes an absent one as None)
+    low, high = correction_dim(params.get("beta_fast") or 32), correction_dim(params.get("beta_slow") or 1)
     if params.get("truncate", True):
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
