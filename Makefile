@@ -33,7 +33,7 @@ test: $(STAMP)
 
 # The checks of minutes each (pyproject.toml's `long` marker; .ci/run runs them after `test`): the
 # rounding map at the real 28-layer shapes, the README's commands rerun twice through Snakemake, the
-# probe against vLLM, the GPU stress script's CPU dry run. One worker per core, each test sent to the next
+# probe against vLLM, the CPU dry runs of the GPU stress script and the GPU check. One worker per core, each test sent to the next
 # idle one.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long -n $(CORES) --dist load $(PYTEST_ARGS)
