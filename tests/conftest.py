@@ -18,6 +18,13 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 torch._dynamo.config.recompile_limit = 64
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files holding a `slow` test first: pytest-xdist (`--dist loadfile`) hands out whole files in this
+    order, so the longest start early and a run does not end on one busy worker."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture(autouse=True)
 def _stock_transformers():
     """Every test starts and ends with stock transformers."""

@@ -81,6 +81,7 @@ def test_a_cpu_cell_with_another_release_fails_before_anything_is_written(tmp_pa
     assert not cell.exists()
 
 
+@pytest.mark.slow
 def test_the_platform_is_selected_by_verl_platform_only():
     got = result(run("""
         import json, torch
@@ -124,6 +125,7 @@ PROCESS_GROUP = """
 """
 
 
+@pytest.mark.slow
 def test_the_process_group_backend_patch_is_needed_and_works():
     # verl's own string on the CPU platform, without the patch (the platform alone, registered by hand).
     stock = result(run(textwrap.dedent("""

@@ -20,7 +20,7 @@ from tests.test_gpu_stress import without_absent_packages
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.long  # 1.5 min from a cold compile cache on 2 cores, 2.5 min beside another test: `make test-long`
+@pytest.mark.extended  # 1.5-3.5 min on 2 cores: `make test-extended`
 def test_dry_run_without_vllm_verl_ray_orjson_snakemake(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,

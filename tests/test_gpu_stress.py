@@ -26,7 +26,7 @@ def run_script(out: Path, *args: str, **env_vars: str) -> subprocess.CompletedPr
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.long
+@pytest.mark.extended  # 4-6 min on 2 cores; the GPU image lent to this suite cannot run the script (no verl, ray)
 def test_dry_run_on_cpu_runs_every_stage(tmp_path):
     done = run_script(tmp_path, "--device", "cpu", "--quick")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

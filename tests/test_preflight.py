@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from verlrun import preflight
 from rla.config import load as load_config
@@ -26,6 +27,7 @@ esac
     script.chmod(0o755)
 
 
+@pytest.mark.slow
 def test_preflight_on_a_machine_without_gpus_fails_naming_each_problem(tmp_path):
     out = subprocess.run([sys.executable, "-m", "verlrun", "preflight", "--config", str(PAPER)], cwd=REPO,
                          capture_output=True, text=True, timeout=900, env={**os.environ, "PATH": "/usr/bin:/bin"})

@@ -50,6 +50,7 @@ def main_rows(result) -> pd.DataFrame:
     return rows.set_index("setting")
 
 
+@pytest.mark.slow
 def test_table_holds_every_subset_the_summation_order_and_the_treatments(probed):
     result = probed[3]
     expected = {subset_name(c) for k in range(4) for c in itertools.combinations(REGIONS, k)}

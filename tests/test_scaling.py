@@ -82,6 +82,7 @@ def measured():
     return point, pd.DataFrame(result.rows).set_index("setting"), result
 
 
+@pytest.mark.slow
 def test_every_region_subset_is_scored_and_alignment_reduces_the_mismatch(measured):
     _, rows, _ = measured
     assert len(rows) == 11  # 8 region subsets, the engine's summation order, compile, fp16
@@ -149,6 +150,7 @@ def test_command_line_writes_the_tables(tmp_path):
     assert np.isfinite(table["mean_abs_dlogprob"]).all()
 
 
+@pytest.mark.slow
 def test_append_measures_only_missing_points(tmp_path, capsys):
     args = ["scaling", "--out", str(tmp_path), "--archs", "qwen3", "--quick"]
     assert localrl_main([*args, "--factors", "sharpness"]) == 0

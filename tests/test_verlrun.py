@@ -37,6 +37,7 @@ def paper():
 # Overrides composed against verl's installed Hydra config
 
 
+@pytest.mark.slow
 def test_every_paper_cell_composes_and_validates(paper, tmp_path):
     from omegaconf import OmegaConf
 

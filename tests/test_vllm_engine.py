@@ -65,6 +65,7 @@ def _equal(a: dict, b: dict) -> list[str]:
     return [k for k in a if not torch.equal(a[k], b[k])]
 
 
+@pytest.mark.slow
 def test_rollout_layout_matches_the_local_engines(engine, vllm_model):
     tok, ids = prompts(vllm_model, 16)
     out = engine.generate(ids, 20, 1.0, torch.Generator().manual_seed(0))
@@ -143,6 +144,7 @@ def test_seeded_sampling_is_reproducible_and_seeds_matter(engine, vllm_model):
     assert not torch.equal(first["responses11"], first["responses12"])  # another seed, other samples
 
 
+@pytest.mark.slow
 def test_weight_sync_equals_a_fresh_engine_and_runs_are_equal_across_processes(engine, weights, vllm_model,
                                                                                 tmp_path):
     """The module's engine (started from the warm-started checkpoint, then given the perturbed weights) and

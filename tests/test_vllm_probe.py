@@ -69,7 +69,7 @@ def _check_table(out, with_fp16: bool) -> pd.DataFrame:
 
 
 @requires_vllm
-@pytest.mark.long
+@pytest.mark.extended  # 3 min on 2 AVX2 cores: make test-extended
 def test_probe_of_a_local_qwen2_checkpoint_against_vllm(vllm_model, tmp_path):
     out = tmp_path / "probe"
     done = _probe("--engine", "vllm", "--model", str(vllm_model["model"]), "--out", str(out), "--n-prompts", "24",
@@ -92,8 +92,7 @@ def test_probe_of_a_local_qwen2_checkpoint_against_vllm(vllm_model, tmp_path):
 
 
 @requires_vllm
-@pytest.mark.slow
-@pytest.mark.long
+@pytest.mark.extended  # the probe's other paths (2-3 min each on 2 AVX2 cores): make test-extended
 def test_probe_of_a_qwen3_checkpoint_with_a_chat_template(tmp_path):
     model = _tiny_checkpoint(tmp_path / "qwen3", "qwen3", CHAT_TEMPLATE)
     out = tmp_path / "probe"
@@ -104,8 +103,7 @@ def test_probe_of_a_qwen3_checkpoint_with_a_chat_template(tmp_path):
 
 
 @requires_vllm
-@pytest.mark.slow
-@pytest.mark.long
+@pytest.mark.extended  # the probe's other paths (2-3 min each on 2 AVX2 cores): make test-extended
 def test_probe_of_a_grid_model_through_its_config(vllm_model, tmp_path):
     import yaml
 

@@ -191,6 +191,7 @@ def test_bad_backend_steps_and_unknown_model_fail_with_their_values(tmp_path):
     _fails_naming(work, _write_config(work, models=["qwen2-s", "qwen9-xl"]), "qwen9-xl", "model_specs")
 
 
+@pytest.mark.slow
 def test_backend_sections_are_checked_when_the_workflow_is_parsed(tmp_path):
     """The same checks as the backends' CLIs (rla.config), before any job starts."""
     work = copy_workflow(tmp_path)
@@ -274,6 +275,7 @@ def test_forcing_one_cell_reruns_that_cell_only(tmp_path):
     assert plan(work, target, "--configfile", "experiments/micro.yaml") == {"train": 1}
 
 
+@pytest.mark.slow
 def test_figures_only_never_schedules_training(tmp_path):
     work = copy_workflow(tmp_path)
     # Nothing has run yet: still only the figures job (it reads whatever cells exist).

@@ -4,6 +4,7 @@ four training cells, tables, figures; then a rerun plans nothing and figures_onl
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from tests.test_workflow import copy_workflow, grid_size, job_counts, load, plan, results_of, snakemake
 
@@ -12,6 +13,8 @@ def _logs(work) -> str:
     return "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((work / "results").rglob("*.log")))
 
 
+@pytest.mark.long  # 4 min on 2 cores: each cell starts and compiles its own vLLM-CPU engine
+@pytest.mark.slow
 def test_micro_grid_end_to_end(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     figures = tmp_path / "figures"

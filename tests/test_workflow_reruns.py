@@ -51,6 +51,7 @@ def train_log(work) -> str:
 
 
 @pytest.mark.long
+@pytest.mark.slow  # 4-5 min: seven Snakemake runs of a cell
 def test_reruns_never_lose_or_mix_results(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     run(work, "steps=3")

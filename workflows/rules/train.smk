@@ -28,7 +28,9 @@ rule train:
         mem_mb=cell_mem_mb,
     conda:
         TRAIN_ENV
+    # exec: the trainer is the job's process, so a SIGTERM to the job (Snakemake stopped, a scheduler's
+    # preemption) reaches it with no shell left to die first, and Snakemake waits for its checkpoint.
     shell:
-        "python -m {params.module} train --config $RLA_CONFIG --model {wildcards.model}"
+        "exec python -m {params.module} train --config $RLA_CONFIG --model {wildcards.model}"
         " --ablation {wildcards.ablation} --seed {wildcards.seed} --out {params.out}"
         " --steps {params.steps} {params.data} > {log} 2>&1"
