@@ -32,15 +32,17 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not long and not extended" -n $(CORES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-# The checks of minutes each that CI runs (pyproject.toml's `long` marker; .ci/run runs them after `test`):
-# the micro grid end to end and the README's rerun commands through Snakemake, the patches against
-# vLLM-CPU's samples. One worker per core, each test sent to the next idle one.
+# The checks of a minute or more that CI runs (pyproject.toml's `long` marker; .ci/run runs them after
+# `test`): the README's rerun commands through Snakemake, the patches against vLLM-CPU's samples, every
+# paper cell's verl config, the preflight and the scaling study's command line. One worker per core, the
+# tests handed out one at a time in turn (loadgroup; `load` hands out the first two together).
 test-long: $(STAMP)
-	$(PY) -m pytest -q -m long -n $(CORES) --dist load $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m long -n $(CORES) --dist loadgroup $(PYTEST_ARGS)
 
-# The checks of minutes each that CI leaves out (the `extended` marker; by hand): the rounding map of the
-# three engines' graphs at real widths, the probe against vLLM, the CPU dry runs of the GPU check and the
-# GPU stress script, and verl's README rerun command (it trains test-verl's grid first).
+# The checks of minutes each that CI leaves out (the `extended` marker; by hand): the micro grid end to
+# end, the rounding map of the three engines' graphs at real widths, the probe against vLLM, the CPU dry
+# runs of the GPU check and the GPU stress script, and verl's README rerun command (it trains test-verl's
+# grid first).
 test-extended: $(STAMP)
 	RLA_TEST_VERL=1 RLA_TEST_VERL_ABLATIONS=$(VERL_ABLATIONS) $(PY) -m pytest -q -m extended -n $(CORES) --dist load $(PYTEST_ARGS)
 

@@ -286,9 +286,8 @@ def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = T
         # max_num_batched_tokens: vLLM's warm-up runs a batch of this many tokens (CPU default 4096: minutes
         # at real widths on an AVX2 CPU); the map needs the graph, not the run.
         LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
-            skip_tokenizer_init=True,
-            enable_prefix_caching=False, load_format="dummy" if dummy_weights else "auto", seed=0,
-            compilation_config=compilation)
+            skip_tokenizer_init=True, enable_prefix_caching=False, load_format="dummy" if dummy_weights else "auto",
+            seed=0, compilation_config=compilation)
     return graphs
 
 
@@ -384,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     layers = args.layers or depth
     target = expected_target(args.engine)
     rows = compare(counts, target)
-    print(f"{args.engine} {args.arch} {args.shape}, {layers} layers ({args.device}): value, stored as BF16 in the graph (occurrences), "
-          f"what target {target!r} says")
+    print(f"{args.engine} {args.arch} {args.shape}, {layers} layers ({args.device}): value, stored as BF16 in the "
+          f"graph (occurrences), what target {target!r} says")
     for value, (found, want) in rows.items():
         c = counts[value]
         print(f"  {value:26s} {str(found):5s} ({', '.join(f'{k} {n}' for k, n in sorted(c.items()))})  "
@@ -394,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"matches target {target!r}: {same}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "layers": layers, "device": args.device,
-                       "target": target, "counts": {k: dict(v) for k, v in counts.items()},
+            json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "layers": layers,
+                       "device": args.device, "target": target, "counts": {k: dict(v) for k, v in counts.items()},
                        "values": {value: {"stored": found, "target": want} for value, (found, want) in rows.items()},
                        "matches": same}, f, indent=1)
     return 0 if same else 1

@@ -18,9 +18,11 @@ torch._dynamo.config.fail_on_recompile_limit_hit = True
 torch._dynamo.config.recompile_limit = 64
 
 
+@pytest.hookimpl(trylast=True)  # after -m has deselected: only the tests that will run count
 def pytest_collection_modifyitems(config, items):
-    """Files holding a `slow` test first: pytest-xdist (`--dist loadfile`) hands out whole files in this
-    order, so the longest start early and a run does not end on one busy worker."""
+    """Files holding a `slow` test first: pytest-xdist hands out work in this order (whole files with
+    `--dist loadfile`; the first two to each worker, then one at a time, with `loadgroup`), so the
+    longest start early and a run does not end on one busy worker."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)
 

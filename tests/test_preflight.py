@@ -27,6 +27,7 @@ esac
     script.chmod(0o755)
 
 
+@pytest.mark.long  # about a minute: it imports verl, vLLM and torch in turn
 @pytest.mark.slow
 def test_preflight_on_a_machine_without_gpus_fails_naming_each_problem(tmp_path):
     out = subprocess.run([sys.executable, "-m", "verlrun", "preflight", "--config", str(PAPER)], cwd=REPO,

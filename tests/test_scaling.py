@@ -137,6 +137,7 @@ def test_binned_tables_hold_signed_and_absolute_errors(measured):
     assert (none["mean_abs_dlogprob"] >= none["mean_dlogprob"].abs()).all()
 
 
+@pytest.mark.long  # the command line's compiles: 40 s on 2 AVX2 cores
 def test_command_line_writes_the_tables(tmp_path):
     assert localrl_main(["scaling", "--out", str(tmp_path), "--factors", "sharpness", "--archs", "qwen2",
                          "--quick"]) == 0
@@ -150,7 +151,7 @@ def test_command_line_writes_the_tables(tmp_path):
     assert np.isfinite(table["mean_abs_dlogprob"]).all()
 
 
-@pytest.mark.slow
+@pytest.mark.long  # two runs of the command line: 40 s on 2 AVX2 cores
 def test_append_measures_only_missing_points(tmp_path, capsys):
     args = ["scaling", "--out", str(tmp_path), "--archs", "qwen3", "--quick"]
     assert localrl_main([*args, "--factors", "sharpness"]) == 0

@@ -147,7 +147,8 @@ def test_figures_only_draws_every_cell(grid):
         assert (figures / f"{name}.png").stat().st_size > 0 and (figures / f"{name}.pdf").stat().st_size > 0
     tidy = pd.read_parquet(grid["results"] / "tables/metrics.parquet")
     cells = len(grid["cells"])
-    assert set(tidy["ablation"]) == set(grid["cells"]) and tidy.groupby(["model", "ablation", "seed"], observed=True).ngroups == cells
+    groups = tidy.groupby(["model", "ablation", "seed"], observed=True).ngroups
+    assert set(tidy["ablation"]) == set(grid["cells"]) and groups == cells
     assert len(pd.read_csv(grid["results"] / "tables/stability.csv")) == cells
 
 

@@ -37,7 +37,7 @@ def paper():
 # Overrides composed against verl's installed Hydra config
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 36 cells through verl's Hydra config: 45 s on 2 AVX2 cores
 def test_every_paper_cell_composes_and_validates(paper, tmp_path):
     from omegaconf import OmegaConf
 

