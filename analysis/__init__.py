@@ -6,8 +6,8 @@ so it runs on a laptop with logs copied from a cluster.
 - :mod:`analysis.load`: runs directory -> per-run frames, the tidy long table and a wide table.
 - :mod:`analysis.collapse`: the collapse definition and the stability table.
 - :mod:`analysis.figures`: the figures; :mod:`analysis.tables`: the model x ablation summary.
-- :mod:`analysis.probe`: the mismatch probe's tables (Shapley shares of the regions) and figures.
-- ``python -m analysis {collect,stability,plots,all,probe}``: see :mod:`analysis.cli`.
+- ``python -m analysis {collect,stability,plots,all}``: see :mod:`analysis.cli`. The studies (studies/)
+  read these tables and figures; nothing here imports a study.
 """
 
 from analysis.config import AnalysisConfig, CollapseConfig, load_config

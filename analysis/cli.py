@@ -1,12 +1,10 @@
-"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...`` read run logs;
-each study of `STUDIES` adds its own subcommand (``python -m analysis probe|treatments|stall|
-calibrate|scaling ...``: the module's `add_parser` and `main`)."""
+"""Command line: ``python -m analysis {collect,stability,plots,all} --runs DIR ...`` read a grid's run
+logs (the studies' own reports are ``python -m studies report NAME``)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import logging
 import sys
 import time
@@ -19,8 +17,6 @@ from analysis.output import to_markdown, write_parquet
 from rla.files import write_csv, write_text
 
 log = logging.getLogger("analysis")
-# The studies' modules: each reads its own files (probe CSVs, tables, a stability table...), not runs.
-STUDIES = ("analysis.probe", "analysis.treatments", "analysis.stall", "analysis.calibration", "analysis.scaling")
 
 
 def _default_tables(runs_dir: str) -> Path:
@@ -123,10 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", help="tables directory (default: <runs>/../tables)")
     p.add_argument("--figures", required=True, help="figures directory")
     p.add_argument("--max-points", **plot_args)
-
-    for module in STUDIES:
-        study = importlib.import_module(module)
-        study.add_parser(sub).set_defaults(study=study.main)
     return parser
 
 
@@ -134,12 +126,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING if getattr(args, "quiet", False) else logging.INFO,
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if hasattr(args, "study"):  # a bad input file or value: one line naming it
-        try:
-            return args.study(args)
-        except (FileNotFoundError, ValueError, KeyError) as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
     # Data warnings name the file and line themselves: print them without the source-code echo.
     original_format = warnings.formatwarning
     warnings.formatwarning = lambda message, *_args, **_kw: f"warning: {message}\n"

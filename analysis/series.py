@@ -66,7 +66,7 @@ def mean_ci(frame: pd.DataFrame, by: list[str], value: str, level: float = 0.95)
     half = np.zeros(len(out))
     many = n > 1
     if many.any():
-        half[many] = _t_quantile(level, n[many] - 1) * out["std"].to_numpy()[many] / np.sqrt(n[many])
+        half[many] = t_quantile(level, n[many] - 1) * out["std"].to_numpy()[many] / np.sqrt(n[many])
     out["low"] = out["mean"] - half
     out["high"] = out["mean"] + half
     return out
@@ -81,7 +81,7 @@ _T95_DOF = np.array(sorted(_T95))
 _T95_VALUE = np.array([_T95[d] for d in _T95_DOF])
 
 
-def _t_quantile(level: float, dof: np.ndarray) -> np.ndarray:
+def t_quantile(level: float, dof: np.ndarray) -> np.ndarray:
     """Two-sided Student-t quantile for a 95% interval (between table rows: the more conservative)."""
     if abs(level - 0.95) > 1e-12:
         raise ValueError(f"confidence level {level!r} is not supported; allowed: 0.95")

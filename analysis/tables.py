@@ -9,7 +9,7 @@ import pandas as pd
 
 from analysis.style import ablation_order, order
 
-from analysis.series import _t_quantile
+from analysis.series import t_quantile
 
 SUMMARY_COLUMNS = [
     "model", "ablation", "seeds", "seeds_with_data", "collapsed", "frac_collapsed",
@@ -39,7 +39,7 @@ def t_interval(values) -> tuple[float, float, float]:
     mean = float(values.mean())
     if len(values) < 2:
         return mean, mean, mean
-    half = float(_t_quantile(0.95, np.array([len(values) - 1]))[0] * values.std(ddof=1) / np.sqrt(len(values)))
+    half = float(t_quantile(0.95, np.array([len(values) - 1]))[0] * values.std(ddof=1) / np.sqrt(len(values)))
     return mean, mean - half, mean + half
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.machine import cpu_model  # noqa: E402
+from rla.machine import cpu_model  # noqa: E402
 
 from rla.files import write_text  # noqa: E402
 from analysis.synthetic import write_grid  # noqa: E402

@@ -31,7 +31,7 @@ from torch.utils import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.machine import describe  # noqa: E402
+from rla.machine import describe  # noqa: E402
 
 BF16 = torch.bfloat16
 

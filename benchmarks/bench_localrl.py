@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.machine import describe  # noqa: E402
+from rla.machine import describe  # noqa: E402
 CONFIG = ROOT / "experiments" / "tiny.yaml"
 RESULTS = ROOT / "benchmarks" / "results"
 

@@ -40,7 +40,7 @@ from torch.utils import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.machine import describe  # noqa: E402
+from rla.machine import describe  # noqa: E402
 
 import patches  # noqa: E402
 from patches import rmsnorm, rope, stream, swiglu  # noqa: E402

@@ -50,7 +50,7 @@ def pointwise_only(x, w, b, positions, cache, sizes, head_dim):
 def graph_ops(fn, *args) -> list[str]:
     """The aten ops of the graph Inductor lowers for `fn`, after its post-grad passes (where the
     unfusing happens), read with the rounding map's scheduler hook."""
-    from localrl import roundmap
+    from studies.roundmap import measure as roundmap
 
     torch._dynamo.reset()
     with roundmap.capture() as graphs:

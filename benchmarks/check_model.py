@@ -13,7 +13,7 @@ Per setting, over the response tokens, against two references: `engine_forward` 
 forward of prompt + response, the layout the trainer sees) and `engine_sampling` (the logprobs the
 engine returned while sampling, what verl compares with): k3 (verl's KL estimate, mean of
 exp(d) - 1 - d with d = logp_train - logp_engine), mean |d| and the share of tokens whose logprob is
-bit-equal. And the rounding map of the engine's graphs as compiled here (`localrl.roundmap`: which
+bit-equal. And the rounding map of the engine's graphs as compiled here (`studies.roundmap.measure`: which
 values Inductor stores as bf16) against target `vllm`'s table. Imports torch, transformers, pandas and
 this repository only (no vLLM, verl or orjson).
 
@@ -36,7 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import patches  # noqa: E402
-from localrl import probe, roundmap, scaling  # noqa: E402
+from studies.probe import measure as probe  # noqa: E402
+from studies.roundmap import measure as roundmap  # noqa: E402
+from studies.scaling import measure as scaling  # noqa: E402
 from localrl.engine.engine import Engine  # noqa: E402
 from localrl.kernels import CUDA_ATTENTION  # noqa: E402
 

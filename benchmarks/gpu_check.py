@@ -9,7 +9,7 @@ Steps, in this order, so that the first minutes give the most:
   model         check_model.py: target `vllm` against the local engine compiled to Triton (vLLM's
                 layout, native formulas and split at attention), at the paper models' shapes, full depth,
                 both sides on one attention kernel: k3, mean |d logprob|, bit-equal share per setting;
-                and the rounding map of those Triton graphs (localrl.roundmap) against the `vllm` table
+                and the rounding map of those Triton graphs (studies.roundmap.measure) against the `vllm` table
   epilogue      check_epilogue.py: whether Inductor keeps Qwen2's q/k/v bias inside the GEMM (the pass
                 that could move it runs for GPUs only: skipped on a CPU)
   cuda-tests    the suite's `cuda`-marked tests (one attention kernel for both sides, the RoPE table

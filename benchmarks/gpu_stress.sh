@@ -9,7 +9,7 @@
 #      (SIGTERM: the cell saves a checkpoint, its metrics stay in metrics.running.jsonl; rerunning
 #      resumes it); beside them
 #      the mismatch at the published Qwen2.5-1.5B / Qwen3-1.7B shapes with 4096-token responses
-#      (python -m localrl scaling --factors shape --real; random weights), written point by point
+#      (python -m studies run scaling --factors shape --real; random weights), written point by point
 #   4. stability table, summary and figures (python -m analysis all)
 # Everything - config, data, models, runs, logs, tables, figures, stage times - goes to $OUT.
 #

@@ -29,7 +29,7 @@ IDENTITY_KEYS = ("name", "target", "version", "platform")
 # The rig's vLLM engine is vLLM's CPU build: cells side by side on one GPU would each claim most of its
 # memory, and that path is untested. On a GPU, the probe (`--engine vllm`) and verlrun use a GPU vLLM.
 RIG_VLLM_ON_CPU_ONLY = ("the rig runs vLLM's CPU build only (LOCALRL_DEVICE is not cpu); on a GPU, "
-                        "`python -m localrl probe --engine vllm` and the verl backend use your vLLM")
+                        "`python -m studies run probe --engine vllm` and the verl backend use your vLLM")
 
 
 @functools.cache
@@ -60,7 +60,7 @@ def vllm_unavailable(device_type: str = "cpu") -> str | None:
     return None
 
 
-def _vllm_build() -> tuple[str, str]:
+def vllm_build() -> tuple[str, str]:
     import vllm
     from vllm.platforms import current_platform
 
@@ -80,7 +80,7 @@ def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sy
     else:
         reason = RIG_VLLM_ON_CPU_ONLY if device_type != "cpu" else vllm_unavailable(device_type)
         if reason is None:
-            name, (version, engine_platform) = "vllm", _vllm_build()
+            name, (version, engine_platform) = "vllm", vllm_build()
         elif requested == "vllm":
             raise ConfigError(f"engine.name = 'vllm' but vLLM cannot run here: {reason}; "
                               "allowed here: local, or auto (vllm where it runs, else local)")

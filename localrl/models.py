@@ -55,3 +55,60 @@ def to_bf16_fsdp_style(model, dtype: torch.dtype = torch.bfloat16):
 def compute_copy(master, dtype: torch.dtype = torch.bfloat16):
     """The training side's compute model: a copy of the fp32 master, parameters in `dtype`, buffers fp32."""
     return to_bf16_fsdp_style(copy.deepcopy(master), dtype)
+
+
+# Widths and depths of real models (and a small one of the same kind), at random weights: what the
+# rounding map and random checkpoints are built at.
+REAL_SHAPES: dict[str, dict] = {
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, head_dim=128),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128),
+}
+
+
+def real_shape_config(arch: str, shape: str, vocab_size: int = 1024, layers: int | None = None):
+    """A config of one of REAL_SHAPES (default RoPE, 1024 positions). `layers`: fewer decoder layers than the shape's own (the widths stay), or None for its depth."""
+    dims = dict(REAL_SHAPES[shape])
+    if layers is not None:
+        if not 1 <= layers <= dims["num_hidden_layers"]:
+            raise ValueError(f"shape {shape!r} has {dims['num_hidden_layers']} decoder layers; "
+                             f"allowed: 1..{dims['num_hidden_layers']}")
+        dims["num_hidden_layers"] = layers
+    return qwen_config(arch, vocab_size, max_position_embeddings=1024,
+                       architectures=[f"{arch.capitalize()}ForCausalLM"], **dims)
+
+
+@torch.no_grad()
+def sharpen(model) -> None:
+    """Random weights a mismatch shows on: GEMM weights x3 (std 0.06; at HF's 0.02 the distributions are near
+    uniform and the mismatch vanishes into noise), norm weights 1 + 0.2 N(0, 1) (trained norms are not all ones)."""
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.add_(0.2 * torch.randn_like(p))
+        elif p.dim() == 2:
+            p.mul_(3.0)
+
+
+def write_random_checkpoint(arch: str, shape: str, out, seed: int = 0, device: str = "cpu"):
+    """A random bf16 checkpoint of one of REAL_SHAPES with the task's tokenizer (sharpened weights)."""
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    from localrl.tokenizer import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    config = real_shape_config(arch, shape, vocab_size=len(tokenizer))
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = (tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                                                     None)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config)
+    sharpen(model)
+    out = Path(out)
+    model.to(torch.bfloat16).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -155,14 +155,14 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
                PromptSampler(len(prompts), gens["data"]), gens, numerics, owns)
 
 
-def _decode(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+def decode_responses(tokenizer, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
     return [tokenizer.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(responses, mask)]
 
 
 def validate(rig: Rig) -> float:
     """Greedy score on the test prompts (verl's validation default: do_sample=False)."""
     out = rig.engine.generate(rig.val_prompts, rig.config["rl"]["max_response_length"], greedy=True)
-    texts = _decode(rig.tokenizer, out.responses, out.response_mask)
+    texts = decode_responses(rig.tokenizer, out.responses, out.response_mask)
     return float(np.mean([score(t, g) for t, g in zip(texts, rig.val_truths)]))
 
 
@@ -184,7 +184,7 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
     out = rig.engine.generate([rig.prompts[i] for i in idx for _ in range(group)],  # a prompt's samples together
                               rl["max_response_length"], rl["temperature"], rig.gens["sampling"])
     metrics["timing_s/gen"] = time.perf_counter() - t0
-    texts = _decode(rig.tokenizer, out.responses, out.response_mask)
+    texts = decode_responses(rig.tokenizer, out.responses, out.response_mask)
     scores = torch.tensor([score(t, rig.truths[i]) for t, i in zip(texts, np.repeat(idx, group))])
     batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask, rollout_log_probs=out.logprobs)
 

@@ -184,7 +184,7 @@ class Trainer:
         return {k: v.detach() for k, v in self.model.state_dict().items() if v.dtype == self.dtype}
 
     # -- log-probs --------------------------------------------------------------------------
-    def _logits(self, model, batch: Batch) -> Tensor:
+    def logits(self, model, batch: Batch) -> Tensor:
         """bf16 logits predicting each response token, divided by the temperature in bf16 (as verl)."""
         ids, mask, positions = (t.to(self.device) for t in sequence_inputs(batch))
         R = batch.responses.shape[1]
@@ -193,7 +193,7 @@ class Trainer:
         return logits.div(self.rl["temperature"])
 
     @staticmethod
-    def _token_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
+    def token_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
         # fp32 log-softmax of the bf16 logits: what verl's flash-attn cross-entropy computes on GPU.
         return torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None]).squeeze(-1)
 
@@ -202,9 +202,9 @@ class Trainer:
         """(log-probs, entropy) of the sampled responses under `model` (default: the policy)."""
         from verl.utils.torch_functional import entropy_from_logits
 
-        logits = self._logits(model or self.model, batch)
+        logits = self.logits(model or self.model, batch)
         labels = batch.responses.to(self.device)
-        return self._token_log_probs(logits, labels).cpu(), entropy_from_logits(logits.float()).cpu()
+        return self.token_log_probs(logits, labels).cpu(), entropy_from_logits(logits.float()).cpu()
 
     # -- update -----------------------------------------------------------------------------
     @staticmethod
@@ -231,8 +231,8 @@ class Trainer:
         for start in range(0, n, per_mb):
             mb = batch.rows(torch.arange(start, start + per_mb, device=self.device))
             mask = mb.kept_mask().float()
-            logits = self._logits(self.model, mb)
-            log_prob = self._token_log_probs(logits, mb.responses)
+            logits = self.logits(self.model, mb)
+            log_prob = self.token_log_probs(logits, mb.responses)
             pg_loss, pg_metrics = policy_loss(mb, log_prob, rl)
             loss = pg_loss
             metrics = {"actor/pg_loss": pg_loss.item(), **pg_metrics}

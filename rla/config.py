@@ -41,6 +41,21 @@ def load(path: str | Path) -> dict:
     return cfg
 
 
+def load_all(paths) -> dict:
+    """Several configs, each laid over the ones before it as Snakemake lays `--configfile A B` (a mapping
+    is merged key by key, any other value replaced)."""
+    def lay(base: dict, update: dict) -> dict:
+        for key, value in update.items():
+            base[key] = lay(dict(base[key]), value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
+                else value
+        return base
+
+    merged: dict = {}
+    for path in paths:
+        lay(merged, load(path))
+    return merged
+
+
 # ---------------------------------------------------------------------------------------------
 # Declared keys
 

@@ -1,4 +1,4 @@
-"""analysis.scaling (`python -m analysis scaling`) on hand-made tables: exponents, byte-reproducible figures, no backend import."""
+"""studies.scaling.report (`python -m studies report scaling`) on hand-made tables: exponents, byte-reproducible figures, no backend import."""
 
 import subprocess
 import sys
@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import cli, scaling
-from tests.standalone import BACKENDS, ROOT
+from studies.__main__ import main as studies_main
+from studies.scaling import report as scaling
+from tests.standalone import run_report_alone
 
 EXPONENT = {"none": 0.5, "rope": 0.4, "swiglu": 0.5, "rmsnorm": 0.3, "all": 2.0}
 
@@ -104,21 +105,16 @@ def test_figures_are_byte_reproducible(tmp_path):
 
 
 def test_missing_table_and_columns_are_named(tmp_path, capsys):
-    assert cli.main(["scaling", "--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert studies_main(["report", "scaling", "--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
     assert "mismatch_scaling.csv not found" in capsys.readouterr().err
     synthetic_table().drop(columns="k3_kl").to_csv(tmp_path / "mismatch_scaling.csv", index=False)
-    assert cli.main(["scaling", "--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert studies_main(["report", "scaling", "--tables", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
     assert "k3_kl" in capsys.readouterr().err
 
 
 def test_runs_without_any_backend(tmp_path):
     synthetic_table().to_csv(tmp_path / "mismatch_scaling.csv", index=False)
-    code = ("import runpy, sys\nsys.argv = ['x', 'scaling', '--tables', sys.argv[1], '--out', sys.argv[2]]\n"
-            "try:\n    runpy.run_module('analysis', run_name='__main__')\n"
-            "except SystemExit as stop:\n    assert stop.code == 0, stop.code\n"
-            f"print('LOADED', sorted(m for m in {BACKENDS!r} if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(tmp_path / "figs")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = run_report_alone("scaling", "--tables", tmp_path, "--out", tmp_path / "figs")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().endswith("LOADED []")
     assert np.isfinite(pd.read_csv(tmp_path / "figs/mismatch_scaling_fits.csv")["exponent"]).all()

@@ -1,12 +1,12 @@
-"""analysis.treatments on hand-made tables: ratios to none per model, the summary, errors, no backend import."""
+"""studies.treatments.report on hand-made tables: ratios to none per model, the summary, errors, no backend import."""
 
 import json
 
 import pandas as pd
 import pytest
 
-from analysis.treatments import per_model, run, summary
-from tests.standalone import run_analysis_alone
+from studies.treatments.report import per_model, run, summary
+from tests.standalone import run_report_alone
 
 K3 = {("a", "none"): 1e-4, ("a", "fp16"): 1e-6, ("a", "tis"): 1e-4, ("b", "none"): 2e-4, ("b", "fp16"): 4e-6,
       ("b", "tis"): 3e-4}
@@ -59,7 +59,7 @@ def test_ratios_are_per_model_and_the_summary_spans_the_models(tmp_path):
 
 def test_runs_without_torch_and_writes_table_and_figure(tmp_path):
     write_tables(tmp_path / "tables")
-    done = run_analysis_alone("treatments", "--tables", tmp_path / "tables", "--bench", bench_file(tmp_path / "b.json"),
+    done = run_report_alone("treatments", "--tables", tmp_path / "tables", "--bench", bench_file(tmp_path / "b.json"),
                               "--out", tmp_path / "fig", "-q")
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
@@ -72,5 +72,5 @@ def test_missing_inputs_are_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="metrics.parquet not found"):
         run(tmp_path, None, tmp_path / "fig")
     write_tables(tmp_path / "tables")
-    with pytest.raises(FileNotFoundError, match="nope.json not found: run `python benchmarks/bench_treatments.py`"):
+    with pytest.raises(FileNotFoundError, match="nope.json not found: run `python -m studies run treatments`"):
         run(tmp_path / "tables", tmp_path / "nope.json", tmp_path / "fig")

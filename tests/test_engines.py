@@ -23,7 +23,7 @@ def settings(**given) -> dict:
 @pytest.fixture
 def vllm_runs(monkeypatch):
     monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": None)
-    monkeypatch.setattr(engines, "_vllm_build", lambda: ("0.32.0", "cpu"))
+    monkeypatch.setattr(engines, "vllm_build", lambda: ("0.32.0", "cpu"))
 
 
 @pytest.fixture

@@ -65,7 +65,7 @@ def test_dry_run_without_vllm_verl_ray_orjson_snakemake(tmp_path):
 def test_the_checks_k3_is_verls():
     """check_model's own k3, |d| and bit-equal share (the GPU image has no verl) against verl's helpers
     through the probe's summary, on logprobs with exact ties and masked tokens."""
-    from localrl import probe
+    from studies.probe import measure as probe
 
     gen = torch.Generator().manual_seed(0)
     ref = -torch.rand(4, 9, generator=gen) * 3

@@ -14,7 +14,7 @@ import yaml
 from rla.config import model_spec
 from rla.config import load as load_config
 from localrl.device import ENV, device
-from localrl.scaling import qwen_shape
+from studies.scaling.measure import qwen_shape
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks/gpu_stress.sh"
@@ -103,7 +103,7 @@ def test_device_switch(monkeypatch):
 def test_on_cuda_all_reduces_the_mismatch_against_the_triton_engine():
     """Both sides on the GPU (cuBLAS GEMMs, one attention kernel, engine compiled to Triton)."""
     import patches
-    from localrl import probe
+    from studies.probe import measure as probe
     from localrl.engine.engine import Engine
     from localrl.kernels import use_local_kernels
     from tests.model_factory import tiny_model, to_bf16_fsdp_style

@@ -1,4 +1,4 @@
-"""The gradient probe (localrl.gradprobe): the exact reference equals the local engine, every setting's
+"""The gradient probe (studies.gradprobe.measure): the exact reference equals the local engine, every setting's
 gradient is the RL trainer's (verl's loss, verl's rollout correction), and the statistics mean what
 the module says. A tiny random Qwen3 model; scores are drawn so that GRPO's groups differ."""
 
@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import patches
-from localrl import gradprobe, probe
+from studies.gradprobe import measure as gradprobe
+from studies.probe import measure as probe
+from tests.test_workflow import REPO
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
 from rla.config import rl_settings
@@ -144,7 +146,7 @@ def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
     and settings are named."""
     import yaml
 
-    from localrl.__main__ import main as localrl_main
+    from studies.__main__ import main as studies_main
     from localrl.data import write_splits
     from localrl.task import TaskSettings
     from localrl.warmstart import warmstart
@@ -161,23 +163,24 @@ def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
     warmstart(cfg, "m", tmp_path / "results" / "data", tmp_path / "results" / "models" / "m")
     plan = tmp_path / "plan.yaml"
     plan.write_text(yaml.safe_dump(cfg))
-    assert localrl_main(["gradprobe", "--plan", str(plan), "--out", str(tmp_path / "out")]) == 0
+    assert studies_main(["run", "gradprobe", "--plan", str(plan), "--out", str(tmp_path / "out")]) == 0
     assert "no group with differing scores" in (tmp_path / "out" / "p" / "no_signal.txt").read_text()
-    assert localrl_main(["gradprobe", "--config", str(plan), "--model", "m", "--settings", "none,fp16",
+    assert studies_main(["run", "gradprobe", "--config", str(plan), "--model", "m", "--settings", "none,fp16",
                          "--out", str(tmp_path / "x")]) == 2
     bad = {**cfg, "gradprobe": {"points": {"q": {"model": "m", "temprature": 1}}}}
     plan.write_text(yaml.safe_dump(bad))
-    from localrl.gradprobe_plan import plan_points
+    from studies.gradprobe.plan import plan_points
 
     with pytest.raises(ConfigError, match="unknown keys \\['temprature'\\]"):
         plan_points(plan)
 
 
 def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path, capsys):
-    """--report against made-up point tables: each check holds or fails as its numbers say."""
+    """The judge against made-up point tables: each check holds or fails as its numbers say, at the
+    thresholds the plan's `preregistration:` gives."""
     import yaml
 
-    from localrl.gradprobe_plan import report
+    from studies.gradprobe.judge import main as report
 
     def table(e_all, mnr_none, e_rope):
         rest = {"noise": 1.0, "max_abs_log_ratio": 0.3}
@@ -187,15 +190,17 @@ def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path, capsy
             {"setting": "all", "e": e_all, "mnr": 0.0, "mean_abs_d_ref": 1e-5, "is_size": 0.0, "sqrt_2k3L": 0.0, **rest}])
 
     plan = tmp_path / "plan.yaml"
+    prereg = yaml.safe_load((REPO / "experiments/gradprobe.yaml").read_text())["preregistration"]
     plan.write_text(yaml.safe_dump({"gradprobe": {"points": {"good": {"model": "m"}, "bad": {"model": "m"},
                                                              "missing": {"model": "m"}},
-                                                  "length_ladder": ["good", "bad"]}}))
+                                                  "length_ladder": ["good", "bad"]},
+                                    "preregistration": prereg}))
     for name, args in {"good": (1e-3, 0.01, 0.024), "bad": (3e-3, 0.2, 0.003)}.items():
         (tmp_path / name).mkdir()
         table(*args).to_csv(tmp_path / name / "gradprobe.csv", index=False)
         (tmp_path / name / "gradprobe.json").write_text(
             '{"model": "m", "temperature": 1.0, "rl_step": 0, "response_len_mean": 13.0}')
-    assert report(plan, tmp_path, log=lambda line: None) == 0
+    assert report(["--plan", str(plan), "--out", str(tmp_path)]) == 0
     assert "| good | m | 1 | 0 | 13 | 0.03 | 0.024 | 0.001 | 1 | 0.01 | 0.30 | - |" in capsys.readouterr().out
     got = pd.read_csv(tmp_path / "hypotheses.csv").set_index(["point", "check"])["holds"]
     assert got["good", "HA1 e(all)/e(none) <= 0.05"] and not got["bad", "HA1 e(all)/e(none) <= 0.05"]
@@ -205,3 +210,9 @@ def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path, capsy
     assert got["good", ha4] and not got["bad", ha4]  # 0.8 / 0.8 = 1 against 0.1 / 0.8
     assert got["good", "HA2 e(none)/mean|d|(none) in [3, 12]"] and got["good+bad", "HA2 flat in length (max/min <= 2)"]
     assert "missing" not in got.index.get_level_values("point")
+    # A threshold is read from the plan, not from the code: a stricter HA1 fails the good point too.
+    plan.write_text(yaml.safe_dump({**yaml.safe_load(plan.read_text()),
+                                    "preregistration": {**prereg, "ha1_all_over_none_max": 0.01}}))
+    assert report(["--plan", str(plan), "--out", str(tmp_path)]) == 0
+    got = pd.read_csv(tmp_path / "hypotheses.csv").set_index(["point", "check"])["holds"]
+    assert not got["good", "HA1 e(all)/e(none) <= 0.01"]

@@ -1,5 +1,5 @@
 """The patches against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
-(benchmarks/bench_vllm_alignment.py measures the full table). Claims, measured here: with
+(studies/vllm_alignment/measure.py measures the full table). Claims, measured here: with
 `target="vllm-cpu"` and attention computed as vLLM-CPU's AVX-512 kernels compute it, `all` is closer to
 vLLM than any other setting, and the GPU target (which rounds the residual once per layer) is not what
 the CPU build does. Where vLLM-CPU runs its AVX-512 kernels (whose attention equals FP32 attention rounded
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from benchmarks import bench_vllm_alignment as bench
+from studies.vllm_alignment import measure as bench
 from localrl.vllm_support import unavailable_reason
 from tests.numerics import vllm_runs_avx512_kernels
 
@@ -34,7 +34,7 @@ def sampled(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     bench.make_checkpoint(bench.SHAPES[request.param], str(path))
     out = path / "vllm.json"
-    proc = subprocess.run([sys.executable, bench.__file__, "--sample", str(path), str(out), "--prompts", str(PROMPTS)],
+    proc = subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(path), str(out), "--prompts", str(PROMPTS)],
                           capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-3000:]
     return request.param, str(path), json.loads(out.read_text())

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import patches
-from localrl import probe
-from localrl.__main__ import main as localrl_main
+from studies.probe import measure as probe
+from studies.__main__ import main as studies_main
 from rla.config import rl_settings
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
@@ -150,7 +150,7 @@ def test_the_subsets_figure_draws_the_tables_numbers(probed, tmp_path, monkeypat
     """Bar heights are the table's mean |d logprob| per setting, in the table's order; an exact zero
     has no bar (a log axis cannot show it) and says so in its label."""
     import analysis.figures as figures
-    from analysis.probe import plot_subsets, training_settings
+    from studies.probe.report import plot_subsets, training_settings
 
     kept = {}
     monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
@@ -166,12 +166,11 @@ def test_the_subsets_figure_draws_the_tables_numbers(probed, tmp_path, monkeypat
 
 
 def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
-    from analysis.cli import main as analysis_main
 
     result = probed[3]
     for model in ("qwen3-a", "qwen3-b"):
         result.write(tmp_path / "probe" / model)
-    from analysis.probe import write_model_report
+    from studies.probe.report import write_model_report
 
     written = write_model_report(tmp_path / "probe" / "qwen3-a")
     assert {p.name for p in written} >= {"subsets.md", "subsets.png", "subsets.pdf", "layers.png", "layers.pdf"}
@@ -179,7 +178,7 @@ def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
     md = (tmp_path / "probe" / "qwen3-a" / "subsets.md").read_text()
     assert probe.ENGINE_ORDER in md and "Shapley" in md
 
-    assert analysis_main(["probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig"), "-q"]) == 0
+    assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig"), "-q"]) == 0
     assert (tmp_path / "fig" / "probe_subsets.png").exists()  # the across-models figure
     assert (tmp_path / "fig" / "probe_qwen3-b_layers.pdf").exists()
     shares = pd.read_csv(tmp_path / "tables" / "probe_shares.csv")
@@ -218,7 +217,7 @@ def tiny_setup(tmp_path_factory):
 
 def test_cli_writes_every_table(tiny_setup):
     out = tiny_setup / "results" / "probe" / "m"
-    assert localrl_main(["probe", "--config", str(tiny_setup / "cfg.yaml"), "--model", "m", "--out", str(out),
+    assert studies_main(["run", "probe", "--config", str(tiny_setup / "cfg.yaml"), "--model", "m", "--out", str(out),
                        "--n-prompts", "4"]) == 0
     names = ("subsets.csv", "layers.csv", "by_probability.csv", "by_position.csv")
     assert sorted(p.name for p in out.iterdir()) == sorted(names)  # the figures are analysis's
@@ -241,7 +240,7 @@ def test_bad_input_is_a_clear_error_and_keeps_earlier_results(tiny_setup, tmp_pa
     out = tmp_path / "probe"
     out.mkdir()
     (out / "subsets.csv").write_text("earlier,result\n")
-    assert localrl_main(["probe", "--config", str(tiny_setup / "cfg.yaml"), "--out", str(out), *extra]) == 2
+    assert studies_main(["run", "probe", "--config", str(tiny_setup / "cfg.yaml"), "--out", str(out), *extra]) == 2
     assert message in capsys.readouterr().err
     assert (out / "subsets.csv").read_text() == "earlier,result\n"
     assert sorted(p.name for p in out.iterdir()) == ["subsets.csv"]

@@ -1,13 +1,13 @@
-"""analysis.probe on hand-made probe tables: Shapley shares, errors, and no backend import."""
+"""studies.probe.report on hand-made probe tables: Shapley shares, errors, and no backend import."""
 
 import itertools
 
 import pandas as pd
 import pytest
 
-from analysis.probe import ENGINE_ORDER, region_shares, run
+from studies.probe.report import ENGINE_ORDER, region_shares, run
 from rla.names import REGIONS, subset_name
-from tests.standalone import run_analysis_alone
+from tests.standalone import run_report_alone
 
 
 
@@ -59,7 +59,7 @@ def test_missing_probe_directory_is_a_clear_error(tmp_path):
 
 
 def test_analysis_probe_runs_without_any_backend(tmp_path):
-    """`python -m analysis probe` reads CSV files only: no torch, localrl or patches import."""
+    """`python -m studies report probe` reads CSV files only: no torch, localrl or patches import."""
     probe_dir = tmp_path / "probe" / "m"
     probe_dir.mkdir(parents=True)
     synthetic_subsets(lambda s: 1.0 - 0.25 * len(s)).to_csv(probe_dir / "subsets.csv", index=False)
@@ -74,7 +74,7 @@ def test_analysis_probe_runs_without_any_backend(tmp_path):
     pd.DataFrame([{"setting": s, "scope": sc, "position_low": p, "n_tokens": 5, "mean_abs_dlogprob": 0.01}
                   for s in settings for sc in ("response", "sequence") for p in (0, 16)]
                  ).to_csv(probe_dir / "by_position.csv", index=False)
-    done = run_analysis_alone("probe", "--probe", tmp_path / "probe", "--out", tmp_path / "fig", "-q")
+    done = run_report_alone("probe", "--probe", tmp_path / "probe", "--out", tmp_path / "fig", "-q")
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
     assert (tmp_path / "fig" / "probe_m_subsets.pdf").exists()

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from localrl import roundmap
+from studies.roundmap import measure as roundmap
 from localrl.engine import ops
 from localrl.engine.model import compile_piece
 from localrl.vllm_support import unavailable_reason
@@ -33,7 +33,7 @@ def test_local_engine_pieces_store_what_target_vllm_says(arch):
 
 def run_cli(engine, arch, shape, tmp_path, *args):
     out = tmp_path / f"{engine}-{arch}-{shape}.json"
-    proc = subprocess.run([sys.executable, "-m", "localrl.roundmap", "--engine", engine, "--arch", arch,
+    proc = subprocess.run([sys.executable, "-m", "studies", "run", "roundmap", "--engine", engine, "--arch", arch,
                            "--shape", shape, "--json", str(out), *args], capture_output=True, text=True, timeout=1500)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -46,7 +46,7 @@ def run_cli(engine, arch, shape, tmp_path, *args):
 # heuristics see real sizes. The first 3 of their 28 layers - the first, an inner and the last, each
 # layer's graph being the same code at every depth. A vLLM graph is a fresh compile of a minute or more on
 # 2 AVX2 cores, so they are `make test-extended`'s (by hand, not CI's). All 28 layers, 4-13 min a graph:
-# `python -m localrl.roundmap --engine vllm --arch qwen3 --shape qwen3-1.7b`.
+# `python -m studies run roundmap --engine vllm --arch qwen3 --shape qwen3-1.7b`.
 @pytest.mark.extended
 @needs_vllm
 @pytest.mark.parametrize("engine, arch, shape", [
@@ -61,7 +61,7 @@ def test_the_targets_hold_at_real_widths(engine, arch, shape, tmp_path):
 
 
 def test_a_depth_beyond_the_shape_is_refused_naming_it():
-    proc = subprocess.run([sys.executable, "-m", "localrl.roundmap", "--shape", "tiny", "--layers", "5"],
+    proc = subprocess.run([sys.executable, "-m", "studies", "run", "roundmap", "--shape", "tiny", "--layers", "5"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--layers 5" in proc.stderr and "allowed: 1..4" in proc.stderr
 

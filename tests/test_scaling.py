@@ -1,4 +1,4 @@
-"""The mismatch scaling study (`python -m localrl scaling`): points, metrics and the command line."""
+"""The mismatch scaling study (`python -m studies run scaling`): points, metrics and the command line."""
 
 from dataclasses import replace
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from localrl import scaling
-from localrl.__main__ import main as localrl_main
+from studies.scaling import measure as scaling
+from studies.__main__ import main as studies_main
 
 
 def test_qwen_ratios_give_the_published_shapes():
@@ -67,10 +67,10 @@ def test_attention_scale_acts_where_each_arch_sets_the_scores():
 
 
 def test_bad_factor_and_arch_are_named(capsys):
-    assert localrl_main(["scaling", "--out", "unused", "--factors", "depth,colour"]) == 2
+    assert studies_main(["run", "scaling", "--out", "unused", "--factors", "depth,colour"]) == 2
     err = capsys.readouterr().err
     assert "colour" in err and "allowed: depth, width" in err
-    assert localrl_main(["scaling", "--out", "unused", "--archs", "gpt2"]) == 2
+    assert studies_main(["run", "scaling", "--out", "unused", "--archs", "gpt2"]) == 2
     assert "gpt2" in capsys.readouterr().err
 
 
@@ -111,7 +111,7 @@ def test_metrics_are_consistent(measured):
     assert 0 <= none["frac_abs_d_gt_1e-1"] <= none["frac_abs_d_gt_1e-2"] <= 1
     assert none["max_abs_dlogprob"] >= none["mean_abs_dlogprob"]
     # Shapley efficiency: the components add up to the stock value (float64 sums; tolerance for rounding)
-    from analysis.scaling import point_shares
+    from studies.scaling.report import point_shares
 
     shares = point_shares(rows.reset_index()).iloc[0]
     parts = shares[["share_rope", "share_swiglu", "share_rmsnorm", "share_summation_order", "share_remaining"]]
@@ -139,7 +139,7 @@ def test_binned_tables_hold_signed_and_absolute_errors(measured):
 
 @pytest.mark.long  # the command line's compiles: 40 s on 2 AVX2 cores
 def test_command_line_writes_the_tables(tmp_path):
-    assert localrl_main(["scaling", "--out", str(tmp_path), "--factors", "sharpness", "--archs", "qwen2",
+    assert studies_main(["run", "scaling", "--out", str(tmp_path), "--factors", "sharpness", "--archs", "qwen2",
                          "--quick"]) == 0
     table = pd.read_csv(tmp_path / "mismatch_scaling.csv")
     assert set(table["value"]) == {1.0, 4.0} and set(table["factor"]) == {"sharpness"}
@@ -153,10 +153,10 @@ def test_command_line_writes_the_tables(tmp_path):
 
 @pytest.mark.long  # two runs of the command line: 40 s on 2 AVX2 cores
 def test_append_measures_only_missing_points(tmp_path, capsys):
-    args = ["scaling", "--out", str(tmp_path), "--archs", "qwen3", "--quick"]
-    assert localrl_main([*args, "--factors", "sharpness"]) == 0
+    args = ["run", "scaling", "--out", str(tmp_path), "--archs", "qwen3", "--quick"]
+    assert studies_main([*args, "--factors", "sharpness"]) == 0
     first = pd.read_csv(tmp_path / "mismatch_scaling.csv")
-    assert localrl_main([*args, "--factors", "sharpness,depth", "--append"]) == 0
+    assert studies_main([*args, "--factors", "sharpness,depth", "--append"]) == 0
     assert "2 point(s) already in" in capsys.readouterr().err
     both = pd.read_csv(tmp_path / "mismatch_scaling.csv")
     assert sorted(set(both["factor"])) == ["depth", "sharpness"]

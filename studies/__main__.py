@@ -1,0 +1,86 @@
+"""python -m studies list | run NAME [ARGS] | report NAME [ARGS] | machine | publish NAME ...
+(the registry: studies/__init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+
+from rla.config import ConfigError
+from studies import STUDIES, study
+
+
+def _list(_args) -> int:
+    for s in STUDIES.values():
+        print(json.dumps({"name": s.name, "target": s.target, "outputs": [s.published], "summary": s.summary,
+                          "config": s.config, "measure": s.measure, "report": s.report}))
+    return 0
+
+
+def _step(kind: str, name: str, argv: list[str]) -> int:
+    entry = study(name)
+    module = getattr(entry, kind)
+    if module is None:
+        how = "its grid's Snakemake DAG" if kind == "measure" else "its grid's own tables and figures"
+        raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
+                          f"{how} (snakemake --cores N {entry.target})")
+    return importlib.import_module(module).main(argv)
+
+
+def _publish(args) -> int:
+    from studies.provenance import publish
+
+    entry = study(args.name)
+    path = publish(args.source, entry.published, command=args.command, engine=entry.engine, attention=entry.attention,
+                   machine_file=args.machine, benchmarks=args.benchmark, include=tuple(args.include))
+    if args.record:
+        from rla import files
+
+        files.write_text(args.record, path.read_text())
+    print(f"published {entry.published} ({path})")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="one JSON object per study").set_defaults(func=_list)
+    for command, kind in (("run", "measure"), ("report", "report")):
+        s = sub.add_parser(command, help=f"a study's {kind} step; its own options follow the name (NAME --help)",
+                           add_help=False)
+        s.add_argument("name", choices=list(STUDIES), metavar="NAME", help=", ".join(STUDIES))
+        s.set_defaults(kind=kind)
+    sub.add_parser("machine", help="this machine as JSON (CPU, vector ISA, versions)").set_defaults(
+        func=lambda _a: print(json.dumps(__import__("studies.provenance").provenance.machine(), indent=1)) or 0)
+    pub = sub.add_parser("publish", help="copy a study's outputs into studies/NAME/published with provenance.json")
+    pub.add_argument("name", choices=list(STUDIES), metavar="NAME")
+    pub.add_argument("--source", nargs="+", required=True, help="files or folders to publish")
+    pub.add_argument("--include", nargs="*", default=[], help="globs of the files under a folder to publish (default: all)")
+    pub.add_argument("--command", required=True, help="the command that made them")
+    pub.add_argument("--machine", help="the measuring machine's JSON (python -m studies machine)")
+    pub.add_argument("--benchmark", nargs="*", default=[], help="Snakemake benchmark files of its jobs")
+    pub.add_argument("--record", help="also write the provenance record here (the Snakemake job's output)")
+    pub.set_defaults(func=_publish)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    args, rest = parser().parse_known_args(argv)
+    try:
+        if hasattr(args, "kind"):  # run / report: the study's own options follow its name
+            return _step(args.kind, args.name, rest)
+        if rest:
+            parser().error(f"unrecognized arguments: {' '.join(rest)}")
+        return args.func(args)
+    except (ConfigError, FileNotFoundError, KeyError, ValueError) as err:  # bad input: one line naming it
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

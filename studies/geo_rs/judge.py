@@ -1,0 +1,95 @@
+"""The rejection-stall study (experiments/geo_rs.yaml): its pre-registered predictions judged on the runs.
+
+Per run: the mean rejected fraction of sequences (verl's `rollout_corr/rollout_rs_seq_masked_fraction`)
+and the validation-score gain (`val/score/mean` at the last validation minus the first, which the rig
+takes before step 1's update). Then S1 (rejection ranges), S2 (the baseline's mean gain at most
+`gain_ratio_max` of the aligned one's), S3 (a one-sided sign test over the (model, seed) pairs).
+
+    python -m studies report geo_rs --config experiments/geo_rs.yaml --runs results/geo_rs/runs --out results/geo_rs/tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.load import load_runs
+from rla.files import write_csv
+
+REJECTED = "rollout_corr/rollout_rs_seq_masked_fraction"
+VAL = "val/score/mean"
+
+
+def per_run(runs) -> pd.DataFrame:
+    rows = []
+    for run in runs:
+        val = run.wide[VAL].dropna() if VAL in run.wide else pd.Series(dtype=float)
+        rejected = run.wide[REJECTED].dropna() if REJECTED in run.wide else pd.Series(dtype=float)
+        rows.append({"model": run.model, "ablation": run.ablation, "seed": run.seed, "steps": run.steps,
+                     "rejected_frac": rejected.mean() if len(rejected) else math.nan,
+                     "val_first": val.iloc[0] if len(val) else math.nan,
+                     "val_last": val.iloc[-1] if len(val) else math.nan})
+    frame = pd.DataFrame(rows)
+    frame["val_gain"] = frame["val_last"] - frame["val_first"]
+    return frame
+
+
+def sign_test(wins: int, n: int) -> float:
+    """One-sided p of at least `wins` successes in `n` fair coin flips."""
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
+
+
+def judge(runs: pd.DataFrame, prereg: dict) -> pd.DataFrame:
+    """One row per pre-registered check: what was predicted, what was measured, whether it held."""
+    base, aligned = prereg["baseline"], prereg["aligned"]
+    missing = {base, aligned} - set(runs["ablation"])
+    if missing:
+        raise ValueError(f"no runs of {sorted(missing)}; the study's ablations: {sorted(set(runs['ablation']))}")
+    rows = []
+    for ablation, (low, high) in prereg["rejected_fraction"].items():
+        got = runs.loc[runs["ablation"] == ablation, "rejected_frac"]
+        rows.append({"check": f"S1 rejected fraction of {ablation} in [{low}, {high}]", "measured": got.mean(),
+                     "range": f"{got.min():.3g} - {got.max():.3g}", "holds": bool(low <= got.mean() <= high)})
+    gain = runs.groupby("ablation")["val_gain"].mean()
+    ratio = gain[base] / gain[aligned] if gain[aligned] > 0 else math.nan
+    rows.append({"check": f"S2 gain({base}) <= {prereg['gain_ratio_max']} gain({aligned})",
+                 "measured": ratio, "range": f"gains {gain[base]:.3g} vs {gain[aligned]:.3g}",
+                 "holds": bool(gain[aligned] > 0 and gain[base] <= prereg["gain_ratio_max"] * gain[aligned])})
+    paired = (runs.set_index(["model", "seed", "ablation"])["val_gain"].unstack("ablation")
+              .reindex(columns=[base, aligned]).dropna())  # runs without a validation score pair with nothing
+    wins, n = int((paired[aligned] > paired[base]).sum()), len(paired)
+    p = sign_test(wins, n) if n else math.nan
+    rows.append({"check": f"S3 {aligned} gains more than {base} (sign test, p <= {prereg['sign_test_p_max']})",
+                 "measured": p, "range": f"{wins} of {n} pairs", "holds": bool(n and p <= prereg["sign_test_p_max"])})
+    return pd.DataFrame(rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies report geo_rs", description="judge the rejection-stall study's pre-registered predictions")
+    p.add_argument("--config", required=True, nargs="+", help="the study's config(s), later laid over earlier "
+                   "(its `preregistration:` section)")
+    p.add_argument("--runs", required=True, help="the study's runs directory")
+    p.add_argument("--out", required=True, help="where stall_runs.csv and stall_checks.csv go")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rla.config import load_all
+
+    prereg = load_all(args.config).get("preregistration")
+    if not isinstance(prereg, dict):
+        print(f"error: {args.config} has no `preregistration:` section", file=sys.stderr)
+        return 2
+    runs = per_run(load_runs(args.runs))
+    checks = judge(runs, prereg)
+    out = Path(args.out)
+    write_csv(runs, out / "stall_runs.csv")
+    write_csv(checks, out / "stall_checks.csv")
+    print(runs.groupby("ablation")[["rejected_frac", "val_gain"]].agg(["mean", "min", "max"]).to_string())
+    print(checks.to_string(index=False))
+    return 0

@@ -1,0 +1,114 @@
+"""The gradient probe's pre-registered hypotheses (experiments/gradprobe.yaml: HA1-HA4 and the stopping
+rule above its `preregistration:` thresholds), judged on the measured points: `{out}/hypotheses.csv`
+(one row per point and check) and a summary on stdout. Reads the points' tables only (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from rla.config import ConfigError, load
+from rla.files import write_csv
+
+THRESHOLD_KEYS = ("ha1_all_over_none_max", "ha2_e_over_mean_d", "ha2_is_over_sqrt_2k3l", "ha2_flat_max_over_min",
+                  "ha3_mnr_none_max", "ha4_ratio", "stopping_mnr_none_max")
+
+
+def preregistration(plan_file: str | Path) -> tuple[dict, dict]:
+    """(the plan's `gradprobe:` section, its `preregistration:` thresholds), checked."""
+    cfg = load(plan_file)
+    plan, prereg = cfg.get("gradprobe") or {}, cfg.get("preregistration") or {}
+    missing = [k for k in THRESHOLD_KEYS if k not in prereg]
+    if missing or not plan.get("points"):
+        raise ConfigError(f"{plan_file}: needs `gradprobe: points:` and `preregistration:` with "
+                          f"{', '.join(THRESHOLD_KEYS)}; missing: {missing or ['gradprobe.points']}")
+    return plan, prereg
+
+
+def point_checks(rows: pd.DataFrame, t: dict) -> dict[str, tuple[float, bool]]:
+    """{check: (measured value, holds)} of one point's table (one row per setting)."""
+    at = rows.set_index("setting")
+    none, rope, all_ = at.loc["none"], at.loc["rope"], at.loc["all"]
+    e_per_d = none["e"] / none["mean_abs_d_ref"]
+    is_per_k3 = none["is_size"] / none["sqrt_2k3L"] if none["sqrt_2k3L"] > 0 else float("nan")
+    ratio = (rope["e"] / none["e"]) / (rope["mean_abs_d_ref"] / none["mean_abs_d_ref"])
+    (d_lo, d_hi), (is_lo, is_hi), (r_lo, r_hi) = t["ha2_e_over_mean_d"], t["ha2_is_over_sqrt_2k3l"], t["ha4_ratio"]
+    return {f"HA1 e(all)/e(none) <= {t['ha1_all_over_none_max']:g}":
+            (all_["e"] / none["e"], all_["e"] <= t["ha1_all_over_none_max"] * none["e"]),
+            f"HA2 e(none)/mean|d|(none) in [{d_lo:g}, {d_hi:g}]": (e_per_d, d_lo <= e_per_d <= d_hi),
+            f"HA2 IS size / sqrt(2 k3 L) in [{is_lo:g}, {is_hi:g}]": (is_per_k3, is_lo <= is_per_k3 <= is_hi),
+            f"HA3 MNR(none) <= {t['ha3_mnr_none_max']:g}": (none["mnr"], none["mnr"] <= t["ha3_mnr_none_max"]),
+            f"HA4 e ratio / mean|d| ratio (rope:none) in [{r_lo:g}, {r_hi:g}]": (ratio, r_lo <= ratio <= r_hi),
+            f"stopping rule: MNR(none) <= {t['stopping_mnr_none_max']:g}":
+            (none["mnr"], none["mnr"] <= t["stopping_mnr_none_max"])}
+
+
+def points_table(points: dict[str, dict], out: Path) -> str:
+    """One markdown row per measured point: its ladder values and the numbers the hypotheses read."""
+    head = ("| point | model | T | RL step | mean response length | e(none) | e(rope) | e(all) | noise | MNR(none) "
+            "| largest token \\|log-ratio\\| | geo_rs rejects |\n" + "| --- " * 12 + "|")
+    rows = [head]
+    for name in points:
+        if not (out / name / "gradprobe.csv").exists():
+            continue
+        at = pd.read_csv(out / name / "gradprobe.csv").set_index("setting")
+        meta = json.loads((out / name / "gradprobe.json").read_text())
+        none = at.loc["none"]
+        rejects = f"{at.loc['geo_rs', 'rejected_seq_frac']:.2f}" if "geo_rs" in at.index else "-"
+        rows.append(f"| {name} | {meta['model']} | {meta['temperature']:g} | {meta['rl_step']} | "
+                    f"{meta['response_len_mean']:.0f} | {none['e']:.3g} | {at.loc['rope', 'e']:.3g} | "
+                    f"{at.loc['all', 'e']:.3g} | {none['noise']:.3g} | {none['mnr']:.3g} | "
+                    f"{none['max_abs_log_ratio']:.2f} | {rejects} |")
+    return "\n".join(rows)
+
+
+def judge(plan_file: str | Path, out: str | Path) -> tuple[pd.DataFrame, list[str]]:
+    """(each pre-registered check at each measured point, the points not measured and why)."""
+    plan, prereg = preregistration(plan_file)
+    out = Path(out)
+    rows, missing = [], []
+    for name in plan["points"]:
+        table = out / name / "gradprobe.csv"
+        if not table.exists():
+            missing.append(f"{name} ({'no learning signal' if (out / name / 'no_signal.txt').exists() else 'not run'})")
+            continue
+        for check, (value, holds) in point_checks(pd.read_csv(table), prereg).items():
+            rows.append({"point": name, "check": check, "value": float(value), "holds": bool(holds)})
+    if len(missing) == len(plan["points"]) and not any("no learning signal" in m for m in missing):
+        raise ConfigError(f"no point of the plan under {out}: run the plan first "
+                          f"(python -m studies run gradprobe --plan {plan_file} --out {out})")
+    frame = pd.DataFrame(rows, columns=["point", "check", "value", "holds"])
+    ladder = [p for p in plan.get("length_ladder", []) if p in set(frame["point"])]
+    flat = frame[(frame["check"].str.startswith("HA2 e(none)")) & frame["point"].isin(ladder)]["value"]
+    if len(flat) >= 2:
+        spread, limit = float(flat.max() / flat.min()), prereg["ha2_flat_max_over_min"]
+        frame = pd.concat([frame, pd.DataFrame([{"point": "+".join(ladder),
+                                                 "check": f"HA2 flat in length (max/min <= {limit:g})",
+                                                 "value": spread, "holds": spread <= limit}])], ignore_index=True)
+    return frame, missing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies report gradprobe",
+                                description="Judge the gradient probe's pre-registered hypotheses on measured points.")
+    p.add_argument("--plan", required=True, help="the pre-registered plan, experiments/gradprobe.yaml")
+    p.add_argument("--out", required=True, help="the plan's output dir (one folder per point); hypotheses.csv goes here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    frame, missing = judge(args.plan, args.out)
+    write_csv(frame, Path(args.out) / "hypotheses.csv")
+    print(points_table(load(args.plan)["gradprobe"]["points"], Path(args.out)) + "\n")
+    print("| check | holds at | values (min - max) |\n| --- | --- | --- |")
+    for check, group in frame.groupby("check", sort=False):
+        print(f"| {check.replace('|', chr(92) + '|')} | {int(group['holds'].sum())} of {len(group)} points | "
+              f"{group['value'].min():.3g} - {group['value'].max():.3g} |")
+    if missing:
+        print(f"not measured: {', '.join(missing)}")
+    print(f"wrote {Path(args.out) / 'hypotheses.csv'}")
+    return 0

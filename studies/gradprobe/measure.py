@@ -1,0 +1,371 @@
+"""The gradient probe: how far the mismatch moves the policy gradient, against the batch's own noise.
+
+For one model (a warm start, or an RL checkpoint of it), batches of samples from the local engine
+(prompts of the train split, `samples_per_prompt` responses each, at a temperature) and, per setting,
+the policy gradient the RL trainer would take from them: its log-probs with gradients, the old
+log-probs equal to them (verl recomputes them with the same model), verl's rollout correction where the
+setting has one, GRPO advantages, verl's PPO loss, backward; the BF16 parameter gradients, as the
+trainer hands them to its FP32 master, flattened.
+
+The reference is a training side whose forward equals the engine's: all three regions rounding like
+the local engine's graph (target `vllm`), the norm's variance summed in Inductor's order
+(`all+engine_order`) and the logits divided by the temperature in FP32, as the engine does (the RL
+trainer divides in BF16, as verl's actor: at T != 1 a mismatch of its own). The RL trainer's
+`all+engine_order` is also a setting. How exact the reference is, is measured per point: the fraction
+of response tokens whose reference log-prob equals the engine's full forward and its sampling
+log-probs (KV-cache decode: the engine's own prefill-vs-decode difference, which no training side
+removes, shows up there).
+
+Per setting s and batch b, with g the gradient and ḡ the reference's mean over batches:
+- `e`: sqrt(mean_b |g_s,b - g_ref,b|^2) / |ḡ_ref| (the mismatch's error, relative to the mean gradient);
+- `noise`: sqrt(sum_b |g_ref,b - ḡ_ref|^2 / (B - 1)) / |ḡ_ref| (one batch's sampling noise, same scale);
+- `mnr`: e / noise; `e_rms`: the error relative to the RMS batch gradient (free of ḡ's own noise);
+- `e_systematic`: |mean_b (g_s,b - g_ref,b)| / |ḡ_ref| and its noise floor `e_systematic_floor`
+  (the same for a zero-mean error of this size: e / sqrt(B));
+- `is_size`: sqrt(mean_b |g_IS - g|^2) / sqrt(mean_b |g|^2), where g_IS reweights each sequence by
+  verl's sequence-level IS (`decoupled_seq_is`: exp of the summed log-ratio to the engine's sampling
+  log-probs, truncated at 2): the off-policy correction the mismatch calls for, to compare with
+  sqrt(2 k3 L) (`sqrt_2k3L`: k3 per token, verl's estimator, L the mean response length);
+  `is_bias`: |mean_b (g_IS - g)| / |ḡ_ref| (its systematic part);
+- per-token mismatch to the reference (`mean_abs_d_ref`, `frac_identical_ref`) and to the sampling
+  log-probs (verl's `rollout_corr/*` and `training/*` names), the largest token |log-ratio|, the
+  variance of the sequence log-ratio, and the rejected / truncated fraction of a correction.
+
+    python -m studies run gradprobe --config CFG --model NAME [--checkpoint FILE] [--temperature T]
+                                [--batches 12] [--settings none,rope,...] --out DIR
+"""
+
+from __future__ import annotations
+
+
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from studies.probe import measure as probe
+from localrl.trainer import Batch, Trainer, correct_rollout, policy_loss
+from rla.config import ConfigError
+from rla.names import ABLATIONS
+
+EXACT = "exact"  # the reference: all+engine_order with the engine's FP32 temperature division
+REFERENCE_ABLATION = "all+engine_order"
+# The settings a user can pick (rla.names ablations on the BF16 engine): regions, then treatments.
+SETTINGS = tuple(name for name, entry in ABLATIONS.items() if entry.precision == "bf16")
+IS_PRESET = "decoupled_seq_is"  # verl's sequence-level IS: the off-policy correction's size
+DEFAULT_BATCHES = 12
+
+
+class NoSignal(ConfigError):
+    """Every batch's groups scored alike: GRPO's advantages, and every gradient, are zero."""
+
+
+@dataclass
+class Sample:
+    """One batch of engine samples: the RL batch, its scores and GRPO groups."""
+
+    batch: Batch
+    scores: Tensor
+    groups: np.ndarray
+
+
+def sample_batches(engine, tokenizer, prompts: list[list[int]], truths: list[str], n_batches: int, rl: dict,
+                   temperature: float, max_new_tokens: int, seed: int) -> list[Sample]:
+    """`n_batches` RL batches as the loop draws them: prompts in the seeded epoch order of the train
+    split, `samples_per_prompt` responses each from the engine at `temperature`, verl's gsm8k scores."""
+    from localrl.run import PromptSampler, decode_responses
+    from localrl.task import score
+
+    sampler = PromptSampler(len(prompts), torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed + 1)
+    n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
+    out = []
+    for _ in range(n_batches):
+        idx = sampler.take(n)
+        rollout = engine.generate([prompts[i] for i in idx for _ in range(group)], max_new_tokens, temperature, gen)
+        texts = decode_responses(tokenizer, rollout.responses, rollout.response_mask)
+        scores = torch.tensor([score(t, truths[i]) for t, i in zip(texts, np.repeat(idx, group))])
+        batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask,
+                      rollout_log_probs=rollout.logprobs)
+        out.append(Sample(batch, scores, np.repeat(np.arange(n), group)))
+    return out
+
+
+def _log_probs(trainer: Trainer, model, batch: Batch, fp32_temperature: bool) -> Tensor:
+    """Response log-probs with gradients: the RL trainer's (BF16 logits / T in BF16, as verl), or the
+    engine's temperature division (FP32 logits / T)."""
+    if not fp32_temperature:
+        return trainer.token_log_probs(trainer.logits(model, batch), batch.responses.to(trainer.device))
+    from localrl.trainer import sequence_inputs
+
+    ids, mask, positions = (t.to(trainer.device) for t in sequence_inputs(batch))
+    R = batch.responses.shape[1]
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=R + 1).logits[:, :-1]
+    lp = torch.log_softmax(logits.float() / trainer.rl["temperature"], -1)
+    return lp.gather(-1, batch.responses.to(trainer.device)[..., None]).squeeze(-1)
+
+
+def _flat(grads) -> Tensor:
+    return torch.cat([g.float().flatten() for g in grads]).cpu()
+
+
+@dataclass
+class BatchGradient:
+    grad: Tensor                 # the policy gradient (fp32 copy of the BF16 gradients), flattened
+    grad_is: Tensor | None       # the same with verl's sequence-level IS weights
+    log_prob: Tensor             # (B, R) the setting's log-probs of the responses
+    correction: dict = field(default_factory=dict)  # verl's rollout_corr/* metrics of the setting's correction
+
+
+def batch_gradient(trainer: Trainer, model, sample: Sample, setting: probe.Setting, with_is: bool) -> BatchGradient:
+    """The RL trainer's policy gradient of one batch under `setting` (its numerics are applied by the
+    caller: probe.run_settings)."""
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    batch = sample.batch.to(trainer.device)
+    log_prob = _log_probs(trainer, model, batch, fp32_temperature=setting.name == EXACT)
+    batch = replace(batch, old_log_probs=log_prob.detach())
+
+    def loss_of(correction: str | None) -> tuple[Tensor, dict]:
+        b = replace(batch)
+        metrics = correct_rollout(b, getattr(RolloutCorrectionConfig, correction)()) if correction else {}
+        b.advantages = Trainer.grpo_advantages(sample.scores, b.kept_mask().cpu(), sample.groups).to(trainer.device)
+        return policy_loss(b, log_prob, trainer.rl)[0], metrics
+
+    loss, metrics = loss_of(setting.correction)
+    grad = _flat(torch.autograd.grad(loss, params, retain_graph=with_is, allow_unused=False))
+    grad_is = None
+    if with_is:
+        loss_is, _ = loss_of(IS_PRESET)
+        grad_is = _flat(torch.autograd.grad(loss_is, params))
+    return BatchGradient(grad, grad_is, log_prob.detach().cpu(), {k: float(v) for k, v in metrics.items()})
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics over batches
+
+
+def _sq(t: Tensor) -> float:
+    return float(t.double().pow(2).sum())
+
+
+def token_stats(log_prob: Tensor, ref: Tensor, batch: Batch) -> dict:
+    """Per-token mismatch of a setting's log-probs: to the reference, and to the engine's sampling
+    log-probs under verl's names (localrl.metrics), the largest |log-ratio| and the sequence log-ratio."""
+    from localrl.metrics import mismatch_metrics
+
+    mask = batch.response_mask.bool()
+    d_ref = (log_prob - ref)[mask].double()
+    d_roll = torch.where(mask, log_prob.double() - batch.rollout_log_probs.double(), 0.0)
+    verl = mismatch_metrics(torch.where(mask, log_prob, 0.0).double(), batch.rollout_log_probs.double(), mask,
+                            batch.responses)
+    seq = d_roll.sum(1)
+    return {"mean_abs_d_ref": d_ref.abs().mean().item(), "max_abs_d_ref": d_ref.abs().max().item(),
+            "frac_identical_ref": (d_ref == 0).double().mean().item(),
+            "k3": verl["rollout_corr/k3_kl"], "chi2_seq": verl["rollout_corr/chi2_seq"],
+            "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
+            "mean_abs_d_rollout": d_roll[mask].abs().mean().item(), "max_abs_log_ratio": d_roll[mask].abs().max().item(),
+            "seq_logratio_var": seq.var().item(), "response_len": mask.sum(1).double().mean().item(),
+            "n_tokens": int(mask.sum())}
+
+
+def summarize(name: str, grads: list[BatchGradient], ref: list[BatchGradient], tokens: list[dict]) -> dict:
+    """One row of the table for one setting (the module docstring defines every column)."""
+    B = len(ref)
+    ref_mean = torch.stack([r.grad for r in ref]).double().mean(0)
+    mean_norm = float(ref_mean.norm())
+    if mean_norm == 0:  # every group scored alike in every batch: GRPO's advantages, and the gradient, are 0
+        raise NoSignal(f"the reference gradient is 0 in all {B} batches (no group with differing scores): "
+                          "this model and task give no learning signal to compare")
+    noise_abs = math.sqrt(sum(_sq(r.grad.double() - ref_mean) for r in ref) / max(B - 1, 1))
+    diffs = [g.grad.double() - r.grad.double() for g, r in zip(grads, ref)]
+    err_abs = math.sqrt(sum(_sq(d) for d in diffs) / B)
+    rms_ref = math.sqrt(sum(_sq(r.grad) for r in ref) / B)
+    mean_diff = torch.stack(diffs).mean(0)
+    cos = [float(d @ ref_mean / (d.norm() * mean_norm)) if d.norm() > 0 and mean_norm > 0 else 0.0 for d in diffs]
+    row = {"setting": name, "batches": B, "mean_grad_norm": mean_norm, "noise_abs": noise_abs,
+           "mean_resolved": mean_norm ** 2 / (noise_abs ** 2 / B) if noise_abs > 0 else float("inf"),
+           "e": err_abs / mean_norm, "noise": noise_abs / mean_norm, "mnr": err_abs / noise_abs if noise_abs else 0.0,
+           "e_rms": err_abs / rms_ref, "e_systematic": float(mean_diff.norm()) / mean_norm,
+           "e_systematic_floor": err_abs / math.sqrt(B) / mean_norm, "cos_error_mean_grad": float(np.mean(cos))}
+    if all(g.grad_is is not None for g in grads):
+        is_diffs = [g.grad_is.double() - g.grad.double() for g in grads]
+        rms_g = math.sqrt(sum(_sq(g.grad) for g in grads) / B)
+        row["is_size"] = math.sqrt(sum(_sq(d) for d in is_diffs) / B) / rms_g
+        row["is_bias"] = float(torch.stack(is_diffs).mean(0).norm()) / mean_norm
+    frame = pd.DataFrame(tokens)
+    row.update(frame.mean(numeric_only=True).to_dict())
+    row["max_abs_log_ratio"] = float(frame["max_abs_log_ratio"].max())
+    row["n_tokens"] = int(frame["n_tokens"].sum())
+    row["sqrt_2k3L"] = math.sqrt(2 * row["k3"] * row["response_len"]) if row["k3"] > 0 else 0.0
+    corrections = pd.DataFrame([g.correction for g in grads])
+    for key, column in (("rollout_corr/rollout_rs_seq_masked_fraction", "rejected_seq_frac"),
+                        ("rollout_corr/rollout_is_mean", "is_weight_mean")):
+        if key in corrections:
+            row[column] = float(corrections[key].mean())
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# One point
+
+
+@dataclass
+class PointResult:
+    rows: pd.DataFrame      # one row per setting
+    batches: pd.DataFrame   # one row per setting and batch: norms, error, rejection
+    meta: dict
+
+
+def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str], log=print) -> PointResult:
+    """The reference's gradients first, then every setting's against them (probe.run_settings)."""
+    sides = probe.Sides(trainer.model, engine)
+    ref_setting = replace(probe.Setting.of_ablation(REFERENCE_ABLATION), name=EXACT)
+    with_is = {"none", "rope", "swiglu", "rmsnorm", "all", REFERENCE_ABLATION, EXACT}
+    chosen = [ref_setting] + [probe.Setting.of_ablation(s) for s in settings]
+    bad = [s for s in chosen if s.dtype != torch.bfloat16]
+    if bad:
+        raise ConfigError(f"settings {[s.name for s in bad]}: the gradient probe scores BF16 engine samples "
+                          "(an FP16 setting needs an FP16 engine's samples); allowed: " + ", ".join(SETTINGS))
+    results: dict[str, list[BatchGradient]] = {}
+    engine_check = {}
+
+    def step(setting: probe.Setting, model, engine_model):
+        grads = [batch_gradient(trainer, model, s, setting, setting.name in with_is) for s in samples]
+        results[setting.name] = grads
+        if setting.name == EXACT:  # how exact the reference is: the engine's full forward and its sampling
+            engine_check.update(_reference_check(engine_model, samples, grads, trainer.rl["temperature"]))
+        return grads
+
+    probe.run_settings(chosen, sides, step, log)
+    ref = results[EXACT]
+    refs = [g.log_prob for g in ref]
+    rows, batch_rows = [], []
+    for setting in chosen:
+        grads = results[setting.name]
+        tokens = [token_stats(g.log_prob, r, s.batch) for g, r, s in zip(grads, refs, samples)]
+        rows.append({**summarize(setting.name, grads, ref, tokens), "regions": ",".join(setting.regions) or "none",
+                     "reduction": setting.reduction, "correction": setting.correction or "",
+                     "compiled": setting.compiled})
+        for b, (g, r) in enumerate(zip(grads, ref)):
+            batch_rows.append({"setting": setting.name, "batch": b, "grad_norm": float(g.grad.norm()),
+                               "error_norm": float((g.grad.double() - r.grad.double()).norm()),
+                               "score_mean": float(samples[b].scores.mean()), **tokens[b], **g.correction})
+    return PointResult(pd.DataFrame(rows), pd.DataFrame(batch_rows), {"reference": engine_check})
+
+
+@torch.no_grad()
+def _reference_check(engine_model, samples: list[Sample], ref: list[BatchGradient], temperature: float) -> dict:
+    """Fractions of response tokens whose reference log-prob equals the engine's full forward and its
+    sampling log-probs (both at the temperature, FP32 log-softmax of the engine's BF16 logits)."""
+    equal_forward = equal_sampling = total = 0
+    for sample, grad in zip(samples, ref):
+        batch = sample.batch
+        layout = probe.Layout.from_rollout(_as_rollout(batch))
+        logits = probe.engine_forward(engine_model, layout.ids, layout.mask, layout.positions).logits
+        lp = torch.log_softmax(logits.float() / temperature, -1)[:, :-1]
+        lp = lp.gather(-1, layout.ids[:, 1:, None].to(lp.device)).squeeze(-1).cpu()[:, layout.response_cols]
+        mask = batch.response_mask.bool()
+        equal_forward += int((lp == grad.log_prob)[mask].sum())
+        equal_sampling += int((batch.rollout_log_probs == grad.log_prob)[mask].sum())
+        total += int(mask.sum())
+    return {"frac_equal_engine_forward": equal_forward / total, "frac_equal_engine_sampling": equal_sampling / total,
+            "response_tokens": total}
+
+
+def _as_rollout(batch: Batch):
+    from localrl.engine.engine import Rollout
+
+    return Rollout(batch.prompt_ids, batch.prompt_mask, batch.responses, batch.response_mask, batch.rollout_log_probs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building a point from a config
+
+
+@dataclass
+class PointSpec:
+    """What one measurement needs: a config's model (and optionally an RL checkpoint of it)."""
+
+    config: str
+    model: str
+    checkpoint: str | None = None
+    temperature: float = 1.0
+    batches: int = DEFAULT_BATCHES
+    max_new_tokens: int | None = None
+    seed: int = 0
+    settings: tuple[str, ...] = SETTINGS
+
+
+def run_point(spec: PointSpec, log=print) -> PointResult:
+    from transformers import AutoTokenizer
+
+    from localrl.data import load_split
+    from localrl.engine.engine import Engine
+    from localrl.task import render_prompt
+    from rla import layout
+    from rla.config import load, model_spec, rl_settings
+
+    cfg = load(spec.config)
+    model_spec(cfg, spec.model, "local")
+    rl = {**rl_settings(cfg, "local", spec.model), "temperature": float(spec.temperature)}
+    data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, spec.model)
+    if not (model_dir / "model.safetensors").exists():
+        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --config {spec.config} "
+                          f"--model {spec.model} --out {model_dir}` first")
+    max_new = spec.max_new_tokens or rl["max_response_length"]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    frame = load_split(data_dir, "train")
+    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
+    truths = [rm["ground_truth"] for rm in frame["reward_model"]]
+    started = time.perf_counter()
+    with Trainer(str(model_dir), rl, REFERENCE_ABLATION, target="vllm", gemm="fp32") as trainer:
+        step = 0
+        if spec.checkpoint:
+            state = torch.load(spec.checkpoint, weights_only=False)
+            trainer.master.load_state_dict(state["trainer"]["master"])
+            trainer.sync_compute_weights()
+            step = int(state["step"])
+        positions = max(trainer.master.config.max_position_embeddings, max(map(len, prompts)) + max_new)
+        engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id, max_positions=positions)
+        engine.load_weights(trainer.weights_for_engine())
+        log(f"gradprobe {spec.model} (step {step}, T {spec.temperature}): sampling {spec.batches} batches of "
+            f"{rl['prompts_per_step']} x {rl['samples_per_prompt']} (the engine compiles on first use)")
+        samples = sample_batches(engine, tokenizer, prompts, truths, spec.batches, rl, spec.temperature, max_new,
+                                 spec.seed)
+        result = measure(trainer, engine, samples, list(spec.settings), log)
+    lengths = torch.cat([s.batch.response_mask.sum(1) for s in samples]).double()
+    result.meta.update({"config": spec.config, "model": spec.model, "checkpoint": spec.checkpoint, "rl_step": step,
+                        "temperature": spec.temperature, "batches": spec.batches, "max_new_tokens": max_new,
+                        "seed": spec.seed, "prompts_per_batch": rl["prompts_per_step"],
+                        "samples_per_prompt": rl["samples_per_prompt"],
+                        "hidden": trainer.master.config.hidden_size, "layers": trainer.master.config.num_hidden_layers,
+                        "arch": trainer.master.config.model_type,
+                        "parameters": sum(p.numel() for p in trainer.master.parameters()),
+                        "response_len_mean": lengths.mean().item(), "response_len_max": int(lengths.max()),
+                        "score_mean": float(torch.cat([s.scores for s in samples]).mean()),
+                        "seconds": round(time.perf_counter() - started, 1)})
+    for key in ("rl_step", "temperature", "hidden", "arch", "response_len_mean"):
+        result.rows[key] = result.meta[key]
+    return result
+
+
+def write(result: PointResult, out: str | Path) -> list[Path]:
+    from rla.files import write_csv
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "gradprobe.csv", out / "batches.csv", out / "gradprobe.json"]
+    write_csv(result.rows, paths[0])
+    write_csv(result.batches, paths[1])
+    from rla import files
+
+    files.write_text(paths[2], json.dumps(result.meta, indent=1, default=str) + "\n")
+    return paths

@@ -1,0 +1,127 @@
+"""The gradient probe's ladders: the points of a pre-registered plan (the `gradprobe:` section of
+experiments/gradprobe.yaml), run one after the other.
+
+    points:
+      base-qwen2: {model: qwen2-s}                                  # the plan's own config, T 1, warm start
+      t05-qwen2: {model: qwen2-s, temperature: 0.5}
+      step30-qwen2: {model: qwen2-s, rl_step: 30}                   # an RL checkpoint, made with the rig
+      long-qwen2: {config: experiments/long.yaml, model: qwen2-l}   # another config's task and model
+      w256-qwen2: {model: qwen2-w256, settings: [none, rope, all]}  # fewer settings than the plan's
+
+A point's model is its config's warm start (`{results_dir}/models/{model}`, made with its data on
+first use, as the workflow makes them); `rl_step: N` is that
+model after N RL steps of the rig (`rl_ablation`, default none, seed 0, the config's RL settings and
+engine), trained here on first use: the cell runs to N steps, its checkpoint is copied to
+`{out}/checkpoints/{model}/step_N.pt`, and a later N continues the same cell. Each point writes
+`{out}/{point}/` (studies.gradprobe.measure.write), or `no_signal.txt` when every batch's groups scored alike
+(a zero gradient: nothing to compare); a point whose folder holds either is not measured again.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, PointSpec, run_point, write
+from rla.config import ConfigError, load
+
+POINT_KEYS = {"config", "model", "temperature", "rl_step", "rl_ablation", "batches", "max_new_tokens", "seed",
+              "settings"}
+
+
+def plan_points(plan_file: str | Path) -> tuple[dict, dict[str, dict]]:
+    """(plan settings, {point name: point}) of a plan file, checked."""
+    cfg = load(plan_file)
+    plan = cfg.get("gradprobe")
+    if not isinstance(plan, dict) or not isinstance(plan.get("points"), dict) or not plan["points"]:
+        raise ConfigError(f"{plan_file}: no `gradprobe: points:` mapping of point names to points")
+    points = {}
+    for name, point in plan["points"].items():
+        unknown = sorted(set(point) - POINT_KEYS)
+        if unknown or "model" not in point:
+            raise ConfigError(f"{plan_file}: gradprobe point {name!r}: unknown keys {unknown} or no model; "
+                              f"allowed: {', '.join(sorted(POINT_KEYS))}")
+        points[name] = {"config": str(plan_file), **point}
+    bad = [s for p in [plan, *points.values()] for s in p.get("settings", ()) if s not in SETTINGS]
+    if bad:
+        raise ConfigError(f"{plan_file}: gradprobe.settings {bad} unknown; allowed: {', '.join(SETTINGS)}")
+    return plan, points
+
+
+def ensure_warm_start(point: dict, log=print) -> None:
+    """The point's data and warm-started model, made as the workflow makes them if missing."""
+    from localrl.data import write_splits
+    from localrl.task import TaskSettings
+    from localrl.warmstart import warmstart
+    from rla import layout
+    from rla.config import model_spec, warmstart_settings
+
+    cfg = load(point["config"])
+    model_spec(cfg, point["model"], "local")
+    data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, point["model"])
+    if not (data_dir / "train.parquet").exists():
+        log(f"data: {data_dir}")
+        write_splits(TaskSettings.from_config(cfg.get("task") or {}), data_dir)
+    if not (model_dir / "model.safetensors").exists():
+        log(f"warm start: {point['model']} of {point['config']} in {model_dir}")
+        warmstart_settings(cfg)
+        warmstart(cfg, point["model"], data_dir, model_dir)
+
+
+def checkpoint_of(point: dict, out: Path, log=print) -> str | None:
+    """The RL checkpoint a point asks for (None: the warm start), trained with the rig if missing."""
+    steps = point.get("rl_step")
+    if not steps:
+        return None
+    from localrl.run import train_cell
+    from rla import layout
+    from rla.cells import Cell
+
+    kept = out / "checkpoints" / point["model"] / f"step_{int(steps):06d}.pt"
+    if kept.exists():
+        return str(kept)
+    cfg = load(point["config"])
+    ablation, seed = point.get("rl_ablation", "none"), int(point.get("seed", 0))
+    cell_dir = layout.cell_dir(cfg, point["model"], ablation, seed)
+    log(f"RL checkpoint: {point['model']}/{ablation}/seed{seed} to step {steps} in {cell_dir}")
+    train_cell(Cell.of(cfg, point["model"], ablation, seed, cell_dir, steps=int(steps)))
+    made = cell_dir / "checkpoints" / f"step_{int(steps):06d}.pt"
+    if not made.exists():
+        raise ConfigError(f"the cell {cell_dir} has no checkpoint at step {steps}")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(made, kept)
+    return str(kept)
+
+
+def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, log=print) -> int:
+    plan, points = plan_points(plan_file)
+    out = Path(out)
+    names = list(points) if not only else [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in points]
+    if unknown:
+        raise ConfigError(f"--points {unknown} not in {plan_file}; its points: {', '.join(points)}")
+    for i, name in enumerate(names, 1):
+        point = points[name]
+        if (out / name / "gradprobe.csv").exists() or (out / name / "no_signal.txt").exists():
+            log(f"[point {i}/{len(names)}] {name}: done already ({out / name})")
+            continue
+        log(f"[point {i}/{len(names)}] {name}: {point}")
+        ensure_warm_start(point, log)
+        spec = PointSpec(point["config"], point["model"], checkpoint_of(point, out, log),
+                         float(point.get("temperature", 1.0)), int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
+                         point.get("max_new_tokens"), int(point.get("seed", 0)),
+                         tuple(point.get("settings", plan.get("settings", SETTINGS))))
+        try:
+            result = run_point(spec, log)
+        except NoSignal as err:  # recorded, and the plan goes on: a pre-registered point is reported either way
+            from rla import files
+
+            files.write_text(out / name / "no_signal.txt", f"{err}\n")
+            log(f"[point {i}/{len(names)}] {name}: no learning signal: {err}")
+            continue
+        result.meta["point"] = name
+        result.rows.insert(0, "point", name)
+        result.batches.insert(0, "point", name)
+        for path in write(result, out / name):
+            log(f"wrote {path}")
+    return 0

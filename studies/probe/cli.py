@@ -1,0 +1,74 @@
+"""The probe's command: `python -m studies run probe` (the registry's measure step of the probe).
+
+    python -m studies run probe --config CFG --model NAME --out results/tiny/probe/NAME
+    python -m studies run probe --engine vllm --model CHECKPOINT_DIR --out DIR     # any Qwen2/2.5/3 checkpoint
+
+Against the local engine the probe is `studies.probe.measure.probe_local`; against vLLM,
+`studies.probe.vllm.probe_vllm`. Which one runs is the config's engine unless --engine names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rla.config import ConfigError
+from rla.names import ENGINES
+from studies.probe.inputs import check_checkpoint
+from studies.probe.measure import DEFAULT_POSITION_BIN
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies run probe",
+                                description="Per-region training-inference mismatch of one model.")
+    p.add_argument("--config", help="experiment config; --model is then one of its model_specs (without it: "
+                                    "--model is a checkpoint directory, probed against vLLM)")
+    p.add_argument("--model", required=True, help="a model of the config, or a Hugging Face Qwen2 / Qwen2.5 / "
+                                                  "Qwen3 checkpoint directory")
+    p.add_argument("--engine", choices=ENGINES, help="the inference side: vllm (studies.probe.vllm), local "
+                                                     "(localrl/engine), auto (default: the config's engine)")
+    p.add_argument("--out", required=True, help="output dir, e.g. results/probe/NAME")
+    p.add_argument("--model-dir", help="warm-started model (default: {results_dir}/models/{model})")
+    p.add_argument("--data", help="data dir with test.parquet (default: {results_dir}/data)")
+    p.add_argument("--n-prompts", type=int, default=128, help="test prompts to probe (default 128)")
+    p.add_argument("--max-new-tokens", type=int, help="response length (default: the config's rl.max_response_length)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt choice and the sampling (default 0)")
+    p.add_argument("--position-bin", type=int, default=DEFAULT_POSITION_BIN,
+                   help=f"width of the position bins (default {DEFAULT_POSITION_BIN})")
+    p.add_argument("--batch-size", type=int, default=16, help="vllm: sequences per training-side forward (default 16)")
+    p.add_argument("--gpu-memory-utilization", type=float, help="vllm on a GPU: vLLM's share of GPU memory "
+                                                                 "(default: vLLM's)")
+    p.add_argument("--kv-cache-gib", type=int, help="vllm on a CPU: KV cache in GiB (default: the config's, else 1)")
+    p.add_argument("--no-fp16", action="store_true", help="vllm: skip the fp16 treatment (a second, FP16 engine)")
+    return p
+
+
+def engine_of(args, cfg: dict | None) -> str:
+    """The engine the probe runs against: --engine, else the config's (auto: vllm where it runs)."""
+    from localrl import engines
+    from localrl.device import device
+    from rla.config import engine_settings
+
+    settings = engine_settings(cfg) if cfg is not None else engine_settings({})
+    if args.engine is not None:
+        settings = {**settings, "name": args.engine}
+    if cfg is None:  # a checkpoint directory: checked first (fast), and only vLLM probes one
+        if settings["name"] == "local":
+            raise ConfigError(f"--model {args.model} without --config is a checkpoint directory, probed against "
+                              "vLLM; the local engine probes a model of an experiment config "
+                              "(--config CFG --model NAME)")
+        check_checkpoint(args.model)
+        settings = {**settings, "name": "vllm"}  # auto: vLLM or an error saying why it cannot run
+    return engines.resolve(settings, device().type)["name"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from rla.config import load
+    from studies.probe.measure import probe_local
+    from studies.probe.vllm import probe_vllm
+
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)  # one process per core: run probes side by side (snakemake --cores N)
+    cfg = load(args.config) if args.config is not None else None
+    return probe_vllm(args, cfg) if engine_of(args, cfg) == "vllm" else probe_local(args, cfg)

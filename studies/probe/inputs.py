@@ -1,0 +1,100 @@
+"""What the probes read: a model of the config or a checkpoint directory, checked before any engine
+starts, and its prompts (a verl-schema test split or the generated task, in the model's chat template)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from rla.config import ConfigError
+
+
+def config_model(args, cfg: dict) -> tuple[dict, Path, Path]:
+    """(rl settings, data dir, warm-started model dir) of `--model`, a model of the config; an unknown
+    model or a model not yet warm-started is a ConfigError."""
+    from rla import layout
+    from rla.config import model_spec, rl_settings
+
+    model_spec(cfg, args.model, "local")
+    model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
+    if not (model_dir / "config.json").exists():
+        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --model {args.model} "
+                          f"--out {model_dir}` first, or pass --model-dir")
+    return rl_settings(cfg, "local", args.model), Path(args.data or layout.data_dir(cfg)), model_dir
+
+
+def check_checkpoint(path: str | Path):
+    """The checkpoint's transformers config, or a ConfigError in one line naming what is wrong: not a
+    directory, no config.json, no weights, or layers the alignment patches do not cover."""
+    import patches
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not path.is_dir():
+        raise ConfigError(f"--model {path}: not a directory (a Hugging Face checkpoint directory is expected)")
+    if not (path / "config.json").exists():
+        raise ConfigError(f"--model {path}: no config.json, so not a Hugging Face checkpoint directory")
+    if not any((path / name).exists() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise ConfigError(f"--model {path}: no model.safetensors or model.safetensors.index.json (safetensors "
+                          "weights are needed)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as err:  # a broken or unknown config.json: say which file and why
+        raise ConfigError(f"--model {path}: config.json does not load: {type(err).__name__}: "
+                          f"{str(err).splitlines()[0] if str(err) else ''}") from None
+    with torch.device("meta"):
+        try:
+            model = AutoModelForCausalLM.from_config(config)
+        except Exception as err:
+            raise ConfigError(f"--model {path}: transformers cannot build a causal LM from it "
+                              f"({config.model_type}): {type(err).__name__}") from None
+    try:
+        patches.check_model(model)
+    except patches.UnsupportedModelError as err:
+        raise ConfigError(f"--model {path}: {err}") from None
+    return config
+
+
+def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
+    """Token ids of each chat: the checkpoint's own chat template if it has one, else the task's
+    rendering (`localrl.task.render_prompt`, what the tiny models were trained on)."""
+    from localrl.task import render_prompt
+
+    if getattr(tokenizer, "chat_template", None):
+        return [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
+                for m in messages]
+    return [tokenizer(render_prompt(m))["input_ids"] for m in messages]
+
+
+def task_messages(data_dir: str | Path | None, n: int, seed: int) -> list[list[dict]]:
+    """`n` chats from a verl-schema test.parquet (`data_dir`), or from the generated task's test split."""
+
+    if data_dir is not None:
+        from localrl.data import load_split
+
+        try:
+            frame = load_split(data_dir, "test")
+        except FileNotFoundError as e:
+            raise ConfigError(str(e)) from None
+    else:
+        from localrl.data import split_frame
+        from localrl.task import TaskSettings
+
+        frame = split_frame(TaskSettings(n_test=max(n, 200)), "test")
+    return [list(p) for p in choose_prompts(frame, n, seed)["prompt"]]
+
+
+def positive(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def choose_prompts(test: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    if n > len(test):
+        raise ConfigError(f"--n-prompts {n} exceeds the {len(test)} prompts of the test split; allowed: 1..{len(test)}")
+    index = np.sort(np.random.default_rng(seed).choice(len(test), size=n, replace=False))
+    return test.iloc[index]

@@ -1,0 +1,472 @@
+"""The mismatch probe: how much of the training-inference mismatch each alignment region removes.
+
+For one model, a fixed set of test prompts and responses sampled once from the engine (temperature 1,
+seeded), the training side (transformers + patches, bf16 weights, fp32 buffers, shared GEMM and
+attention kernels: `localrl.trainer.Trainer`'s model) scores the responses under every subset of
+{rope, swiglu, rmsnorm}, plus "all" with the compiled engine's summation order for the RMSNorm
+variance (`reduction="inductor_cpu"`), plus two treatments a user might pick instead: `compile` (the
+stock training forward with each decoder layer compiled by torch.compile) and `fp16` (both sides in
+FP16: the training model's FP16 copy of the master weights against the engine in FP16, which gets the
+same master weights). Each setting is compared with the inference side:
+
+- reference `engine_forward` (the main one): the engine's full forward of prompt + response, in the
+  same batch layout as the trainer. Both sides then see the same tokens, positions and masks, and share
+  the GEMM/attention kernels, so every difference comes from the three regions and the summation order.
+  It also gives the engine's per-layer residual stream.
+- reference `engine_sampling`: the logprobs the engine returned while sampling (KV-cache decode), which
+  is what verl compares with. On top of the regions it holds the engine's own prefill-vs-decode
+  difference, which no training-side alignment can remove; the row `engine_forward` under this
+  reference measures that part alone. The responses were sampled in BF16, so `fp16` has no row here.
+
+Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; then
+`studies.probe.report` writes subsets.md and the figures from those CSV files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+import patches
+from patches import compile as compiled_layers
+from rla.config import ConfigError
+from rla.names import REGIONS, forward_treatment, subset_name
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from localrl.engine.engine import Engine, Rollout, prefill_mask
+from localrl.models import compute_copy
+from localrl.trainer import Batch, Trainer, sequence_inputs
+
+# Bins of the engine's probability of the scored token (prior work: low-probability tokens carry the
+# largest errors); the last bin closes at 1.
+PROBABILITY_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
+DEFAULT_POSITION_BIN = 16
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration of both sides: the aligned regions, the RMSNorm summation order, decoder
+    layers compiled or not, the dtype both sides compute in, the engine build the regions round like
+    (`target`), and verl's rollout-correction preset of the loss (`correction`: read by the gradient
+    probe; a forward does not see it)."""
+
+    name: str
+    regions: tuple[str, ...]
+    reduction: str = "eager"
+    compiled: bool = False
+    dtype: torch.dtype = torch.bfloat16
+    target: str = patches.DEFAULT_TARGET
+    correction: str | None = None
+
+    @property
+    def treatment(self) -> str:
+        return forward_treatment(self.compiled, self.dtype == torch.float16)
+
+    @classmethod
+    def of_ablation(cls, name: str, target: str = patches.DEFAULT_TARGET) -> "Setting":
+        """An ablation of the grid (rla.names.ABLATIONS) as the RL trainer runs it."""
+        from rla import names
+
+        entry = names.ablation(name)
+        return cls(name, entry.regions, entry.reduction, compiled=entry.compiled,
+                   dtype=torch.float16 if entry.precision == "fp16" else torch.bfloat16, target=target,
+                   correction=entry.rollout_correction)
+
+
+SUBSETS = [c for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]  # by size, REGIONS order
+
+
+def probe_settings(target: str = patches.DEFAULT_TARGET, other: str | None = None,
+                   engine_order: bool = True) -> list[Setting]:
+    """Every subset of the regions rounding like `target`, all + engine order, then (with `other`, the
+    other target) every subset with rmsnorm rounding like it - the targets differ only in where the
+    residual stream is stored - and the treatments."""
+    settings = [Setting(subset_name(c), c, target=target) for c in SUBSETS]
+    if engine_order:
+        settings.append(Setting(ENGINE_ORDER, REGIONS, "inductor_cpu", target=target))
+    if other is not None:
+        settings += [Setting(f"{subset_name(c)}@{other}", c, target=other) for c in SUBSETS if "rmsnorm" in c]
+        if engine_order:
+            settings.append(Setting(f"{ENGINE_ORDER}@{other}", REGIONS, "inductor_cpu", target=other))
+    return settings + [Setting("compile", (), compiled=True, target=target),
+                       Setting("fp16", (), dtype=torch.float16, target=target)]
+
+
+# ---------------------------------------------------------------------------------------------
+# One forward per side
+
+
+@dataclass
+class Forward:
+    logprobs: Tensor         # (B, T-1) fp32: logprob of token t+1 given tokens <= t
+    residuals: list[Tensor]  # bf16 residual stream (B, T, hidden): embedding output, then each layer's
+    logits: Tensor           # (B, T, vocab) bf16
+
+
+def next_token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
+    """Raw logprobs (temperature 1) as both sides compute them: fp32 log-softmax of bf16 logits."""
+    ids = ids.to(logits.device)
+    return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -> Forward:
+    """The engine's full forward (prefill layout) of prompt + response."""
+    engine_model.layer_outputs = []
+    try:
+        logits = engine_model(ids, positions, prefill_mask(mask.bool()))
+        layers = engine_model.layer_outputs
+    finally:
+        engine_model.layer_outputs = None
+    embed = engine_model.weights["embed"][ids.to(engine_model.device)]
+    # The engine records each layer's fp32 sum; its residual stream stores that sum in bf16.
+    return Forward(next_token_logprobs(logits, ids), [embed] + [h.to(embed.dtype) for h in layers], logits)
+
+
+@contextlib.contextmanager
+def numerics(model, setting: Setting):
+    """The training side under `setting` inside the block: its regions rounding like its target, the
+    norm's summation order, its decoder layers compiled (`compile`); the previous state after it."""
+    with patches.aligned(setting.regions, target=setting.target, reduction=setting.reduction):
+        if setting.compiled:  # the forward each layer has under these regions
+            compiled_layers.compile_layers(model)
+        try:
+            yield model
+        finally:
+            if setting.compiled:
+                compiled_layers.uncompile_layers(model)
+
+
+def run_settings(settings: list[Setting], sides: "Sides", step: Callable, log=print,
+                 describe: Callable = lambda result: "") -> list:
+    """The settings loop of the probe, the scaling study and the gradient probe: for each setting its
+    models (training and engine, in its dtype: `sides`), `step(setting, train_model, engine_model)`
+    called under the setting's numerics, timed, and one progress line (`describe(result)`)."""
+    results = []
+    for i, setting in enumerate(settings, 1):
+        start = time.perf_counter()
+        model, engine_model = sides.get(setting.dtype)
+        with numerics(model, setting):
+            result = step(setting, model, engine_model)
+        results.append(result)
+        log(f"[{i}/{len(settings)}] {setting.name:18s} {describe(result)} ({time.perf_counter() - start:.1f} s)")
+    return results
+
+
+@torch.no_grad()
+def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: Setting | None = None) -> Forward:
+    """The training side's forward under `setting` (None: as the model is, e.g. inside `run_settings`).
+    Layer outputs come from hooks, not from HF's `hidden_states` (whose last entry is the final norm's
+    output, not the last layer's)."""
+    if setting is not None:
+        with numerics(model, setting):
+            return train_forward(model, ids, mask, positions)
+    from patches.stream import hidden_state
+
+    hidden, dtype = model.config.hidden_size, model.get_input_embeddings().weight.dtype
+    recorded: list[Tensor] = []
+
+    def record(module, args, output):
+        out = output[0] if isinstance(output, tuple) else output
+        # With the rmsnorm region a layer returns its fp32 stream, bit-cast: recorded rounded to the
+        # activation dtype, as the engine's pieces store the residual.
+        recorded.append(hidden_state(out, hidden).to(dtype))
+
+    layers = compiled_layers.decoder_layers(model)
+    handles = [layer.register_forward_hook(record) for layer in layers]  # outside a compiled layer
+    handles.append(model.get_input_embeddings().register_forward_hook(record))
+    try:
+        device = next(model.parameters()).device
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                       use_cache=False).logits
+    finally:
+        for h in handles:
+            h.remove()
+    # hooks fire in execution order: the embedding first, then each decoder layer
+    if len(recorded) != len(handles):
+        raise RuntimeError(f"recorded {len(recorded)} residual-stream values, expected {len(handles)}")
+    return Forward(next_token_logprobs(logits, ids), recorded, logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Which tokens are scored, in the (B, T-1) coordinates of `next_token_logprobs`
+
+
+@dataclass
+class Layout:
+    ids: Tensor          # (B, T) prompt + response, prompts left-padded
+    mask: Tensor         # (B, T) long, 1 = real token
+    positions: Tensor    # (B, T) RoPE positions, 0 at each prompt's first real token
+    response: Tensor     # (B, T-1) bool: the scored token is a response token
+    sequence: Tensor     # (B, T-1) bool: input and scored token are both real (prompt or response)
+    sampling: Tensor     # (B, T-1) fp32: the engine's sampling logprobs at response tokens, 0 elsewhere
+    responses: Tensor    # (B, R), for verl's debug metrics
+    response_cols: slice  # the response tokens' columns in (B, T-1): all prompts are padded to one width
+
+    @classmethod
+    def from_rollout(cls, rollout: Rollout) -> "Layout":
+        ids, mask, positions = sequence_inputs(Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
+                                                     rollout.response_mask))
+        P, R = rollout.prompt_ids.shape[1], rollout.responses.shape[1]
+        response = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=torch.bool)
+        response[:, P - 1:P - 1 + R] = rollout.response_mask
+        sampling = torch.zeros(response.shape)
+        sampling[:, P - 1:P - 1 + R] = torch.where(rollout.response_mask, rollout.logprobs, 0.0)
+        sequence = mask[:, :-1].bool() & mask[:, 1:].bool()
+        return cls(ids, mask, positions, response, sequence, sampling, rollout.responses, slice(P - 1, P - 1 + R))
+
+    @property
+    def scored_positions(self) -> Tensor:
+        """RoPE position of each scored token."""
+        return self.positions[:, 1:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Metrics
+
+
+def mismatch_summary(train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> dict[str, float]:
+    """verl's mismatch metrics over the response tokens (d = logp_train - logp_rollout; k3 = mean(exp(d)
+    - 1 - d), an estimate of KL(rollout || train)), plus |d logprob| and the bit-identical fraction."""
+    from localrl.metrics import mismatch_metrics
+
+    sel, cols = layout.response, layout.response_cols
+    # verl's masked means multiply by the mask: masked entries must be finite, so zero them; verl
+    # holds response-aligned (B, R) tensors.
+    # float64 copies (exact): in fp32, exp(d) - 1 - d cancels to 0 for |d| below ~1e-4.
+    train_r, ref_r = (torch.where(sel, lp, 0.0)[:, cols].double() for lp in (train_lp, ref_lp))
+    verl = mismatch_metrics(train_r, ref_r, sel[:, cols], layout.responses)
+    d = (train_lp - ref_lp)[sel].double()
+    return {
+        "n_tokens": int(sel.sum()),
+        "mean_abs_dlogprob": d.abs().mean().item(),
+        "max_abs_dlogprob": d.abs().max().item(),
+        "k3_kl": verl["rollout_corr/k3_kl"],
+        "kl": verl["rollout_corr/kl"],
+        "log_ppl_abs_diff": verl["rollout_corr/log_ppl_abs_diff"],
+        "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
+        "probs_diff_max": verl["training/rollout_probs_diff_max"],
+        "probs_pearson": verl["training/rollout_actor_probs_pearson_corr"],
+        "frac_identical": (d == 0).double().mean().item(),
+    }
+
+
+def layer_rows(train: Forward, ref: Forward, mask: Tensor) -> list[dict]:
+    """Divergence of the bf16 residual stream at the embedding and every layer output, and of the
+    logits, over real tokens. Row `layer` 0 = embedding output (= first layer's input)."""
+    real = mask.bool()
+    stages = [("embedding", 0)] + [("layer", i + 1) for i in range(len(ref.residuals) - 1)]
+    pairs = list(zip(train.residuals, ref.residuals)) + [(train.logits, ref.logits)]
+    stages.append(("logits", len(ref.residuals)))
+    rows = []
+    for (stage, index), (a, b) in zip(stages, pairs):
+        a, b = a[real].double(), b[real].double()
+        rows.append({"layer": index, "stage": stage,
+                     "rel_l2": ((a - b).norm() / b.norm()).item(),
+                     "max_abs": (a - b).abs().max().item(),
+                     "frac_identical": (a == b).double().mean().item(),
+                     "n_values": a.numel()})
+    return rows
+
+
+def binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    g = frame.groupby(key, observed=True, sort=True)
+    out = g.agg(n_tokens=("abs_d", "size"), mean_abs_dlogprob=("abs_d", "mean"),
+                mean_dlogprob=("d", "mean"),  # signed: a biased error does not average out
+                max_abs_dlogprob=("abs_d", "max"), mean_abs_dprob=("abs_dp", "mean"),
+                frac_identical=("identical", "mean"), sum_abs=("abs_d", "sum"))
+    total = out["sum_abs"].sum()
+    out["share_of_abs_dlogprob"] = out["sum_abs"] / total if total > 0 else 0.0
+    return out.drop(columns="sum_abs").reset_index()
+
+
+def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) -> pd.DataFrame:
+    sel = {"response": layout.response, "sequence": layout.sequence}[scope]
+    d = (train_lp - ref_lp)[sel].double()
+    p_ref = ref_lp[sel].double().exp()
+    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+                         "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
+                         "position": layout.scored_positions[sel].numpy()})
+
+
+def by_probability(tokens: pd.DataFrame) -> pd.DataFrame:
+    edges = np.asarray(PROBABILITY_EDGES)
+    index = np.clip(np.searchsorted(edges, tokens["p_ref"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
+    out = binned(tokens.assign(bin=index), "bin")
+    out.insert(1, "p_low", edges[out["bin"]])
+    out.insert(2, "p_high", edges[out["bin"] + 1])
+    return out.drop(columns="bin")
+
+
+def by_position(tokens: pd.DataFrame, width: int) -> pd.DataFrame:
+    out = binned(tokens.assign(bin=tokens["position"] // width), "bin")
+    out.insert(1, "position_low", out["bin"] * width)
+    out.insert(2, "position_high", out["bin"] * width + width - 1)
+    return out.drop(columns="bin")
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+
+
+@dataclass
+class ProbeResult:
+    subsets: pd.DataFrame
+    layers: pd.DataFrame
+    by_probability: pd.DataFrame
+    by_position: pd.DataFrame
+
+    FILES = ("subsets", "layers", "by_probability", "by_position")
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        from rla.files import write_csv
+
+        out_dir = Path(out_dir)
+        paths = []
+        for name in self.FILES:
+            path = out_dir / f"{name}.csv"
+            write_csv(getattr(self, name), path)
+            paths.append(path)
+        return paths
+
+
+def describe(setting: Setting) -> dict:
+    """A setting as the columns of the probe's tables."""
+    return {"setting": setting.name, "regions": ",".join(setting.regions) or "none",
+            "n_regions": len(setting.regions), "reduction": setting.reduction, "treatment": setting.treatment,
+            "dtype": str(setting.dtype).removeprefix("torch."),
+            **{region: region in setting.regions for region in REGIONS}}
+
+
+def sample_rollout(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:
+    """The fixed responses: sampled once from the engine at temperature 1 (raw logprobs)."""
+    return engine.generate(prompts, max_new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+
+
+class Sides:
+    """Both sides' models per compute dtype: the given BF16 pair, and FP16 ones built on first use from
+    the master weights (FP16 training copy with the shared kernels; an FP16 engine loaded with the
+    master weights, as the `fp16` rig's engine gets the trainer's FP16 copy of them)."""
+
+    def __init__(self, train_model, engine: Engine, master=None):
+        self.train = {torch.bfloat16: train_model}
+        self.engine = {torch.bfloat16: engine.model}
+        self.master, self.max_positions = master, engine.max_positions
+
+    def get(self, dtype: torch.dtype):
+        if dtype not in self.train:
+            from localrl.engine.model import EngineModel
+            from localrl.kernels import use_local_kernels
+
+            if self.master is None:
+                raise ValueError(f"a {dtype} setting needs the fp32 master weights (run_probe(..., master=...))")
+            self.train[dtype] = use_local_kernels(compute_copy(self.master, dtype))
+            self.engine[dtype] = EngineModel(self.master.config, self.max_positions, dtype, device=self.master.device)
+            self.engine[dtype].load_hf_weights(self.master.state_dict())
+        return self.train[dtype], self.engine[dtype]
+
+
+def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int = DEFAULT_POSITION_BIN,
+              settings: list[Setting] | None = None, log=print, master=None) -> ProbeResult:
+    """Score `rollout` on the training model under every setting and compare with the engine. `master`
+    (the fp32 weights the BF16 model was cast from) is needed for FP16 settings."""
+    settings = settings or probe_settings()
+    layout = Layout.from_rollout(rollout)
+    sides = Sides(train_model, engine, master)
+    refs = {torch.bfloat16: engine_forward(engine.model, layout.ids, layout.mask, layout.positions)}
+    subsets, layers, prob_rows, pos_rows = [], [], [], []
+
+    # The engine's own prefill-vs-decode part, which no training-side alignment can remove.
+    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
+                  "dtype": "bfloat16", **{region: np.nan for region in REGIONS}}
+    subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
+                    **mismatch_summary(refs[torch.bfloat16].logprobs, layout.sampling, layout)})
+
+    def step(setting: Setting, model, engine_model) -> dict:
+        if setting.dtype not in refs:
+            refs[setting.dtype] = engine_forward(engine_model, layout.ids, layout.mask, layout.positions)
+        ref = refs[setting.dtype]
+        train = train_forward(model, layout.ids, layout.mask, layout.positions)
+        if not torch.isfinite(train.logprobs[layout.sequence]).all():
+            raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
+        described = describe(setting)
+        references = [(MAIN_REFERENCE, ref.logprobs)]
+        if setting.dtype == torch.bfloat16:  # the responses were sampled by the BF16 engine
+            references.append((SAMPLING_REFERENCE, layout.sampling))
+        for reference, ref_lp in references:
+            subsets.append({**described, "reference": reference, **mismatch_summary(train.logprobs, ref_lp, layout)})
+        layers.extend({"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask))
+        response_tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
+        prob_rows.append(by_probability(response_tokens).assign(setting=setting.name))
+        for scope in ("response", "sequence"):
+            tokens = response_tokens if scope == "response" else token_frame(train.logprobs, ref.logprobs, layout, scope)
+            pos_rows.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
+        return subsets[-len(references)]
+
+    run_settings(settings, sides, step, log, lambda main: f"mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
+                 f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%} ")
+
+    def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
+        return frame[first + [c for c in frame.columns if c not in first]]
+
+    return ProbeResult(
+        subsets=pd.DataFrame(subsets),
+        layers=pd.DataFrame(layers),
+        by_probability=front(pd.concat(prob_rows, ignore_index=True), ["setting"]),
+        by_position=front(pd.concat(pos_rows, ignore_index=True), ["setting", "scope"]),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe of one model of an experiment config against the local engine (studies/probe/cli.py: the command)
+
+
+def probe_local(args, cfg: dict) -> int:
+    """The probe against the local engine (localrl/engine) of one model of an experiment config."""
+    from transformers import AutoTokenizer
+
+    from localrl.data import load_split
+    from localrl.task import render_prompt
+    from studies.probe.inputs import choose_prompts, config_model, positive
+
+    rl, data_dir, model_dir = config_model(args, cfg)  # an unknown model fails before any work
+    n_prompts = positive("--n-prompts", args.n_prompts)
+    max_new_tokens = positive("--max-new-tokens", rl["max_response_length"] if args.max_new_tokens is None
+                               else args.max_new_tokens)
+    position_bin = positive("--position-bin", args.position_bin)
+    try:
+        test = load_split(data_dir, "test")
+    except FileNotFoundError as e:
+        raise ConfigError(str(e)) from None
+    frame = choose_prompts(test, n_prompts, args.seed)
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
+    # The training model exactly as the RL loop builds it (bf16 compute copy, fp32 buffers, shared
+    # kernels); "all" makes the trainer check that the patches cover every layer of this model.
+    with Trainer(str(model_dir), {**rl, "temperature": 1.0}, "all") as trainer:
+        engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
+        longest = max(map(len, prompts)) + max_new_tokens
+        if longest > engine.max_positions:
+            raise ConfigError(f"prompts of up to {max(map(len, prompts))} tokens + --max-new-tokens {max_new_tokens} "
+                              f"exceed the model's {engine.max_positions} positions")
+        engine.load_weights(trainer.weights_for_engine())
+        log(f"probe {args.model}: {n_prompts} prompts, responses of up to {max_new_tokens} tokens "
+            f"(sampling compiles the engine on first use)")
+        start = time.perf_counter()
+        rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
+        log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
+        result = run_probe(trainer.model, engine, rollout, position_bin, log=log, master=trainer.master)
+    for path in result.write(Path(args.out)):
+        log(f"wrote {path}")
+    log(f"figures and tables: python -m studies report probe --probe {args.out} --out FIGURES_DIR")
+    return 0

@@ -1,0 +1,411 @@
+"""Tables and figures of the mismatch probe (``python -m studies run probe``), from its CSV files only.
+
+A probe directory holds ``subsets.csv`` (one row per training-side setting and reference),
+``layers.csv``, ``by_probability.csv`` and ``by_position.csv``. From them:
+
+- :func:`region_shares`: each region's share of the stock mismatch (mean |d logprob| against the
+  engine's forward), as Shapley values over the 8 subsets of regions - the reduction a region brings,
+  averaged over the orders in which regions can be added - plus the share of the summation order and
+  what remains. The shares add up to the stock mismatch.
+- ``subsets.md``; figures ``subsets`` (bars per setting, log scale), ``layers`` (divergence of the
+  residual stream per layer), ``where`` (by the engine's token probability and by position);
+  across models ``probe_subsets`` (one panel per model).
+
+``python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rla.files import write_csv, write_text
+from rla.names import REGIONS
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from analysis import figures
+from analysis.output import to_markdown
+from analysis.style import ABLATION_COLORS, apply_theme
+
+log = logging.getLogger(__name__)
+
+TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligned, another training side
+SETTING_ORDER = ("none", "rope", "swiglu", "rmsnorm", "rope+swiglu", "rope+rmsnorm", "swiglu+rmsnorm", "all",
+                 ENGINE_ORDER) + TREATMENTS
+LAYER_SETTINGS = ("none", "rope", "swiglu", "rmsnorm", "all", ENGINE_ORDER) + TREATMENTS
+WHERE_SETTINGS = ("none", "rope", "all", ENGINE_ORDER) + TREATMENTS
+PAIR_COLOR = "#999999"
+LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
+REQUIRED = {
+    "subsets": ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
+                "k3_kl", "probs_diff_mean", "frac_identical"],
+    "layers": ["setting", "layer", "stage", "rel_l2", "frac_identical"],
+    "by_probability": ["setting", "p_low", "p_high", "n_tokens", "mean_abs_dlogprob"],
+    "by_position": ["setting", "scope", "position_low", "n_tokens", "mean_abs_dlogprob"],
+}
+
+
+def color(setting: str) -> str:
+    if setting == ENGINE_ORDER:
+        return "#004D40"  # a darker "all": the same regions, the engine's order
+    return ABLATION_COLORS.get(setting, PAIR_COLOR)
+
+
+def _label(setting: str) -> str:
+    return LABELS.get(setting, setting)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def load_probe(probe_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """The four CSV files of one probe directory, checked for the columns used here."""
+    probe_dir = Path(probe_dir)
+    frames = {}
+    for name, columns in REQUIRED.items():
+        path = probe_dir / f"{name}.csv"
+        if not path.exists():
+            raise FileNotFoundError(f"{path} not found: a probe directory holds {', '.join(REQUIRED)} (.csv); "
+                                    "run `python -m studies run probe` first")
+        frame = pd.read_csv(path)
+        missing = [c for c in columns if c not in frame.columns]
+        if missing:
+            raise ValueError(f"{path} lacks column(s) {missing}; expected at least {columns}")
+        frames[name] = frame
+    return frames
+
+
+def find_probes(root: str | Path) -> dict[str, Path]:
+    """{model: dir}: ``root`` itself if it is a probe directory, else its subdirectories that are."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"probe directory not found: {root}")
+    if (root / "subsets.csv").exists():
+        return {root.name: root}
+    found = {p.name: p for p in sorted(root.iterdir()) if (p / "subsets.csv").exists()}
+    if not found:
+        raise FileNotFoundError(f"no probe results under {root}: expected {root}/MODEL/subsets.csv")
+    return found
+
+
+def _ordered(frame: pd.DataFrame, column: str = "setting") -> pd.DataFrame:
+    rank = {name: i for i, name in enumerate(SETTING_ORDER)}
+    return frame.assign(_rank=frame[column].map(lambda s: rank.get(s, len(rank)))).sort_values(
+        "_rank", kind="stable").drop(columns="_rank")
+
+
+def training_settings(subsets: pd.DataFrame, reference: str = MAIN_REFERENCE) -> pd.DataFrame:
+    """Rows of the training-side settings against one reference, in the fixed order."""
+    rows = subsets[(subsets["reference"] == reference) & subsets["setting"].isin(SETTING_ORDER)]
+    return _ordered(rows).reset_index(drop=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+
+
+def _regions_of(text) -> frozenset[str]:
+    if not isinstance(text, str) or text in ("", "none"):
+        return frozenset()
+    return frozenset(text.split(","))
+
+
+def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
+                  reference: str = MAIN_REFERENCE) -> pd.DataFrame:
+    """Each region's Shapley share of the stock mismatch, then the summation order and the rest.
+    Columns: component, reduction (in units of `metric`), share (of the stock value)."""
+    rows = training_settings(subsets, reference)
+    if "treatment" in rows:  # compile / fp16 rows align no region: not part of the region subsets
+        rows = rows[rows["treatment"].fillna("") == ""]
+    eager = rows[rows["reduction"] == "eager"]
+    value = {_regions_of(r): v for r, v in zip(eager["regions"], eager[metric])}
+    subsets_needed = [frozenset(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]
+    missing = [",".join(sorted(s)) or "none" for s in subsets_needed if s not in value]
+    if missing:
+        raise ValueError(f"subsets.csv lacks the setting(s) {missing} (reference {reference!r}); "
+                         f"shares need all {len(subsets_needed)} subsets of {', '.join(REGIONS)}")
+    n = len(REGIONS)
+    stock, aligned = value[frozenset()], value[frozenset(REGIONS)]
+    out = []
+    for region in REGIONS:
+        others = [r for r in REGIONS if r != region]
+        phi = 0.0
+        for k in range(n):
+            weight = math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)
+            for subset in itertools.combinations(others, k):
+                s = frozenset(subset)
+                phi += weight * (value[s] - value[s | {region}])
+        out.append({"component": region, "reduction": phi})
+    order_rows = rows[rows["setting"] == ENGINE_ORDER]
+    if len(order_rows):
+        rest = float(order_rows[metric].iloc[0])
+        out.append({"component": "summation order", "reduction": aligned - rest})
+    else:
+        rest = aligned
+    out.append({"component": "remaining", "reduction": rest})
+    table = pd.DataFrame(out)
+    table["share"] = table["reduction"] / stock if stock > 0 else np.nan
+    return table
+
+
+def subsets_table(subsets: pd.DataFrame) -> pd.DataFrame:
+    """People's view: the main reference's metrics per setting, plus the sampling reference's mean."""
+    main = training_settings(subsets, MAIN_REFERENCE)
+    stock = main.loc[main["setting"] == "none", "mean_abs_dlogprob"]
+    table = main[["setting", "mean_abs_dlogprob", "max_abs_dlogprob", "k3_kl", "probs_diff_mean",
+                  "frac_identical"]].copy()
+    table.insert(2, "vs_none", table["mean_abs_dlogprob"] / stock.iloc[0] if len(stock) else np.nan)
+    sampling = training_settings(subsets, SAMPLING_REFERENCE).set_index("setting")
+    if len(sampling):
+        table["mean_abs_dlogprob_vs_sampling"] = table["setting"].map(sampling["mean_abs_dlogprob"])
+        table["k3_kl_vs_sampling"] = table["setting"].map(sampling["k3_kl"])
+    return table
+
+
+def markdown_report(frames: dict[str, pd.DataFrame], title: str) -> str:
+    subsets = frames["subsets"]
+    main = training_settings(subsets)
+    n_tokens = int(main["n_tokens"].iloc[0]) if len(main) else 0
+    parts = [f"# Mismatch probe: {title}\n",
+             f"{n_tokens} response tokens. Main reference: the engine's full forward of prompt + response "
+             "(`engine_forward`); `*_vs_sampling`: against the logprobs the engine returned while sampling.\n",
+             to_markdown(subsets_table(subsets))]
+    engine_row = subsets[(subsets["setting"] == MAIN_REFERENCE) & (subsets["reference"] == SAMPLING_REFERENCE)]
+    if len(engine_row):
+        r = engine_row.iloc[0]
+        parts.append(f"\nThe engine's own forward against its sampling logprobs (prefill vs KV-cache decode, "
+                     f"beyond any training-side alignment): mean |d logprob| {r['mean_abs_dlogprob']:.3g}, "
+                     f"bit-identical {r['frac_identical']:.1%}.\n")
+    if "target" in subsets:  # a probe against vLLM: the other target's rows, and which engine
+        engines = subsets["engine"].dropna().unique() if "engine" in subsets else []
+        if len(engines):
+            parts.insert(1, f"Engine: {', '.join(map(str, engines))}; training side rounding like target "
+                            f"{', '.join(sorted(set(main['target'].dropna())))}.\n")
+        other = subsets[(subsets["reference"] == MAIN_REFERENCE) & subsets["setting"].str.contains("@", na=False)]
+        if len(other):
+            parts += ["\n## The other alignment target (subsets with rmsnorm; the targets differ only in where the "
+                      "residual stream is stored)\n",
+                      to_markdown(other[["setting", "mean_abs_dlogprob", "max_abs_dlogprob", "k3_kl",
+                                         "probs_diff_mean", "frac_identical"]].reset_index(drop=True))]
+    try:
+        shares = region_shares(subsets)
+    except ValueError as err:
+        parts.append(f"\nNo region shares: {err}\n")
+    else:
+        parts += ["\n## Shares of the stock mean |d logprob| (Shapley over the subsets)\n",
+                  to_markdown(shares)]
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures
+
+
+def _pyplot():
+    """matplotlib on first use: the command line parser imports this module too."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _positive_floor(values: np.ndarray) -> float:
+    positive = values[values > 0]
+    return float(positive.min()) / 10 if len(positive) else 1e-8
+
+
+def _zero_floor(ax, floor: float) -> None:
+    """Log axis whose exact zeros are drawn on a marked floor line."""
+    ax.set_yscale("log")
+    ax.axhline(floor, color="0.6", linewidth=0.8, linestyle=":")
+    ax.annotate("exactly 0", (0, floor), xycoords=("axes fraction", "data"), xytext=(2, 2),
+                textcoords="offset points", fontsize=6, color="0.4")
+
+
+def _bars(ax, main: pd.DataFrame, title: str) -> None:
+    values = main["mean_abs_dlogprob"].to_numpy(dtype=float)
+    floor = _positive_floor(values)
+    x = np.arange(len(main))
+    ax.bar(x, np.where(values > 0, values, np.nan), color=[color(s) for s in main["setting"]])
+    for xi, v in zip(x, values):
+        ax.annotate("0\n(bit-identical)" if v == 0 else f"{v:.1e}", (xi, v if v > 0 else floor * 1.5),
+                    ha="center", va="bottom", fontsize=6)
+    ax.set_yscale("log")
+    ax.set_ylim(floor, values.max() * 4 if values.max() > 0 else 1)
+    ax.set_xticks(x, [_label(s) for s in main["setting"]], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("mean |Δ logprob| vs engine")
+    ax.set_title(title)
+
+
+def plot_subsets(subsets: pd.DataFrame, out_dir: Path, title: str, name: str = "subsets") -> list[Path]:
+    apply_theme()
+    plt = _pyplot()
+    main = training_settings(subsets)
+    fig, ax = plt.subplots(figsize=(5.2, 3.4), layout="constrained")
+    _bars(ax, main, title)
+    return figures.save_figure(fig, out_dir, name)
+
+
+def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "probe_subsets") -> list[Path]:
+    """One bar panel per model, shared log axis."""
+    apply_theme()
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True, layout="constrained",
+                             squeeze=False)
+    for ax, (model, subsets) in zip(axes[0], probes.items()):
+        _bars(ax, training_settings(subsets), model)
+    all_values = np.concatenate([training_settings(s)["mean_abs_dlogprob"].to_numpy(float) for s in probes.values()])
+    axes[0, 0].set_ylim(_positive_floor(all_values), all_values.max() * 4)
+    for ax in axes[0, 1:]:
+        ax.set_ylabel("")
+    return figures.save_figure(fig, out_dir, name)
+
+
+def plot_layers(layers: pd.DataFrame, out_dir: Path, title: str, name: str = "layers") -> list[Path]:
+    """Relative L2 divergence (log; exact zeros on a marked floor) and bit-identical fraction per stage."""
+    apply_theme()
+    plt = _pyplot()
+    shown = [s for s in LAYER_SETTINGS if s in set(layers["setting"])]
+    data = layers[layers["setting"].isin(shown)]
+    floor = _positive_floor(data["rel_l2"].to_numpy(dtype=float))
+    fig, (ax_l2, ax_same) = plt.subplots(1, 2, figsize=(7.6, 3.2), layout="constrained")
+    for setting in shown:
+        rows = data[data["setting"] == setting].sort_values("layer")
+        style = dict(color=color(setting), marker="o", markersize=3, label=_label(setting).replace("\n", " "),
+                     linestyle="--" if setting == ENGINE_ORDER else "-")
+        ax_l2.plot(rows["layer"], np.where(rows["rel_l2"] > 0, rows["rel_l2"], floor), **style)
+        ax_same.plot(rows["layer"], rows["frac_identical"], **style)
+    _zero_floor(ax_l2, floor)
+    stages = data.drop_duplicates("layer").sort_values("layer")
+    ticks = ["emb" if st == "embedding" else ("logits" if st == "logits" else str(i))
+             for i, st in zip(stages["layer"], stages["stage"])]
+    for ax in (ax_l2, ax_same):
+        ax.set_xticks(stages["layer"], ticks)
+        ax.set_xlabel("residual stream after layer")
+    ax_l2.set_ylabel("relative L2 vs engine")
+    ax_same.set_ylabel("fraction bit-identical")
+    ax_same.set_ylim(-0.03, 1.03)
+    ax_same.legend(fontsize=6, loc="best")
+    fig.suptitle(title)
+    return figures.save_figure(fig, out_dir, name)
+
+
+def plot_where(by_probability: pd.DataFrame, by_position: pd.DataFrame, out_dir: Path, title: str,
+               name: str = "where") -> list[Path]:
+    """Mean |d logprob| by the engine's probability of the token and by position (all scored tokens)."""
+    apply_theme()
+    plt = _pyplot()
+    shown = [s for s in WHERE_SETTINGS if s in set(by_probability["setting"])]
+    fig, (ax_p, ax_pos) = plt.subplots(1, 2, figsize=(7.6, 3.2), layout="constrained")
+    bins = by_probability.drop_duplicates(["p_low", "p_high"]).sort_values("p_low")
+    labels = {(lo, hi): f"[{lo:g}, {hi:g})" for lo, hi in zip(bins["p_low"], bins["p_high"])}
+    x_of = {key: i for i, key in enumerate(labels)}
+    position = by_position[by_position["scope"] == "sequence"]
+    floor = _positive_floor(np.concatenate([by_probability["mean_abs_dlogprob"].to_numpy(float),
+                                            position["mean_abs_dlogprob"].to_numpy(float)]))
+
+    def lifted(values):
+        return np.where(values > 0, values, floor)
+
+    for setting in shown:
+        style = dict(color=color(setting), marker="o", markersize=3, label=_label(setting).replace("\n", " "),
+                     linestyle="--" if setting == ENGINE_ORDER else "-")
+        rows = by_probability[by_probability["setting"] == setting]
+        ax_p.plot([x_of[(lo, hi)] for lo, hi in zip(rows["p_low"], rows["p_high"])],
+                  lifted(rows["mean_abs_dlogprob"]), **style)
+        rows = position[position["setting"] == setting].sort_values("position_low")
+        ax_pos.plot(rows["position_low"], lifted(rows["mean_abs_dlogprob"]), **style)
+    ax_p.set_xticks(range(len(labels)), list(labels.values()), rotation=45, ha="right", fontsize=6)
+    ax_p.set_xlabel("engine's probability of the token")
+    ax_pos.set_xlabel("token position (bin start)")
+    for ax in (ax_p, ax_pos):
+        _zero_floor(ax, floor)
+        ax.set_ylabel("mean |Δ logprob|")
+    ax_pos.legend(fontsize=6)
+    fig.suptitle(title)
+    return figures.save_figure(fig, out_dir, name)
+
+
+def write_model_report(probe_dir: str | Path, title: str | None = None, figures_dir: str | Path | None = None,
+                       prefix: str = "", markdown: bool = True) -> list[Path]:
+    """subsets.md (if `markdown`) into the probe directory; the three figures into `figures_dir`
+    (default: the probe directory)."""
+    probe_dir = Path(probe_dir)
+    title = title or probe_dir.name
+    figures_dir = Path(figures_dir) if figures_dir else probe_dir
+    frames = load_probe(probe_dir)
+    written = []
+    if markdown:
+        written.append(probe_dir / "subsets.md")
+        write_text(written[0], markdown_report(frames, title))
+    written += plot_subsets(frames["subsets"], figures_dir, title, f"{prefix}subsets")
+    if len(frames["layers"]):
+        written += plot_layers(frames["layers"], figures_dir, title, f"{prefix}layers")
+    else:  # a probe against vLLM: its residual stream stays inside its compiled graph
+        log.info("%s: no per-layer values in layers.csv, so no layers figure", title)
+    written += plot_where(frames["by_probability"], frames["by_position"], figures_dir, title, f"{prefix}where")
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line: python -m studies report probe --probe DIR --out FIGURES [--tables DIR]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies report probe", description="figures and tables of the mismatch probe (its CSV files)")
+    p.add_argument("--probe", required=True, help="one probe directory, or a directory of them (results/probe)")
+    p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
+    p.add_argument("--tables", help="where probe_subsets.csv / probe_shares.csv / probe.md go "
+                                    "(default: <probe>/../tables)")
+    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    return p
+
+
+def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path | None = None) -> list[Path]:
+    """Figures per model (and across models) into `figures_dir`; combined tables into `tables_dir`
+    (default: results/tables for results/probe). The probe directories are only read."""
+    probes = find_probes(probe_root)
+    figures_dir = Path(figures_dir)
+    if tables_dir is None:
+        base = Path(probe_root).resolve()
+        if (base / "subsets.csv").exists():  # one model's directory: results/probe/NAME
+            base = base.parent
+        tables_dir = base.parent / "tables"
+    tables_dir = Path(tables_dir)
+    written, subsets, shares, report = [], {}, [], []
+    for model, path in probes.items():
+        written += write_model_report(path, model, figures_dir, prefix=f"probe_{model}_", markdown=False)
+        frames = load_probe(path)
+        subsets[model] = frames["subsets"]
+        report.append(markdown_report(frames, model))
+        try:
+            shares.append(region_shares(frames["subsets"]).assign(model=model))
+        except ValueError as err:
+            log.warning("%s: %s", model, err)
+    if len(probes) > 1:
+        written += plot_models(subsets, figures_dir)
+    combined = pd.concat([s.assign(model=m) for m, s in subsets.items()], ignore_index=True)
+    write_csv(combined[["model"] + [c for c in combined.columns if c != "model"]], tables_dir / "probe_subsets.csv")
+    written.append(tables_dir / "probe_subsets.csv")
+    if shares:
+        table = pd.concat(shares, ignore_index=True)
+        write_csv(table[["model", "component", "reduction", "share"]], tables_dir / "probe_shares.csv")
+        written.append(tables_dir / "probe_shares.csv")
+    write_text(tables_dir / "probe.md", "\n".join(report))
+    written.append(tables_dir / "probe.md")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    written = run(args.probe, args.out, args.tables)
+    log.info("wrote %d files", len(written))
+    return 0

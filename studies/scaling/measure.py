@@ -1,0 +1,540 @@
+"""Mismatch scaling: the training-vs-engine mismatch as one factor grows, the others at a base.
+
+Random-weight Qwen2 / Qwen3 models (stated as such: no trained weights are downloaded), built as the
+RL rig builds its training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and
+attention through the shared `localrl.kernels` - against the compiled engine of `localrl.engine`.
+Per point: a batch of random prompts, responses sampled from the engine at temperature 1 (the tokens
+a rollout would score), the engine's full forward of prompt + response as the reference, and the
+training side's forward under every setting of the probe (`probe.probe_settings`): every subset of
+the three regions, all + the engine's norm summation order (CPU only), `compile`, and `fp16` (both
+sides in FP16 from the fp32 master; not at the real shapes, which keep no master copy). The probe's
+pieces do the work (`engine_forward`, `train_forward`, `Layout`, `mismatch_summary`, `token_frame`,
+`by_position`, `by_probability`).
+
+Factors (`FACTORS`): depth, width (Qwen ratios of heads, KV heads and intermediate size), vocabulary,
+response length, sharpness (output-layer scale -> entropy per token), attention sharpness (q/k scale),
+and `update` (error persistence: the same tokens scored after a weight update of a given size).
+`shape` points are the tiny grid's shapes and the published Qwen2.5-1.5B / Qwen3-1.7B shapes.
+
+    python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
+                              [--big] [--real] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+import patches
+from studies.probe import measure as probe
+
+ARCHS = ("qwen2", "qwen3")
+FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
+MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no FP16 settings)
+NORM_SPREAD = 0.2  # norm weights 1 + 0.2 N(0, 1): trained norms are not all ones (x * 1 is exact)
+LOG_POSITION_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes
+
+
+@dataclass(frozen=True)
+class Shape:
+    arch: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    rope_theta: float = 1e6
+
+    @property
+    def parameters(self) -> int:
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        return self.layers * (attn + 3 * self.hidden * self.intermediate) + 2 * self.vocab * self.hidden
+
+
+# Qwen ratios: head_dim 128 once the width allows it (hidden/4 below); Qwen2.5-1.5B has 12 query heads
+# for 2 KV heads (6:1) and an intermediate of 5.83 x hidden; Qwen3-1.7B 2:1 and 3 x hidden.
+KV_RATIO = {"qwen2": 6, "qwen3": 2}
+FFN_RATIO = {"qwen2": 8960 / 1536, "qwen3": 3.0}
+
+
+def qwen_shape(arch: str, hidden: int, layers: int, vocab: int) -> Shape:
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; allowed: {list(ARCHS)}")
+    if hidden < 16 or hidden % 16:
+        raise ValueError(f"hidden {hidden} must be a multiple of 16 (>= 16)")
+    head_dim = min(128, hidden // 4)
+    heads = hidden // head_dim
+    kv = max(1, heads // KV_RATIO[arch])
+    while heads % kv:
+        kv -= 1
+    inter = int(round(FFN_RATIO[arch] * hidden / 64)) * 64
+    return Shape(arch, layers, hidden, heads, kv, head_dim, inter, vocab)
+
+
+# Published configurations (config.json of Qwen/Qwen2.5-1.5B and Qwen/Qwen3-1.7B); weights random.
+REAL_SHAPES = {
+    "qwen2.5-1.5b": Shape("qwen2", 28, 1536, 12, 2, 128, 8960, 151936),
+    "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 128, 6144, 151936),
+}
+# The paper grid's four models (experiments/paper.yaml), as their Hub config.json gives them; weights random.
+PAPER_SHAPES = {
+    "r1-distill-qwen-1.5b": Shape("qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 1e4),
+    "qwen2.5-math-7b": Shape("qwen2", 28, 3584, 28, 4, 128, 18944, 152064, 1e4),
+    "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 128, 6144, 151936, 1e6),
+    "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 1e6),
+}
+# The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
+TINY_SHAPES = {
+    "qwen2-s": Shape("qwen2", 2, 64, 2, 1, 32, 192, 384, 1e4),
+    "qwen2-m": Shape("qwen2", 3, 96, 3, 1, 32, 256, 384, 1e4),
+    "qwen3-s": Shape("qwen3", 2, 64, 2, 1, 32, 192, 384, 1e4),
+    "qwen3-m": Shape("qwen3", 3, 128, 4, 2, 32, 320, 384, 1e4),
+}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measurement: a shape, how sharp its outputs and attention are, and the token layout."""
+
+    factor: str
+    value: float
+    shape: Shape
+    shape_name: str = ""
+    n_seq: int = 16
+    prompt_len: int = 16
+    response_len: int = 128
+    logit_scale: float = 16.0  # output layer x this: entropy per token falls as it grows
+    attn_scale: float = 1.0    # q and k x this (Qwen2: projections, Qwen3: q/k-norm weights): scores x its square
+    qk_bias: float = 0.0       # Qwen2: q/k biases ~ N(0, qk_bias^2) (trained Qwen2 models carry large ones)
+    update: float = 0.0        # relative size of a weight update before re-scoring (persistence)
+    seed: int = 0
+
+
+BASE_LAYERS, BASE_HIDDEN, BASE_VOCAB = 4, 256, 4096
+
+
+def matched_scale(base: Point, hidden: int) -> float:
+    """The output-layer scale that gives a model of width `hidden` the base's logit scale: the final
+    norm's output has unit RMS, so the logits' spread grows as sqrt(hidden) at a fixed scale."""
+    return base.logit_scale * math.sqrt(base.shape.hidden / hidden)
+
+
+def base_point(arch: str) -> Point:
+    return Point("base", 0, qwen_shape(arch, BASE_HIDDEN, BASE_LAYERS, BASE_VOCAB))
+
+
+def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
+                  base: Point | None = None, real_length: int = 128) -> list[Point]:
+    """The points of one factor, each differing from `base` (default `base_point`) in that factor only.
+    `big` adds the expensive end of each ladder; `real` adds the published real shapes to `shape`."""
+    base = base or base_point(arch)
+    s = base.shape
+
+    def at(value, **kw):
+        return replace(base, factor=factor, value=float(value), **kw)
+
+    if factor == "depth":
+        return [at(n, shape=replace(s, layers=n)) for n in (2, 4, 8, 16) + ((28,) if big else ())]
+    if factor == "width":
+        # logits grow as sqrt(hidden) at a fixed output-layer scale: keep their scale (and so the
+        # sharpness, its own factor) fixed, so that this ladder measures width alone
+        widths = (64, 128, 256, 512, 1024) + ((1536, 2048) if big else ())
+        return [at(h, shape=qwen_shape(arch, h, s.layers, s.vocab), logit_scale=matched_scale(base, h))
+                for h in widths]
+    if factor == "vocab":
+        return [at(v, shape=replace(s, vocab=v)) for v in (384, 4096, 32768) + ((151936,) if big else ())]
+    if factor == "length":
+        # fewer sequences at the longest responses (attention memory); the CSV holds n_seq per point
+        lengths = (16, 64, 256, 1024) + ((4096,) if big else ())
+        return [at(r, response_len=r, n_seq=16 if r <= 1024 else 4) for r in lengths]
+    if factor == "sharpness":
+        return [at(x, logit_scale=x) for x in (1, 4, 16, 32, 64)]
+    if factor == "attention":
+        return [at(x, attn_scale=x) for x in (1, 2, 3, 4, 6, 8)]
+    if factor == "qk_bias":
+        if arch != "qwen2":
+            return []  # Qwen3 has no q/k biases
+        return [at(b, qk_bias=b) for b in (0.25, 0.5, 1, 2, 4)]
+    if factor == "update":
+        # relative weight-update sizes around an AdamW step at lr 1e-6..1e-4 on weights of ~0.02
+        return [at(u, update=u) for u in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)]
+    if factor == "shape":  # value 1: tiny grid, 2: real shape, 3: real shape at the base's output scale
+        pts = [replace(base, factor="shape", value=1.0, shape=shp, shape_name=name, response_len=20,
+                       logit_scale=matched_scale(base, shp.hidden))
+               for name, shp in TINY_SHAPES.items() if shp.arch == arch]
+        if real:
+            name, shp = next((n, x) for n, x in REAL_SHAPES.items() if x.arch == arch)
+            real_point = replace(base, factor="shape", shape=shp, shape_name=name, n_seq=4, response_len=real_length)
+            pts += [replace(real_point, value=2.0, logit_scale=matched_scale(base, shp.hidden)),
+                    replace(real_point, value=3.0)]
+        return pts
+    raise ValueError(f"unknown factor {factor!r}; allowed: {list(FACTORS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+def hf_config(shape: Shape, max_positions: int):
+    from localrl.models import qwen_config
+
+    return qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
+                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                       intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+
+
+def _attn_scaled(arch: str) -> tuple[str, ...]:
+    return ("q_norm", "k_norm") if arch == "qwen3" else ("q_proj", "k_proj")
+
+
+def build_model(point: Point, max_positions: int):
+    """fp32 master weights of a random model with the point's output and attention scales."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(point.seed)
+    model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
+    bias_gen = torch.Generator().manual_seed(point.seed + 104729)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(NORM_SPREAD * torch.randn_like(p))
+            elif name == "lm_head.weight":
+                p.mul_(point.logit_scale)
+            # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
+            if point.attn_scale != 1 and any(f".{m}." in name for m in _attn_scaled(point.shape.arch)):
+                p.mul_(point.attn_scale)
+            if point.qk_bias and (".q_proj.bias" in name or ".k_proj.bias" in name):
+                p.copy_(point.qk_bias * torch.randn(p.shape, generator=bias_gen))  # own stream: the rest unchanged
+    return model.eval().requires_grad_(False)
+
+
+def compute_copy(master, like=None, keep_master: bool = True):
+    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage. Without
+    `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
+    from localrl import models
+    from localrl.kernels import use_local_kernels
+
+    if like is None and not keep_master:
+        for p in master.parameters():
+            p.data = p.data.to(torch.bfloat16)
+        return use_local_kernels(master)
+    if like is None:
+        return use_local_kernels(models.compute_copy(master))
+    with torch.no_grad():
+        for p, m in zip(like.parameters(), master.parameters()):
+            p.copy_(m)
+    return like
+
+
+def adam_like_update(master, size: float, seed: int) -> None:
+    """An AdamW-shaped step in place: every weight moves by `size` x (its tensor's RMS) in a random
+    sign direction (Adam's normalised update has magnitude ~lr for every coordinate)."""
+    if size == 0:
+        return
+    gen = torch.Generator().manual_seed(seed + 7919)
+    with torch.no_grad():
+        for p in master.parameters():
+            sign = torch.randint(0, 2, p.shape, generator=gen).to(device=p.device, dtype=p.dtype) * 2 - 1
+            p.add_(sign * (size * p.pow(2).mean().sqrt()))
+
+
+# ---------------------------------------------------------------------------------------------
+# One point
+
+
+def entropy_per_token(logits: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the fp32 softmax of bf16 logits (B, T, V) at the positions `sel` (B, T-1)
+    that predict a scored token, row by row to bound memory; on the CPU."""
+    sel = sel.to(logits.device)
+    out = []
+    for row in range(logits.shape[0]):
+        lp = torch.log_softmax(logits[row, :-1][sel[row]].float(), -1)
+        out.append(-(lp.exp() * lp).sum(-1))
+    return torch.cat(out).cpu()
+
+
+def _settings(device: torch.device | None = None, fp16: bool = True) -> list[probe.Setting]:
+    """Every subset of the regions, `compile`, `fp16` (only with the fp32 master weights at hand: the
+    real shapes cast theirs in place), plus all + the compiled engine's norm summation order - on the
+    CPU only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
+    settings = probe.probe_settings()
+    if device is not None and device.type != "cpu":
+        settings = [s for s in settings if s.name != probe.ENGINE_ORDER]
+    if not fp16:
+        settings = [s for s in settings if s.dtype == torch.bfloat16]
+    return settings
+
+
+def _logprobs_on_cpu(forward: probe.Forward) -> probe.Forward:
+    forward.logprobs = forward.logprobs.cpu()
+    return forward
+
+
+def token_metrics(train: probe.Forward, ref: probe.Forward, layout: probe.Layout) -> dict:
+    """The per-point metrics over response tokens; d = logp_train - logp_engine."""
+    summary = probe.mismatch_summary(train.logprobs, ref.logprobs, layout)
+    sel = layout.response
+    d = (train.logprobs - ref.logprobs).double()
+    d_tok = d[sel]
+    k3 = torch.expm1(d_tok) - d_tok
+    seq = torch.where(sel, d, 0.0).sum(1)  # sequence-level log-ratio: sum over the response
+    h_train, h_ref = (entropy_per_token(f.logits, sel).double() for f in (train, ref))
+    return {
+        **summary,
+        "k3_max": k3.max().item(),
+        "signed_mean_dlogprob": d_tok.mean().item(),
+        "signed_mean_se": (d_tok.std() / math.sqrt(d_tok.numel())).item(),
+        "dlogprob_var": d_tok.var().item(),  # per token; x response length = the sequence variance if independent
+        "seq_logratio_mean": seq.mean().item(),
+        "seq_logratio_var": seq.var().item() if seq.numel() > 1 else float("nan"),
+        "seq_logratio_abs_mean": seq.abs().mean().item(),
+        "frac_abs_d_gt_1e-2": (d_tok.abs() > 1e-2).double().mean().item(),
+        "frac_abs_d_gt_1e-1": (d_tok.abs() > 1e-1).double().mean().item(),
+        "entropy_engine": h_ref.mean().item(),
+        "entropy_diff": (h_train - h_ref).mean().item(),  # < 0: the trainer is sharper than the engine
+        "entropy_diff_se": ((h_train - h_ref).std() / math.sqrt(h_ref.numel())).item(),
+    }
+
+
+def position_bins(tokens: pd.DataFrame) -> pd.DataFrame:
+    """dlogprob against position in log-spaced bins (responses reach thousands of tokens)."""
+    edges = np.asarray(LOG_POSITION_EDGES)
+    index = np.clip(np.searchsorted(edges, tokens["position"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
+    out = probe.binned(tokens.assign(bin=index), "bin")
+    out.insert(1, "position_low", edges[out["bin"]])
+    out.insert(2, "position_high", edges[out["bin"] + 1] - 1)
+    return out.drop(columns="bin")
+
+
+@dataclass
+class PointResult:
+    rows: list[dict]
+    by_position: pd.DataFrame
+    by_probability: pd.DataFrame
+
+
+def describe(point: Point) -> dict:
+    shape = asdict(point.shape)
+    return {"factor": point.factor, "value": point.value, "shape_name": point.shape_name,
+            **{k: shape[k] for k in ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                                     "vocab", "rope_theta")},
+            "parameters": point.shape.parameters, "n_seq": point.n_seq, "prompt_len": point.prompt_len,
+            "response_len": point.response_len, "logit_scale": point.logit_scale, "attn_scale": point.attn_scale,
+            "qk_bias": point.qk_bias,
+            "update": point.update, "seed": point.seed}
+
+
+def sample(engine, point: Point):
+    """Random prompts, then responses sampled from the engine at temperature 1 (no eos: full length)."""
+    gen = torch.Generator().manual_seed(point.seed + 1)
+    prompts = torch.randint(1, point.shape.vocab, (point.n_seq, point.prompt_len), generator=gen).tolist()
+    return engine.generate(prompts, point.response_len, temperature=1.0, generator=gen)
+
+
+def measure(point: Point, log=print) -> PointResult:
+    """All settings at one point; with `point.update`, the same tokens are scored again after an update
+    and each row gets the correlation of its per-token errors before and after."""
+    from localrl.device import device as default_device
+    from localrl.engine.engine import Engine
+
+    # Every new width is a new compiled graph of each engine piece; past dynamo's recompile limit a
+    # piece would silently run eagerly (other rounding): raise the limit, and fail instead of falling back.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    device = default_device()
+    max_positions = point.prompt_len + point.response_len
+    master = build_model(point, max_positions).to(device)  # initialised on the CPU: the same weights anywhere
+    # Both sides' FP16 copies need the fp32 master; the real shapes (a billion parameters and more)
+    # have no room for a second copy and are measured in BF16 only.
+    keep_master = bool(point.update) or point.shape.parameters < MASTER_KEPT_BELOW
+    model = compute_copy(master, keep_master=keep_master)
+    engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
+    engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
+    start = time.perf_counter()
+    rollout = sample(engine, point)
+    layout = probe.Layout.from_rollout(rollout)
+    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask,
+                                                                   layout.positions))}
+    t_sample = time.perf_counter() - start
+
+    settings = _settings(device, fp16=keep_master)
+    sides = probe.Sides(model, engine, master if keep_master else None)
+    rows, pos_frames, prob_frames, errors = [], [], [], {}
+
+    def step(setting: probe.Setting, train_model, engine_model) -> None:
+        if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
+            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, layout.ids, layout.mask,
+                                                                        layout.positions))
+        ref = refs[setting.dtype]
+        train = _logprobs_on_cpu(probe.train_forward(train_model, layout.ids, layout.mask, layout.positions))
+        if not torch.isfinite(train.logprobs[layout.sequence]).all():
+            raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
+        errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
+        rows.append({"setting": setting.name, "regions": ",".join(setting.regions) or "none",
+                     "reduction": setting.reduction,
+                     "stock_regions": ",".join(r for r in patches.REGIONS if r not in setting.regions) or "none",
+                     **token_metrics(train, ref, layout)})
+        tokens = probe.token_frame(train.logprobs, ref.logprobs, layout, "response")
+        pos_frames.append(position_bins(tokens).assign(setting=setting.name))
+        prob_frames.append(probe.by_probability(tokens).assign(setting=setting.name))
+
+    probe.run_settings(settings, sides, step, log=lambda line: None)  # one line per point, below
+
+    if point.update:
+        old = [p.clone() for p in model.parameters()]
+        adam_like_update(master, point.update, point.seed)
+        model = compute_copy(master, like=model)
+        changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
+        del old
+        engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
+        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
+        for row, setting in zip(rows, settings):
+            if setting.dtype != torch.bfloat16:  # persistence is measured on the BF16 pair only
+                row["persistence_corr"] = row["frac_error_unchanged"] = float("nan")
+                row["frac_bf16_weights_changed"] = changed
+                continue
+            train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
+            after = (train.logprobs - ref2.logprobs)[layout.response].double()
+            before = errors[setting.name]
+            row["persistence_corr"] = float(np.corrcoef(before.numpy(), after.numpy())[0, 1]) \
+                if before.std() > 0 and after.std() > 0 else float("nan")
+            row["frac_error_unchanged"] = (before == after).double().mean().item()
+            row["frac_bf16_weights_changed"] = changed
+
+    head = describe(point)
+    out_rows = [{**head, **row} for row in rows]
+    none = next(r for r in out_rows if r["setting"] == "none")
+    log(f"{point.factor}={point.value:g} {point.shape_name or point.shape.arch} "
+        f"(L{point.shape.layers} h{point.shape.hidden} V{point.shape.vocab} R{point.response_len}): "
+        f"none |d| {none['mean_abs_dlogprob']:.2e} k3 {none['k3_kl']:.2e} H {none['entropy_engine']:.2f}; "
+        f"all |d| {next(r for r in out_rows if r['setting'] == 'all')['mean_abs_dlogprob']:.2e} "
+        f"(sampling {t_sample:.1f} s)")
+    pos = pd.concat(pos_frames, ignore_index=True)
+    prob = pd.concat(prob_frames, ignore_index=True)
+    keys = {"factor": point.factor, "value": point.value, "arch": point.shape.arch, "shape_name": point.shape_name}
+    return PointResult(out_rows, pos.assign(**keys), prob.assign(**keys))
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies run scaling", description="training-engine mismatch against depth, width, vocabulary, ...")
+    p.add_argument("--out", required=True, help="output dir: mismatch_scaling.csv, *_by_position.csv, ...")
+    p.add_argument("--factors", default=",".join(FACTORS),
+                   help=f"comma-separated, from {', '.join(FACTORS)}")
+    p.add_argument("--archs", default="qwen2,qwen3", help=f"comma-separated, from {', '.join(ARCHS)}")
+    p.add_argument("--big", action="store_true", help="add the expensive end of each ladder (28 layers, "
+                   "hidden 1536/2048, vocabulary 151936, 4096-token responses)")
+    p.add_argument("--real", action="store_true", help="add the published Qwen2.5-1.5B / Qwen3-1.7B shapes "
+                   "(random weights; ~8 GiB of memory, minutes per forward on one core)")
+    p.add_argument("--real-length", type=int, default=128,
+                   help="response tokens of the real-shape points (default 128; 4096 on a GPU)")
+    p.add_argument("--quick", action="store_true", help="two small points per factor, short responses (tests)")
+    p.add_argument("--append", action="store_true", help="keep the tables already in --out and measure only "
+                   "the points they lack (e.g. a later --big --real run)")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+KEY = ["factor", "value", "arch", "shape_name"]
+
+
+def point_key(point: Point) -> tuple:
+    return (point.factor, float(point.value), point.shape.arch, point.shape_name)
+
+
+def _existing(out: Path, append: bool) -> dict[str, pd.DataFrame]:
+    names = ("mismatch_scaling", "mismatch_scaling_by_position", "mismatch_scaling_by_probability")
+    if not append:
+        return {}
+    return {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
+            for n in names if (out / f"{n}.csv").exists()}
+
+
+def _choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
+    from rla.config import ConfigError
+
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in items if t not in allowed]
+    if bad or not items:
+        raise ConfigError(f"{flag} {text!r}: unknown {bad or 'empty'}; allowed: {', '.join(allowed)}")
+    return items
+
+
+def quick_base(arch: str) -> Point:
+    """A dry run's base: a small model, 4 sequences of 8 + 12 tokens."""
+    return Point("base", 0, qwen_shape(arch, 64, 2, 384), n_seq=4, prompt_len=8, response_len=12)
+
+
+def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool, seed: int,
+         real_length: int = 128) -> list[Point]:
+    points = []
+    for factor in factors:
+        for arch in archs:
+            if is_quick:  # the first two points of each ladder, around a small base
+                pts = [replace(p, response_len=min(p.response_len, 24), n_seq=4)
+                       for p in factor_points(factor, arch, base=quick_base(arch))[:2]]
+            else:
+                pts = factor_points(factor, arch, big, real, real_length=real_length)
+            points += [replace(p, seed=seed) for p in pts]
+    return points
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(1)  # one process per core
+    from rla.files import write_csv
+
+    from rla.config import ConfigError
+
+    factors = _choices(args.factors, FACTORS, "--factors")
+    archs = _choices(args.archs, ARCHS, "--archs")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.real_length < 1:
+        raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
+    points = plan(factors, archs, args.big, args.real, args.quick, args.seed, args.real_length)
+    out = Path(args.out)
+    existing = _existing(out, args.append)
+    if "mismatch_scaling" in existing:
+        done = set(map(tuple, existing["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
+        skipped = [p for p in points if point_key(p) in done]
+        points = [p for p in points if point_key(p) not in done]
+        log(f"--append: {len(skipped)} point(s) already in {out}/mismatch_scaling.csv, {len(points)} to measure")
+    rows = existing["mismatch_scaling"].to_dict("records") if "mismatch_scaling" in existing else []
+    pos = [existing["mismatch_scaling_by_position"]] if "mismatch_scaling_by_position" in existing else []
+    prob = [existing["mismatch_scaling_by_probability"]] if "mismatch_scaling_by_probability" in existing else []
+    start = time.perf_counter()
+    try:
+        for i, point in enumerate(points, 1):
+            log(f"[{i}/{len(points)}] {point.factor}={point.value:g} {point.shape.arch} "
+                f"({point.shape.parameters / 1e6:.1f}M parameters, {point.n_seq} x {point.response_len} tokens) ...")
+            result = measure(point, log)
+            rows += result.rows
+            pos.append(result.by_position)
+            prob.append(result.by_probability)
+            # written after every point: a long run that stops keeps what it measured
+            write_csv(pd.DataFrame(rows), out / "mismatch_scaling.csv")
+            write_csv(pd.concat(pos, ignore_index=True), out / "mismatch_scaling_by_position.csv")
+            write_csv(pd.concat(prob, ignore_index=True), out / "mismatch_scaling_by_probability.csv")
+    finally:
+        patches.remove()
+    log(f"{len(points)} points in {time.perf_counter() - start:.0f} s; wrote {out}/mismatch_scaling*.csv")
+    return 0

@@ -1,0 +1,336 @@
+"""Figures and fits of the mismatch scaling study (`python -m studies run scaling`), from its CSV files only.
+
+- :func:`fit_exponents`: per arch, factor, setting and metric, the least-squares slope of
+  log(metric) against log(factor value) - the growth exponent ("metric ~ value^slope").
+- ``mismatch_scaling``: one column per factor (log-log), one row per metric, one colour per ablation
+  (the fixed palette), Qwen2 solid and Qwen3 dashed.
+- ``mismatch_regions``: the error of each region alone (the training side with the other two regions
+  aligned), next to none and all, against the factors that sharpen the model (attention scale, q/k
+  bias, output scale, width).
+- ``mismatch_where`` (+ ``mismatch_where.csv``): the same errors against position and against the
+  engine's probability of the token, signed and absolute, at the longest responses measured.
+- ``mismatch_scaling_shares.csv``: per point, each region's Shapley share of the stock mean
+  |Δ logprob| and k3, then the summation order's and what remains (:func:`point_shares`).
+
+Figures are byte-reproducible (no timestamps: PDF CreationDate off, PNG without dates).
+
+    python -m studies report scaling --tables results/studies/scaling/measure --out results/studies/scaling/report
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis import figures  # noqa: E402
+from analysis.output import to_markdown  # noqa: E402
+from studies.probe import MAIN_REFERENCE  # noqa: E402
+from studies.probe.report import region_shares  # noqa: E402
+from analysis.style import ABLATION_COLORS, apply_theme  # noqa: E402
+from rla import names  # noqa: E402
+from rla.files import write_csv, write_text  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+FACTORS = {  # factor -> x-axis label
+    "depth": "layers",
+    "width": "hidden size",
+    "vocab": "vocabulary",
+    "length": "response tokens",
+    "sharpness": "output-layer scale",
+    "attention": "q/k scale",
+    "qk_bias": "q/k bias std (Qwen2)",
+}
+REGION_FACTORS = ("attention", "qk_bias", "sharpness", "width")
+METRICS = {
+    "mean_abs_dlogprob": "mean |Δ logprob|",
+    "k3_kl": "k3 KL per token",
+    "seq_logratio_var": "var of sequence log-ratio",
+    "frac_abs_d_gt_1e-2": "fraction |Δ| > 1e-2",
+}
+ABLATIONS = ("none", "rope", "swiglu", "rmsnorm", "all", "compile", "fp16")  # those present are drawn
+# The error of one region alone: the setting that aligns the other two.
+ALONE = {"rope": "swiglu+rmsnorm", "swiglu": "rope+rmsnorm", "rmsnorm": "rope+swiglu"}
+ARCH_STYLE = {"qwen2": "-", "qwen3": "--"}
+REQUIRED = ["factor", "value", "arch", "setting", *METRICS]
+POINT = ["factor", "value", "arch", "shape_name"]  # one measured point (shape_name: a real shape's, else empty)
+
+
+def load_table(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: run `python -m studies run scaling --out {path.parent}` first")
+    table = pd.read_csv(path, float_precision="round_trip")  # the values as measured, to the last bit
+    missing = [c for c in REQUIRED if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
+    return table
+
+
+def _treatment(setting: str) -> str:
+    """A probe row's treatment, from the ablation registry: compiled layers or FP16 align no region."""
+    entry = names.ABLATIONS.get(setting)
+    return "" if entry is None else names.forward_treatment(entry.compiled, entry.precision == "fp16")
+
+
+def point_shares(table: pd.DataFrame) -> pd.DataFrame:
+    """Per point, the Shapley shares (`studies.probe.report.region_shares`) of the stock mean |Δ logprob|
+    (`share_*`) and k3 (`k3_share_*`): one per region, the summation order's, what remains. A point
+    without every region subset has none (a warning names it)."""
+    rows = []
+    if not {"regions", "reduction"} <= set(table.columns):
+        log.warning("no shares: the table has no regions / reduction columns")
+        return pd.DataFrame(rows)
+    for key, point in table.assign(shape_name=table.get("shape_name", "")).fillna({"shape_name": ""}).groupby(
+            POINT, sort=False):
+        frame = point.assign(reference=MAIN_REFERENCE, treatment=point["setting"].map(_treatment))
+        row = dict(zip(POINT, key))
+        for metric, prefix in (("mean_abs_dlogprob", "share"), ("k3_kl", "k3_share")):
+            try:
+                shares = region_shares(frame, metric).set_index("component")["share"]
+            except ValueError as err:
+                log.warning("point %s: no shares: %s", row, err)
+                break
+            row.update({f"{prefix}_{r}": float(shares[r]) for r in names.REGIONS})
+            row[f"{prefix}_summation_order"] = float(shares.get("summation order", np.nan))
+            row[f"{prefix}_remaining"] = float(shares["remaining"])
+        else:
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+FIT_COLUMNS = ["arch", "factor", "setting", "metric", "exponent", "r2", "n_points", "value_low", "value_high",
+               "metric_low", "metric_high"]
+
+
+def fit_exponents(table: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
+    """Slope of log(metric) on log(value) for every (arch, factor, setting, metric) with >= 3 positive
+    points; `r2` says how well a power law describes the points."""
+    rows = []
+    ladder = table[table["factor"].isin(FACTORS)]
+    for (arch, factor, setting), group in ladder.groupby(["arch", "factor", "setting"], sort=True):
+        for metric in metrics:
+            g = group[(group[metric] > 0) & (group["value"] > 0)]
+            if g["value"].nunique() < 3:
+                continue
+            x, y = np.log(g["value"].to_numpy(float)), np.log(g[metric].to_numpy(float))
+            slope, intercept = np.polyfit(x, y, 1)
+            residual = y - (slope * x + intercept)
+            r2 = 1 - residual.var() / y.var() if y.var() > 0 else np.nan
+            rows.append({"arch": arch, "factor": factor, "setting": setting, "metric": metric,
+                         "exponent": slope, "r2": r2, "n_points": len(g), "value_low": g["value"].min(),
+                         "value_high": g["value"].max(), "metric_low": float(g.loc[g["value"].idxmin(), metric]),
+                         "metric_high": float(g.loc[g["value"].idxmax(), metric])})
+    return pd.DataFrame(rows, columns=FIT_COLUMNS)
+
+
+def _legend(fig, archs, settings):
+    handles = [plt.Line2D([], [], color=ABLATION_COLORS[a], lw=2, label=a) for a in ABLATIONS if a in settings]
+    handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
+    fig.legend(handles=handles, loc="center right", frameon=False, title="ablation / arch")
+
+
+def _plain_minor_ticks(ax) -> None:
+    """Unlabelled minor ticks: labelled ones overlap on short log axes."""
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(numticks=5))
+
+
+def _line_grid(table: pd.DataFrame, factors: list[str], metrics: dict[str, str],
+               lines: dict[str, tuple[str, str]], log2_factors, figsize: tuple[float, float]):
+    """One panel per metric (rows) x factor (columns), log-log; `lines`: label -> (setting, colour),
+    one line per arch and label (solid Qwen2, dashed Qwen3)."""
+    archs = sorted(set(table["arch"]))
+    fig, axes = plt.subplots(len(metrics), len(factors), figsize=figsize, squeeze=False)
+    for col, factor in enumerate(factors):
+        data = table[table["factor"] == factor]
+        for row, (metric, label) in enumerate(metrics.items()):
+            ax = axes[row, col]
+            for arch in archs:
+                for setting, colour in lines.values():
+                    line = data[(data["arch"] == arch) & (data["setting"] == setting)].sort_values("value")
+                    line = line[(line[metric] > 0) & (line["value"] > 0)]
+                    if len(line):
+                        ax.plot(line["value"], line[metric], ARCH_STYLE.get(arch, ":"), marker="o", ms=2.5,
+                                color=colour, lw=1.2)
+            ax.set_xscale("log", base=2 if factor in log2_factors else 10)
+            ax.set_yscale("log")
+            _plain_minor_ticks(ax)
+            if row == 0:
+                ax.set_title(factor)
+            if row == len(metrics) - 1:
+                ax.set_xlabel(FACTORS[factor])
+            if col == 0:
+                ax.set_ylabel(label)
+    return fig, archs
+
+
+def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    factors = [f for f in FACTORS if f in set(table["factor"])]
+    if not factors:
+        raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
+    lines = {a: (a, ABLATION_COLORS[a]) for a in ABLATIONS}
+    fig, archs = _line_grid(table, factors, METRICS, lines, ("depth", "attention"),
+                            (2.6 * len(factors) + 1.6, 2.2 * len(METRICS)))
+    fig.subplots_adjust(left=0.07, right=1 - 1.5 / fig.get_figwidth(), top=0.95, bottom=0.08, wspace=0.35,
+                        hspace=0.3)
+    _legend(fig, archs, set(table["setting"]))
+    return figures.save_figure(fig, out_dir, "mismatch_scaling")
+
+
+def _region_lines() -> dict[str, tuple[str, str]]:
+    """label -> (setting, colour): none, each region alone, all."""
+    lines = {"none": ("none", ABLATION_COLORS["none"])}
+    lines.update({f"{r} alone": (s, ABLATION_COLORS[r]) for r, s in ALONE.items()})
+    lines["all"] = ("all", ABLATION_COLORS["all"])
+    return lines
+
+
+def regions_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    factors = [f for f in REGION_FACTORS if f in set(table["factor"])]
+    if not factors:
+        return []
+    metrics = {"mean_abs_dlogprob": METRICS["mean_abs_dlogprob"], "k3_kl": METRICS["k3_kl"]}
+    fig, archs = _line_grid(table, factors, metrics, _region_lines(), factors,
+                            (2.8 * len(factors) + 1.8, 2.4 * len(metrics)))
+    fig.subplots_adjust(left=0.08, right=1 - 1.7 / fig.get_figwidth(), top=0.92, bottom=0.13, wspace=0.35,
+                        hspace=0.3)
+    handles = [plt.Line2D([], [], color=c, lw=2, label=n) for n, (_, c) in _region_lines().items()]
+    handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
+    fig.legend(handles=handles, loc="center right", frameon=False, title="error of")
+    return figures.save_figure(fig, out_dir, "mismatch_regions")
+
+
+def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict) -> pd.DataFrame:
+    """Per error (none, each region alone, all): its growth with position (log-log slope of mean |d|
+    over the position bins), first and last bin, and its size on unlikely vs likely tokens."""
+    pos, prob = _at(by_position, point), _at(by_probability, point)
+    rows = []
+    for name, (setting, _) in _region_lines().items():
+        g = pos[pos["setting"] == setting].sort_values("position_low")
+        mid = (g["position_low"] + g["position_high"] + 1) / 2
+        keep = g["mean_abs_dlogprob"] > 0
+        slope = np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3 else np.nan
+        pr = prob[prob["setting"] == setting]
+        unlikely, likely = pr[pr["p_high"] <= 0.1], pr[pr["p_low"] >= 0.9]
+        rows.append({"error_of": name, "setting": setting, "position_slope": slope,
+                     "abs_first_bin": float(g["mean_abs_dlogprob"].iloc[0]),
+                     "abs_last_bin": float(g["mean_abs_dlogprob"].iloc[-1]),
+                     "last_bin": f"{int(g['position_low'].iloc[-1])}-{int(g['position_high'].iloc[-1])}",
+                     "signed_first_bin": float(g["mean_dlogprob"].iloc[0]),
+                     "signed_last_bin": float(g["mean_dlogprob"].iloc[-1]),
+                     "abs_p_below_0.1": _weighted(unlikely), "abs_p_above_0.9": _weighted(likely)})
+    return pd.DataFrame(rows)
+
+
+def _weighted(frame: pd.DataFrame) -> float:
+    n = frame["n_tokens"].sum()
+    return float((frame["mean_abs_dlogprob"] * frame["n_tokens"]).sum() / n) if n else np.nan
+
+
+def _at(frame: pd.DataFrame, point: dict) -> pd.DataFrame:
+    keep = np.ones(len(frame), dtype=bool)
+    for key, value in point.items():
+        keep &= frame[key].to_numpy() == value
+    return frame[keep]
+
+
+def where_figure(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict, out_dir: Path) -> list[Path]:
+    """Each region's error alone, and none/all, against position and probability at one point."""
+    pos, prob = _at(by_position, point), _at(by_probability, point)
+    if pos.empty or prob.empty:
+        raise ValueError(f"no binned rows at {point}")
+    lines = {name: setting for name, (setting, _) in _region_lines().items()}
+    colours = {name: colour for name, (_, colour) in _region_lines().items()}
+    fig, axes = plt.subplots(2, 2, figsize=(9.5, 5.6), squeeze=False)
+    for col, (frame, x, xlabel) in enumerate(((pos, "position_low", "position (bin start)"),
+                                              (prob, "p_low", "engine probability of the token (bin start)"))):
+        for name, setting in lines.items():
+            g = frame[frame["setting"] == setting].sort_values(x)
+            xs = g[x].clip(lower=1 if x == "position_low" else 1e-4)
+            axes[0, col].plot(xs, g["mean_abs_dlogprob"], marker="o", ms=3, color=colours[name], label=name)
+            axes[1, col].plot(xs, g["mean_dlogprob"], marker="o", ms=3, color=colours[name], label=name)
+        for row in range(2):
+            axes[row, col].set_xscale("log")
+            axes[row, col].xaxis.set_minor_formatter(NullFormatter())
+        axes[0, col].set_yscale("log")
+        axes[1, col].set_yscale("symlog", linthresh=1e-5)
+        axes[1, col].axhline(0, color="0.5", lw=0.6)
+        axes[1, col].set_xlabel(xlabel)
+    axes[0, 0].set_ylabel("mean |Δ logprob|")
+    axes[1, 0].set_ylabel("signed mean Δ logprob")
+    axes[0, 1].legend(frameon=False, fontsize=7)
+    desc = ", ".join(f"{k} {v}" for k, v in point.items())
+    fig.suptitle(f"where the error sits ({desc}); Δ = train - engine", fontsize=9)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.1, wspace=0.25, hspace=0.3)
+    return figures.save_figure(fig, out_dir, "mismatch_where")
+
+
+def fits_markdown(fits: pd.DataFrame, metrics=("mean_abs_dlogprob", "k3_kl", "seq_logratio_var")) -> str:
+    """Exponents of none and all per factor and arch, one column per metric."""
+    keep = fits[fits["setting"].isin(["none", "rope", "all"]) & fits["metric"].isin(metrics)]
+    if keep.empty:
+        return "No factor has 3 or more points with a positive metric: nothing to fit.\n"
+    wide = keep.pivot_table(index=["factor", "arch", "setting"], columns="metric", values="exponent").reset_index()
+    return to_markdown(wide[["factor", "arch", "setting", *[m for m in metrics if m in wide.columns]]],
+                       float_format="{:.2f}")
+
+
+def run(tables: Path, out: Path) -> list[Path]:
+    apply_theme()
+    table = load_table(tables / "mismatch_scaling.csv")
+    out.mkdir(parents=True, exist_ok=True)
+    fits = fit_exponents(table)
+    write_csv(fits, out / "mismatch_scaling_fits.csv")
+    write_text(out / "mismatch_scaling_fits.md", fits_markdown(fits))
+    written = [out / "mismatch_scaling_fits.csv", out / "mismatch_scaling_fits.md"]
+    shares = point_shares(table)
+    if len(shares):
+        write_csv(shares, out / "mismatch_scaling_shares.csv")
+        written.append(out / "mismatch_scaling_shares.csv")
+    written += scaling_figure(table, out)
+    written += regions_figure(table, out)
+    pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"
+    if out.resolve() != tables.resolve():  # the measured tables travel with their figures
+        for path in (tables / "mismatch_scaling.csv", pos_path, prob_path):
+            if path.exists():
+                write_text(out / path.name, path.read_text())
+                written.append(out / path.name)
+    if pos_path.exists() and prob_path.exists():
+        pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
+        lengths = pos[pos["factor"] == "length"]
+        if len(lengths):  # the longest responses of the first arch: the widest range of positions
+            arch = sorted(set(lengths["arch"]))[0]
+            point = {"factor": "length", "arch": arch, "value": lengths[lengths["arch"] == arch]["value"].max()}
+            written += where_figure(pos, prob, point, out)
+            where = where_table(pos, prob, point)
+            write_csv(where, out / "mismatch_where.csv")
+            write_text(out / "mismatch_where.md", to_markdown(where, float_format="{:.3g}"))
+            written += [out / "mismatch_where.csv", out / "mismatch_where.md"]
+    return written
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies report scaling", description="fits, figures and tables of the mismatch scaling study (its CSVs)")
+    p.add_argument("--tables", required=True, help="dir with mismatch_scaling.csv (+ _by_position, _by_probability), "
+                   "e.g. results/scaling")
+    p.add_argument("--out", required=True, help="output dir, e.g. results/studies/scaling/report")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for path in run(Path(args.tables), Path(args.out)):
+        print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,190 @@
+"""Training cost of each treatment, side by side in one process (a measurement, not a test).
+
+    python -m studies run treatments [--results results/treatments] [--rounds 7] [--models qwen2-s ...]
+
+For each warm-started model of a grid (`<results>/models/<model>`, data in `<results>/data`): one RL
+batch as the grid draws it (prompts_per_step x samples_per_prompt responses of up to
+max_response_length tokens, sampled once by the stock BF16 engine, scored, GRPO advantages), then one
+trainer per ablation. Each ablation gets the same batch: its own old log-probs (and, for tis / mis,
+verl's rollout correction on them, as `localrl.run.rl_step` does). Timed, after two warm-up passes
+each (compile's one-off compilation is reported on its own as `first_update_s`):
+
+- `update`: one PPO epoch over the batch (forward, backward, optimizer steps, weight sync);
+- `log_prob`: the forward-only old-log-prob pass.
+
+In each of `--rounds` rounds every ablation runs once, in a seeded random order, with its regions
+applied first; a time is the median over rounds, a ratio the median over rounds of (time / stock's
+time in the same round), so a slow moment of the machine hits every ablation of a round alike. Peak memory: the most bytes held
+through torch's CPU allocator during one update above the level at its start, from the profiler's
+allocation events (one profiled update per ablation, not timed). One thread, as the grid runs.
+
+Each ablation of the configs (experiments/tiny.yaml with experiments/treatments.yaml laid over it, as the
+grid reads them). Writes --out, a JSON file with every round's times too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import random
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from rla.machine import describe
+
+CONFIGS = ("experiments/tiny.yaml", "experiments/treatments.yaml")
+WARMUP = 2
+
+
+def peak_bytes(run) -> int:
+    """The most bytes held through torch's CPU allocator while `run()` runs, above the level at its start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    level = peak = 0
+    for _, nbytes in events:
+        level += nbytes
+        peak = max(peak, level)
+    return peak
+
+
+def rl_batch(cfg: dict, model_dir: Path, data_dir: Path, rl: dict):
+    """One batch as `rl_step` draws it, sampled by the stock BF16 engine; returns (batch, scores, groups)."""
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from localrl.data import load_split
+    from localrl.engine.engine import Engine
+    from localrl.task import render_prompt, score
+    from localrl.trainer import Batch, Trainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    train = load_split(data_dir, "train")
+    n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
+    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:n].tolist()
+    prompts = [tok(render_prompt(list(train["prompt"].iloc[i])))["input_ids"] for i in idx]
+    with Trainer(str(model_dir), rl, "none") as stock:
+        engine = Engine(stock.master.config, tok.eos_token_id, tok.pad_token_id)
+        engine.load_weights(stock.weights_for_engine())
+    out = engine.generate([p for p in prompts for _ in range(group)], rl["max_response_length"], rl["temperature"],
+                          torch.Generator().manual_seed(1))
+    texts = [tok.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(out.responses, out.response_mask)]
+    truths = [train["reward_model"].iloc[i]["ground_truth"] for i in idx]
+    scores = torch.tensor([score(t, truths[i // group]) for i, t in enumerate(texts)])
+    batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask, rollout_log_probs=out.logprobs)
+    return batch, scores, np.repeat(np.arange(n), group)
+
+
+def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
+    ablations = cfg["ablations"]
+
+    import patches
+    from localrl.trainer import Trainer, correct_rollout
+    from rla.config import rl_settings
+    from rla.names import regions_of
+
+    rl = rl_settings(cfg, "local", model)
+    model_dir, data_dir = results / "models" / model, results / "data"
+    stock_batch, scores, groups = rl_batch(cfg, model_dir, data_dir, rl)
+    trainers, batches, first = {}, {}, {}
+    for ablation in ablations:
+        trainer = Trainer(str(model_dir), rl, ablation)
+        batch = copy.copy(stock_batch)
+        batch.old_log_probs, _ = trainer.compute_log_probs(batch)
+        if trainer.correction is not None:
+            correct_rollout(batch, trainer.correction)
+        batch.advantages = trainer.grpo_advantages(scores, batch.kept_mask(), groups)
+        start = time.perf_counter()
+        trainer.update(batch)
+        first[ablation] = time.perf_counter() - start
+        for _ in range(WARMUP - 1):
+            trainer.update(batch)
+            trainer.compute_log_probs(batch)
+        trainers[ablation], batches[ablation] = trainer, batch
+        log(f"{model} {ablation}: first update {first[ablation]:.2f} s")
+
+    def run(ablation: str, what: str) -> float:
+        patches.apply(regions_of(ablation))  # process-wide: each ablation's own regions while it runs
+        trainer, batch = trainers[ablation], batches[ablation]
+        start = time.perf_counter()
+        trainer.update(batch) if what == "update" else trainer.compute_log_probs(batch)
+        return time.perf_counter() - start
+
+    times = {a: {"update": [], "log_prob": []} for a in ablations}
+    order = random.Random(0)
+    for r in range(rounds):
+        for ablation in order.sample(ablations, len(ablations)):
+            for what in ("update", "log_prob"):
+                times[ablation][what].append(run(ablation, what))
+        log(f"{model} round {r + 1}/{rounds}: update " + " ".join(
+            f"{a} {times[a]['update'][-1] * 1e3:.0f}ms" for a in ablations))
+    peaks = {}
+    for ablation in ablations:
+        patches.apply(regions_of(ablation))
+        peaks[ablation] = peak_bytes(lambda: trainers[ablation].update(batches[ablation]))
+    patches.remove()
+
+    def ratios(ablation: str, what: str) -> list[float]:
+        return [t / s for t, s in zip(times[ablation][what], times["none"][what])]
+
+    out = {"responses": int(stock_batch.responses.shape[0]), "response_tokens": int(stock_batch.response_mask.sum()),
+           "ablations": {}}
+    for ablation in ablations:
+        row = {"first_update_s": round(first[ablation], 4), "update_peak_bytes": peaks[ablation],
+               "update_peak_vs_none": round(peaks[ablation] / peaks["none"], 4)}
+        for what in ("update", "log_prob"):
+            r = ratios(ablation, what)
+            row[f"{what}_s_median"] = round(statistics.median(times[ablation][what]), 5)
+            row[f"{what}_vs_none_median"] = round(statistics.median(r), 4)
+            row[f"{what}_vs_none_range"] = [round(min(r), 4), round(max(r), 4)]
+            row[f"{what}_s_rounds"] = [round(t, 5) for t in times[ablation][what]]
+        out["ablations"][ablation] = row
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from rla.config import load_all
+
+    parser = argparse.ArgumentParser(prog="python -m studies run treatments", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", default="results/treatments", help="a grid's results dir (models, data)")
+    parser.add_argument("--config", nargs="+", default=list(CONFIGS),
+                        help="its experiment configs, later ones laid over earlier ones as Snakemake does (rl, ablations)")
+    parser.add_argument("--models", nargs="+", help="default: every model of the config")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import localrl  # noqa: F401  (the engine's compile settings)
+
+    cfg = load_all(args.config)
+    results = Path(args.results)
+    models = args.models or cfg["models"]
+    missing = [m for m in models if not (results / "models" / m / "model.safetensors").exists()]
+    if missing:
+        print(f"error: no warm-started model for {missing} under {results / 'models'}: run the grid first "
+              f"(snakemake ... --config profile={results.name})", file=sys.stderr)
+        return 2
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    report = {"command": "python -m studies run treatments " + shlex.join(argv if argv is not None else sys.argv[1:]),
+              "machine": {**describe(), "threads": torch.get_num_threads()},
+              "rounds": args.rounds, "warmup": WARMUP, "models": {}}
+    for model in models:
+        report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

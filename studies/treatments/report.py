@@ -1,0 +1,203 @@
+"""The fixes side by side (region alignment and the treatments of ``rla.names``), from files only.
+
+Per model x ablation, from a grid's tables and the treatment benchmark:
+
+- mismatch in the RL loop: mean over steps, then over seeds, of verl's ``rollout_corr/k3_kl`` and
+  ``training/rollout_probs_diff_mean`` (mean |p_rollout - p_train|) (``metrics.parquet``);
+- one-forward mismatch: the probe's mean |Δ logprob| against the engine's forward, same tokens for
+  every setting (``probe_subsets.csv``; regions, compile and fp16 only: the probe has no loss);
+- training cost: the update's time and peak memory relative to stock, measured side by side
+  (``studies/treatments/published/cost.json``, from ``studies/treatments/cost.py``);
+- stability: collapsed runs / runs (``stability.csv``).
+
+Ratios "vs none" are taken per model, then summarized across models (median, min-max).
+
+``python -m studies report treatments --tables results/treatments/tables --bench results/studies/treatments/cost.json
+--out results/studies/treatments/report`` (the study's report step: ``snakemake --cores N treatments``) writes ``treatments.csv`` (per model), ``treatments.md`` and the figure
+``treatments.{png,pdf}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures
+from analysis.output import to_markdown
+from analysis.style import ablation_order, ablation_palette, apply_theme
+from rla.files import write_csv, write_text
+
+log = logging.getLogger(__name__)
+
+K3, PROBS = "rollout_corr/k3_kl", "training/rollout_probs_diff_mean"
+COLUMNS = {  # per-model column -> what it is (the markdown's header)
+    "k3_kl": "k3 KL, RL loop",
+    "probs_diff": "mean \\|p_rollout - p_train\\|, RL loop",
+    "probe_dlogprob": "mean \\|Δ logprob\\|, one forward (probe)",
+    "update_time": "update time",
+    "update_peak": "update peak memory",
+}
+
+
+def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
+    """model, ablation, k3_kl, probs_diff, runs: step means, averaged over seeds."""
+    rows = metrics[metrics["metric"].isin([K3, PROBS]) & metrics["finite"]]
+    per_run = rows.groupby(["model", "ablation", "run", "metric"], observed=True)["value"].mean().unstack("metric")
+    out = per_run.groupby(["model", "ablation"], observed=True).agg(
+        k3_kl=(K3, "mean"), probs_diff=(PROBS, "mean"), runs=(K3, "size"))
+    return out.reset_index()
+
+
+def probe_mismatch(probe: pd.DataFrame) -> pd.DataFrame:
+    """model, ablation, probe_dlogprob: against the engine's own forward (the probe's main reference)."""
+    rows = probe[probe["reference"] == "engine_forward"]
+    return rows.rename(columns={"setting": "ablation", "mean_abs_dlogprob": "probe_dlogprob"})[
+        ["model", "ablation", "probe_dlogprob"]]
+
+
+def costs(bench: dict) -> pd.DataFrame:
+    """model, ablation, update_time and update_peak (absolute: seconds, bytes) and their ratios to none
+    as measured (the median over rounds of each round's ratio)."""
+    rows = []
+    for model, result in bench["models"].items():
+        for ablation, r in result["ablations"].items():
+            rows.append({"model": model, "ablation": ablation, "update_s": r["update_s_median"],
+                         "update_time_vs_none": r["update_vs_none_median"],
+                         "update_peak_bytes": r["update_peak_bytes"], "update_peak_vs_none": r["update_peak_vs_none"],
+                         "first_update_s": r["first_update_s"]})
+    return pd.DataFrame(rows)
+
+
+def stability(table: pd.DataFrame) -> pd.DataFrame:
+    with_data = table[table["steps"] > 0]
+    return with_data.groupby(["model", "ablation"], observed=True).agg(
+        collapsed=("collapsed", "sum"), seeds=("collapsed", "size")).reset_index()
+
+
+def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
+    """Every measurement per model x ablation, with the mismatch ratios to none of the same model."""
+    frame = loop_mismatch(pd.read_parquet(tables / "metrics.parquet"))
+    if (tables / "stability.csv").exists():
+        frame = frame.merge(stability(pd.read_csv(tables / "stability.csv")), on=["model", "ablation"], how="left")
+    if (tables / "probe_subsets.csv").exists():
+        frame = frame.merge(probe_mismatch(pd.read_csv(tables / "probe_subsets.csv")), on=["model", "ablation"],
+                            how="left")
+    if bench is not None:
+        frame = frame.merge(costs(bench), on=["model", "ablation"], how="left")
+    for column in ("k3_kl", "probs_diff", "probe_dlogprob"):
+        if column in frame:
+            stock = frame[frame["ablation"] == "none"].set_index("model")[column]
+            frame[f"{column}_vs_none"] = frame[column] / frame["model"].map(stock)
+    rank = {a: i for i, a in enumerate(ablation_order(set(frame["ablation"])))}
+    return frame.sort_values(["ablation", "model"], key=lambda s: s.map(rank) if s.name == "ablation" else s,
+                             ignore_index=True)
+
+
+def _spread(values: pd.Series) -> str:
+    values = values.dropna()
+    if values.empty:
+        return ""
+    fmt = lambda v: f"{v:.2g}" if abs(v) < 0.1 else f"{v:.2f}"  # noqa: E731
+    return fmt(values.median()) if len(values) == 1 else f"{fmt(values.median())} ({fmt(values.min())}-{fmt(values.max())})"
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per ablation: each ratio to none as median (min-max) over models; collapsed / runs."""
+    rows = []
+    for ablation, group in frame.groupby("ablation", sort=False):
+        row = {"ablation": ablation}
+        for column, label in COLUMNS.items():
+            ratio = f"{column}_vs_none"
+            if ratio in group:
+                row[f"{label} vs none"] = _spread(group[ratio])
+        if "collapsed" in group:
+            row["collapsed / runs"] = f"{int(group['collapsed'].sum())}/{int(group['seeds'].sum())}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def markdown(frame: pd.DataFrame) -> str:
+    parts = ["# Which fix: region alignment and the treatments side by side\n",
+             "Ratios to `none` per model, then median (min-max) over models. RL-loop mismatch: mean over steps "
+             "and seeds; one forward: the probe (same tokens, against the engine's forward); cost: "
+             "studies/treatments/published/cost.json.\n", to_markdown(summary(frame)), "\n## Per model\n"]
+    shown = ["model", "ablation", "k3_kl", "probs_diff", "probe_dlogprob", "update_s", "update_time_vs_none",
+             "update_peak_bytes", "update_peak_vs_none", "first_update_s", "collapsed", "seeds"]
+    parts.append(to_markdown(frame[[c for c in shown if c in frame]]))
+    return "\n".join(parts)
+
+
+PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p_train|, RL loop", True),
+          ("update_time_vs_none", "update time / none", False), ("update_peak_vs_none", "update peak memory / none",
+                                                                  False))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[Path]:
+    """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+
+    apply_theme()
+    panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
+    ablations = ablation_order(set(frame["ablation"]))
+    palette = ablation_palette(ablations)
+    models = sorted(frame["model"].unique())
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2), layout="constrained", squeeze=False)
+    x = {a: i for i, a in enumerate(ablations)}
+    for ax, (column, label, log_scale) in zip(axes[0], panels):
+        for ablation, group in frame.groupby("ablation"):
+            values = group[column].dropna()
+            if values.empty:
+                continue
+            ax.bar(x[ablation], values.median(), color=palette[ablation], alpha=0.35, width=0.7)
+        for marker, model in zip(MARKERS, models):
+            rows = frame[(frame["model"] == model) & frame[column].notna()]
+            ax.scatter([x[a] for a in rows["ablation"]], rows[column], marker=marker, s=16, color="0.15",
+                       label=model, zorder=3)
+        if log_scale:
+            ax.set_yscale("log")
+        else:
+            ax.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
+        ax.set_xticks(range(len(ablations)), ablations, rotation=60, ha="right", fontsize=7)
+        ax.set_title(label, fontsize=8)
+    axes[0, -1].legend(fontsize=6, title="model", title_fontsize=6)
+    return figures.save_figure(fig, out_dir, name)
+
+
+def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> list[Path]:
+    tables, out_dir = Path(tables), Path(out_dir)
+    if not (tables / "metrics.parquet").exists():
+        raise FileNotFoundError(f"{tables / 'metrics.parquet'} not found: run the grid (or `python -m analysis all`) first")
+    bench_data = None
+    if bench is not None:
+        if not Path(bench).exists():
+            raise FileNotFoundError(f"{bench} not found: run `python -m studies run treatments` first")
+        bench_data = json.loads(Path(bench).read_text())
+    frame = per_model(tables, bench_data)
+    write_csv(frame, out_dir / "treatments.csv")
+    write_text(out_dir / "treatments.md", markdown(frame))
+    return [out_dir / "treatments.csv", out_dir / "treatments.md"] + plot(frame, out_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies report treatments", description="the fixes side by side: mismatch, cost, stability")
+    p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
+    p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
+    p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
+    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    written = run(args.tables, args.bench, args.out)
+    log.info("wrote %s", ", ".join(str(p) for p in written))
+    return 0

