@@ -52,7 +52,7 @@ from torch import Tensor
 from studies.probe import measure as probe
 from localrl.trainer import Batch, Trainer, correct_rollout, policy_loss
 from rla.config import ConfigError
-from rla.names import ABLATIONS
+from rla.names import ABLATIONS, REGIONS
 
 EXACT = "exact"  # the reference: all+engine_order with the engine's FP32 temperature division
 REFERENCE_ABLATION = "all+engine_order"
@@ -228,7 +228,7 @@ def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str]
     """The reference's gradients first, then every setting's against them (probe.run_settings)."""
     sides = probe.Sides(trainer.model, engine)
     ref_setting = replace(probe.Setting.of_ablation(REFERENCE_ABLATION), name=EXACT)
-    with_is = {"none", "rope", "swiglu", "rmsnorm", "all", REFERENCE_ABLATION, EXACT}
+    with_is = {"none", *REGIONS, "all", REFERENCE_ABLATION, EXACT}
     chosen = [ref_setting] + [probe.Setting.of_ablation(s) for s in settings]
     bad = [s for s in chosen if s.dtype != torch.bfloat16]
     if bad:

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rla.files import write_csv, write_text
-from rla.names import REGIONS
+from rla.names import REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
 from analysis import figures
 from analysis.output import to_markdown
@@ -35,9 +35,10 @@ from analysis.style import ABLATION_COLORS, apply_theme
 log = logging.getLogger(__name__)
 
 TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligned, another training side
-SETTING_ORDER = ("none", "rope", "swiglu", "rmsnorm", "rope+swiglu", "rope+rmsnorm", "swiglu+rmsnorm", "all",
-                 ENGINE_ORDER) + TREATMENTS
-LAYER_SETTINGS = ("none", "rope", "swiglu", "rmsnorm", "all", ENGINE_ORDER) + TREATMENTS
+# every subset of the regions by size, then all + the engine's order and the treatments
+SETTING_ORDER = tuple(subset_name(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)) \
+    + (ENGINE_ORDER,) + TREATMENTS
+LAYER_SETTINGS = ("none", *REGIONS, "all", ENGINE_ORDER) + TREATMENTS
 WHERE_SETTINGS = ("none", "rope", "all", ENGINE_ORDER) + TREATMENTS
 PAIR_COLOR = "#999999"
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}

@@ -23,7 +23,6 @@ and `update` (error persistence: the same tokens scored after a weight update of
 from __future__ import annotations
 
 import argparse
-
 import math
 import sys
 import time
@@ -35,6 +34,8 @@ import pandas as pd
 import torch
 
 import patches
+from localrl import models
+from rla.config import load
 from studies.probe import measure as probe
 
 ARCHS = ("qwen2", "qwen3")
@@ -86,11 +87,16 @@ def qwen_shape(arch: str, hidden: int, layers: int, vocab: int) -> Shape:
     return Shape(arch, layers, hidden, heads, kv, head_dim, inter, vocab)
 
 
-# Published configurations (config.json of Qwen/Qwen2.5-1.5B and Qwen/Qwen3-1.7B); weights random.
-REAL_SHAPES = {
-    "qwen2.5-1.5b": Shape("qwen2", 28, 1536, 12, 2, 128, 8960, 151936),
-    "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 128, 6144, 151936),
-}
+def shape_of(arch: str, dims: dict, vocab: int, rope_theta: float = 1e6) -> Shape:
+    """A Shape from a transformers-style spec (experiments' model_specs, localrl.models.REAL_SHAPES)."""
+    return Shape(arch, dims["num_hidden_layers"], dims["hidden_size"], dims["num_attention_heads"],
+                 dims["num_key_value_heads"], dims["head_dim"], dims["intermediate_size"], vocab, rope_theta)
+
+
+# Published configurations (config.json of Qwen/Qwen2.5-1.5B and Qwen/Qwen3-1.7B: the rig's REAL_SHAPES);
+# weights random.
+REAL_SHAPES = {name: shape_of(arch, models.REAL_SHAPES[name], 151936)
+               for name, arch in (("qwen2.5-1.5b", "qwen2"), ("qwen3-1.7b", "qwen3"))}
 # The paper grid's four models (experiments/paper.yaml), as their Hub config.json gives them; weights random.
 PAPER_SHAPES = {
     "r1-distill-qwen-1.5b": Shape("qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 1e4),
@@ -99,12 +105,8 @@ PAPER_SHAPES = {
     "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 1e6),
 }
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
-TINY_SHAPES = {
-    "qwen2-s": Shape("qwen2", 2, 64, 2, 1, 32, 192, 384, 1e4),
-    "qwen2-m": Shape("qwen2", 3, 96, 3, 1, 32, 256, 384, 1e4),
-    "qwen3-s": Shape("qwen3", 2, 64, 2, 1, 32, 192, 384, 1e4),
-    "qwen3-m": Shape("qwen3", 3, 128, 4, 2, 32, 320, 384, 1e4),
-}
+TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA)
+               for name, spec in load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"].items()}
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,6 @@ def build_model(point: Point, max_positions: int):
 def compute_copy(master, like=None, keep_master: bool = True):
     """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage. Without
     `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
-    from localrl import models
     from localrl.kernels import use_local_kernels
 
     if like is None and not keep_master:

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from rla.names import REGIONS
+
 
 def tiny_grid_shapes() -> dict[str, dict]:
     """The tiny grid's model shapes (experiments/tiny.yaml), at random weights."""
@@ -58,7 +60,7 @@ SHAPES = {
     "qwen3-768": dict(arch="qwen3", hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
                       num_attention_heads=12, num_key_value_heads=4, head_dim=64),
 }
-SUBSETS = ("none", "rope", "swiglu", "rmsnorm", "all")
+SUBSETS = ("none", *REGIONS, "all")
 PROMPTS, NEW_TOKENS, VOCAB = 64, 64, 4096
 
 

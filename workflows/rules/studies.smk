@@ -60,7 +60,8 @@ rule probe:
     conda:
         CPU_ENV
     shell:
-        publish_shell("probe", [f"{RESULTS}/probe", TABLES, FIGURES], ["*.csv", "*/probe.json", "probe_*"])
+        publish_shell("probe", [f"{RESULTS}/probe", TABLES, FIGURES],
+                      ["*/*.csv", "*/probe.json", "probe_*.csv", "probe_*.md", "probe_*.png"])
 
 
 # --- studies that are grids of their own
