@@ -259,7 +259,9 @@ STUDY_SETTINGS = {
         "calibration": ["experiments/calibration.yaml"],
         "treatments": ["experiments/tiny.yaml", "experiments/treatments.yaml"],
     },
-    "scaling": [],  # options of `python -m studies run scaling` (default: its ladders)
+    # runs of `python -m studies run scaling`, one after the other into the same tables: the ladders
+    # (46 points, ~15 min on one core), then their expensive end and the real shapes (~1.5 h, ~8 GiB)
+    "scaling": [[], ["--factors", "shape,depth,length,vocab", "--big", "--real"]],
     "gradprobe": "experiments/gradprobe.yaml",  # the pre-registered plan
     "treatments_cost": [],  # options of `python -m studies run treatments`
     # options of `python -m studies run vllm_alignment`: the two smallest grid shapes, hidden 256, and YaRN

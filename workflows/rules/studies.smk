@@ -61,7 +61,7 @@ rule probe:
         CPU_ENV
     shell:
         publish_shell("probe", [f"{RESULTS}/probe", TABLES, FIGURES],
-                      ["*/*.csv", "*/probe.json", "probe_*.csv", "probe_*.md", "probe_*.png"])
+                      ["*/*.csv", "*/probe.json", "probe*.csv", "probe*.md", "probe_*.png"])
 
 
 # --- studies that are grids of their own
@@ -246,13 +246,15 @@ rule scaling_measure:
     benchmark:
         study_benchmark("scaling", "measure")
     params:
-        options=shlex.join(STUDY_SETTINGS["scaling"]),
+        # one run per entry of the settings, each adding its points to the tables of the ones before
+        runs=lambda wildcards, output: " && ".join(
+            f"python -m studies run scaling {shlex.join(options)} --out {output.measured}" + (" --append" if i else "")
+            for i, options in enumerate(STUDY_SETTINGS["scaling"])),
     threads: 1
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run scaling {params.options} --out {output.measured} > {log} 2>&1"
+        "python -m studies machine > {output.machine}; ({params.runs}) > {log} 2>&1"
 
 
 rule scaling_report:
