@@ -44,7 +44,7 @@ class Study:
 
 STUDIES = {s.name: s for s in (
     Study("tiny", "the embedded default grid (experiments/tiny.yaml): stability and score of 4 tiny Qwen models "
-                  "x ablations x seeds", None, None, "experiments/tiny.yaml", AUTO_ENGINE),
+                  "x ablations x seeds", None, "studies.tiny.report", "experiments/tiny.yaml", AUTO_ENGINE),
     Study("probe", "per-region training-inference mismatch of the tiny grid's models against its engine",
           "studies.probe.cli", "studies.probe.report", "experiments/tiny.yaml", AUTO_ENGINE,
           "FP32 inside, rounded to BF16 once: the rig's shared kernel (against vLLM, on the training side only)"),

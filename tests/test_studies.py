@@ -81,3 +81,20 @@ def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
     assert "false_positives: 2" in out and "alternative min_rise=5.0: 0 of 4 runs collapsed, 4 never rose" in out
     assert main(args + ["--alternative", "min_rize=0.05"]) == 2
     assert "min_rize" in capsys.readouterr().err
+
+
+def test_the_tiny_headline_is_the_mean_logged_mismatch_and_its_ratio_to_none():
+    from studies.tiny.report import headline
+
+    rows = [{"model": "m", "ablation": a, "seed": 0, "step": step, "metric": metric, "value": value * scale,
+             "finite": True}
+            for a, scale in (("none", 1.0), ("all", 0.01))
+            for step, value in ((1, 2e-4), (2, 4e-4))
+            for metric in ("rollout_corr/k3_kl", "training/rollout_probs_diff_mean")]
+    rows.append({"model": "m", "ablation": "all", "seed": 0, "step": 3, "metric": "rollout_corr/k3_kl",
+                 "value": float("inf"), "finite": False})  # a non-finite value is not averaged in
+    table = headline(pd.DataFrame(rows)).set_index("ablation")
+    assert table.loc["none", "k3 KL"] == pytest.approx(3e-4) and table.loc["all", "k3 KL"] == pytest.approx(3e-6)
+    assert table.loc["all", "k3 KL: none / ablation"] == pytest.approx(100)
+    with pytest.raises(ValueError, match="rollout_corr/k3_kl"):
+        headline(pd.DataFrame(rows).query("metric != 'rollout_corr/k3_kl'"))

@@ -401,8 +401,20 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
         write_csv(table[["model", "component", "reduction", "share"]], tables_dir / "probe_shares.csv")
         written.append(tables_dir / "probe_shares.csv")
     write_text(tables_dir / "probe.md", "\n".join(report))
-    written.append(tables_dir / "probe.md")
+    write_text(tables_dir / "probe_models.md", models_table(combined))
+    written += [tables_dir / "probe.md", tables_dir / "probe_models.md"]
     return written
+
+
+def models_table(combined: pd.DataFrame) -> str:
+    """Setting x model: mean |Δ logprob| against the engine's full forward, with the fraction of response
+    tokens bit-identical, for the region subsets and all + the engine's order."""
+    main = combined[combined["reference"] == MAIN_REFERENCE]
+    main = main[main["setting"].isin(SETTING_ORDER[:-len(TREATMENTS)])]
+    cells = main.assign(cell=[f"{m:.2g} ({f:.0%})" for m, f in zip(main["mean_abs_dlogprob"], main["frac_identical"])])
+    wide = cells.pivot(index="setting", columns="model", values="cell")
+    wide = wide.reindex([s for s in SETTING_ORDER if s in wide.index]).reset_index()
+    return to_markdown(wide)
 
 
 def main(argv: list[str] | None = None) -> int:

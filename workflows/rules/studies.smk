@@ -32,9 +32,23 @@ rule grid_machine:
         "python -m studies machine > {output} 2> {log}"
 
 
+rule tiny_report:
+    input:
+        f"{TABLES}/metrics.parquet",
+    output:
+        f"{STUDY_OUT}/tiny/report/headline.csv",
+    log:
+        study_log("tiny", "report"),
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report tiny --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
+
+
 rule tiny:
     input:
         tables=[f"{TABLES}/summary.csv", f"{TABLES}/stability.csv", f"{TABLES}/metrics.parquet"],
+        headline=rules.tiny_report.output[0],
         machine=f"{RESULTS}/machine.json",
         benchmarks=train_benchmarks(),
     output:
@@ -44,8 +58,9 @@ rule tiny:
     conda:
         CPU_ENV
     shell:
-        publish_shell("tiny", [TABLES, FIGURES],
-                      ["summary.csv", "summary.md", "stability.csv", "metrics.parquet", "*.png"])
+        publish_shell("tiny", [TABLES, FIGURES, f"{STUDY_OUT}/tiny/report"],
+                      ["summary.csv", "summary.md", "stability.csv", "metrics.parquet", "headline.*"]
+                      + [f"{name}.png" for name in FIGURE_NAMES])
 
 
 rule probe:

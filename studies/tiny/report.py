@@ -1,0 +1,48 @@
+"""The tiny grid's headline: the mismatch the RL loop itself logged, per model and ablation - the mean
+over every logged step (and seed) of verl's k3 KL(rollout || train) and of its mean |p_rollout - p_train|
+- and each ablation's ratio to `none` (headline.csv, headline.md). Reads the grid's tidy metrics table
+(`python -m analysis collect`); no torch."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.output import to_markdown
+from rla.files import write_csv, write_text
+
+METRICS = {"rollout_corr/k3_kl": "k3 KL", "training/rollout_probs_diff_mean": "mean |p_rollout - p_train|"}
+
+
+def headline(tidy: pd.DataFrame) -> pd.DataFrame:
+    """One row per model x ablation: each metric's mean over finite logged values, and its ratio to the
+    same model's `none`."""
+    missing = sorted(set(METRICS) - set(tidy["metric"]))
+    if missing:
+        raise ValueError(f"the metrics table has no {missing}; it holds {sorted(set(tidy['metric']))[:20]}")
+    logged = tidy[tidy["metric"].isin(METRICS) & tidy["finite"]]
+    means = logged.pivot_table(index=["model", "ablation"], columns="metric", values="value", aggfunc="mean")
+    table = means.rename(columns=METRICS).reset_index()
+    for name in METRICS.values():
+        none = table[table["ablation"] == "none"].set_index("model")[name]
+        table[f"{name}: none / ablation"] = table["model"].map(none) / table[name]
+    return table
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m studies report tiny", description=__doc__.split("\n")[0])
+    p.add_argument("--tables", required=True, help="the grid's tables (metrics.parquet)")
+    p.add_argument("--out", required=True, help="where headline.csv and headline.md go")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    table = headline(pd.read_parquet(Path(args.tables) / "metrics.parquet"))
+    out = Path(args.out)
+    write_csv(table, out / "headline.csv")
+    write_text(out / "headline.md", to_markdown(table, float_format="{:.2g}"))
+    print(f"wrote {out / 'headline.csv'}, {out / 'headline.md'}")
+    return 0
