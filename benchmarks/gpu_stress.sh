@@ -111,7 +111,7 @@ fi
 
 if [ -z "$quick" ]; then scaling_args=(--factors shape --real --real-length "${REAL_LENGTH:-4096}")
 else scaling_args=(--factors shape --archs qwen3 --quick); fi
-timeout -s TERM "$(left)" "$PYTHON" -m localrl scaling --out "$OUT/scaling" "${scaling_args[@]}" \
+timeout -s TERM "$(left)" "$PYTHON" -m studies run scaling --out "$OUT/scaling" "${scaling_args[@]}" \
   > "$OUT/logs/scaling.log" 2>&1 &
 for m in "${models[@]}"; do for a in "${ablations[@]}"; do for s in "${seeds[@]}"; do
   mkdir -p "$OUT/logs/train/$m/$a"
