@@ -27,8 +27,17 @@ def inductor_isa() -> str:
 
 
 def vllm_runs_avx512_kernels() -> bool:
-    """Whether vLLM's CPU build runs its AVX-512 kernels here: vllm.platforms.cpu.import_kernels picks them by
-    this check of the CPU's own flags, which ATEN_CPU_CAPABILITY (`make test-isa`) does not change. Their
-    attention equals FP32 attention of the BF16 q/k/v rounded once, the training side's; the AVX2 library's
-    differs from it on 44-50% of the elements, a mismatch of its own that no region removes."""
-    return torch.cpu._is_avx512_supported()
+    """Whether vLLM's CPU build runs its AVX-512 kernels here, attention included: vllm.platforms.cpu.import_kernels
+    picks the library by this check of the CPU's own flags, which ATEN_CPU_CAPABILITY (`make test-isa`) does not
+    change, and vLLM's CPU attention (vllm/v1/attention/backends/cpu_attn.py, `_get_attn_isa`, 0.32.0) takes
+    its AMX kernel instead of the AVX-512 one for BF16 wherever the CPU has AMX tiles. The AVX-512 attention
+    equals FP32 attention of the BF16 q/k/v rounded once, the training side's; the AVX2 library's differs from
+    it on 44-50% of the elements, and on an AMX machine `all` left k3 2-3x below stock instead of 80-600x
+    (studies/vllm_alignment): mismatches of their own that no region removes."""
+    return torch.cpu._is_avx512_supported() and not vllm_runs_amx_attention()
+
+
+def vllm_runs_amx_attention() -> bool:
+    """vLLM's CPU attention runs its AMX kernel for BF16 here (`_get_attn_isa`: AMX tiles, block size a
+    multiple of 32, which vLLM's CPU default is)."""
+    return torch.cpu._is_amx_tile_supported()

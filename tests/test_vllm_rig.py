@@ -17,7 +17,7 @@ import yaml
 
 from rla.cells import Cell
 from localrl.metrics import REQUIRED
-from tests.numerics import vllm_runs_avx512_kernels
+from tests.numerics import vllm_runs_amx_attention, vllm_runs_avx512_kernels
 from tests.vllm_setup import MODEL, requires_vllm
 
 pytestmark = requires_vllm
@@ -77,6 +77,9 @@ def test_a_cell_on_vllm_logs_verls_metrics_and_records_its_engine(vllm_model, en
     assert state["numerics"]["name"] == "vllm" and state["numerics"]["trainer_gemm"] in ("bf16", "fp32")
 
 
+# Measured on a 2-core Intel Xeon with AMX: two runs of the same cell on the same engine differed from
+# step 1 on (at 387f9e2 as at the studies' commits), so no bit-for-bit claim is made there.
+@pytest.mark.skipif(vllm_runs_amx_attention(), reason="vLLM-CPU's AMX attention: two identical runs differ here")
 def test_resume_on_vllm_matches_an_uninterrupted_run_bit_for_bit(vllm_model, engine, tmp_path):
     full, parted = tmp_path / "full", tmp_path / "parted"
     _train(vllm_model, engine, full, 5)
