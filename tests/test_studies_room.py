@@ -44,17 +44,22 @@ def test_a_bad_study_name_is_named():
 @pytest.mark.parametrize("name", sorted(STUDIES))
 def test_published_outputs_carry_their_provenance(name):
     folder = ROOT / STUDIES[name].published
-    if not folder.exists():
+    records = sorted(folder.rglob(PROVENANCE))
+    if not records:
         pytest.skip(f"{name} has not been published yet")
-    record = json.loads((folder / PROVENANCE).read_text())
-    assert record["command"] and len(record["commit"]) == 40 and int(record["commit"], 16) >= 0
     shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True,
                              text=True).stdout.strip() == "true"
-    if not shallow:  # a shallow clone lacks the older commits
-        known = subprocess.run(["git", "cat-file", "-e", f"{record['commit']}^{{commit}}"], cwd=ROOT)
-        assert known.returncode == 0, f"{name}: commit {record['commit']} is not a commit of this repository"
-    on_disk = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != PROVENANCE)
-    assert on_disk == sorted(record["files"])
+    for path in records:  # one, or one per machine kind (Study.per_machine)
+        record = json.loads(path.read_text())
+        assert record["command"] and len(record["commit"]) == 40 and int(record["commit"], 16) >= 0
+        if not shallow:  # a shallow clone lacks the older commits
+            known = subprocess.run(["git", "cat-file", "-e", f"{record['commit']}^{{commit}}"], cwd=ROOT)
+            assert known.returncode == 0, f"{path}: commit {record['commit']} is not a commit of this repository"
+        here = path.parent
+        on_disk = sorted(str(p.relative_to(here)) for p in here.rglob("*") if p.is_file() and p.name != PROVENANCE)
+        assert on_disk == sorted(record["files"]), path
+    if STUDIES[name].per_machine:
+        assert all(p.parent.parent == folder for p in records)
 
 
 def test_publish_replaces_the_folder_whole_and_keeps_it_on_failure(tmp_path, monkeypatch):
@@ -71,10 +76,21 @@ def test_publish_replaces_the_folder_whole_and_keeps_it_on_failure(tmp_path, mon
     record = json.loads((dest / PROVENANCE).read_text())
     assert record["files"] == ["sub/fig.png", "table.csv"] and not (dest / "scratch.tmp").exists()
     assert record["machine"]["cpu"] and record["engine"] == "e" and "uncommitted_changes" in record
+    by_kind = publish([str(made)], dest, command="c", engine="e", attention="a", machine_file=None, benchmarks=[],
+                      per_machine=True)  # beside the earlier publication, in the machine kind's folder
+    assert by_kind.parent.parent == dest and (by_kind.parent / "table.csv").exists() and (dest / "table.csv").exists()
     with pytest.raises(FileNotFoundError, match="missing"):
         publish([str(made), str(tmp_path / "missing")], dest, command="c", engine="e", attention="a",
                 machine_file=None, benchmarks=[])
     assert (dest / "table.csv").read_text() == "a\n1\n"  # the earlier publication is still there
+
+
+def test_the_machine_kind_names_the_isa_and_amx():
+    from studies.provenance import machine_class
+
+    assert machine_class({"aten_isa": "AVX512", "inductor_isa": "avx512 avx512_vnni amx_tile"}) == "avx512-amx"
+    assert machine_class({"aten_isa": "AVX2", "inductor_isa": "avx2"}) == "avx2"
+    assert machine_class({"aten_isa": "AVX512", "gpu": "NVIDIA H200"}) == "cuda"
 
 
 def _imports(package: str) -> dict[str, set[str]]:
