@@ -1,5 +1,5 @@
 """The tiny grid's headline: the mismatch the RL loop itself logged, per model and ablation - the mean
-over every logged step (and seed) of verl's k3 KL(rollout || train) and of its mean |p_rollout - p_train|
+over every logged step (and seed) of verl's k3 KL(rollout || train) and of its mean abs(p_rollout - p_train)
 - and each ablation's ratio to `none` (headline.csv, headline.md). Reads the grid's tidy metrics table
 (`python -m analysis collect`); no torch."""
 
@@ -12,8 +12,9 @@ import pandas as pd
 
 from analysis.output import to_markdown
 from rla.files import write_csv, write_text
+from rla.names import ABLATIONS
 
-METRICS = {"rollout_corr/k3_kl": "k3 KL", "training/rollout_probs_diff_mean": "mean |p_rollout - p_train|"}
+METRICS = {"rollout_corr/k3_kl": "k3 KL", "training/rollout_probs_diff_mean": "mean abs(p_rollout - p_train)"}
 
 
 def headline(tidy: pd.DataFrame) -> pd.DataFrame:
@@ -23,8 +24,13 @@ def headline(tidy: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"the metrics table has no {missing}; it holds {sorted(set(tidy['metric']))[:20]}")
     logged = tidy[tidy["metric"].isin(METRICS) & tidy["finite"]]
-    means = logged.pivot_table(index=["model", "ablation"], columns="metric", values="value", aggfunc="mean")
+    logged = logged.assign(model=logged["model"].astype(str), ablation=logged["ablation"].astype(str))  # not categories
+    means = logged.pivot_table(index=["model", "ablation"], columns="metric", values="value", aggfunc="mean",
+                               observed=True)
     table = means.rename(columns=METRICS).reset_index()
+    order = {name: i for i, name in enumerate(ABLATIONS)}  # the ablations in the suite's order
+    table = table.sort_values(["model", "ablation"], key=lambda c: c.map(order) if c.name == "ablation" else c)
+    table = table.reset_index(drop=True)
     for name in METRICS.values():
         none = table[table["ablation"] == "none"].set_index("model")[name]
         table[f"{name}: none / ablation"] = table["model"].map(none) / table[name]
