@@ -98,13 +98,13 @@ def main(argv=None) -> int:
 
     stock = results["none"]
     regressions = {}
-    rows = [("spec", "passed", "failed", "skipped", "failed where stock passes", "wall s")]
+    rows = [("spec", "passed", "failed", "skipped", "stated differences", "failed where stock passes", "wall s")]
     for spec in specs:
-        counts = {k: sum(v == k for v in results[spec].values()) for k in ("passed", "failed", "skipped")}
+        counts = {k: sum(v == k for v in results[spec].values()) for k in ("passed", "failed", "skipped", "differs")}
         new = sorted(t for t, o in results[spec].items() if o == "failed" and stock.get(t) == "passed")
         regressions[spec] = new
         rows.append((spec if spec != "none" else "none (stock)",
-                     *(str(counts[k]) for k in ("passed", "failed", "skipped")),
+                     *(str(counts[k]) for k in ("passed", "failed", "skipped", "differs")),
                      str(len(new)) if spec != "none" else "-", f"{walls[spec]:.0f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"\ntransformers {transformers.__version__}, target {args.target}, tests of {root}:")
