@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
-import platform
 import sys
 import time
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from torch import Tensor
 from rla.config import ConfigError
 from rla.names import REGIONS, TARGETS
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies import provenance
 from studies.probe.measure import Setting, describe, probe_settings
 
 DEFAULT_BATCH = 16
@@ -261,21 +260,8 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
             "engine_startup_s": {str(d).removeprefix("torch."): round(s.startup_s, 1) for d, s in sides.items()},
             "n_prompts": len(prompts), "max_new_tokens": max_new_tokens, "seed": seed,
             "response_tokens": int(layout.response.sum()), "setting_s": timings,
-            "total_s": round(time.perf_counter() - started, 1), "machine": machine()}
+            "total_s": round(time.perf_counter() - started, 1), "machine": provenance.machine()}
     return result, meta
-
-
-def machine() -> dict:
-    info = {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "aten_isa": torch.backends.cpu.get_cpu_capability(), "cpus": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    return info
 
 
 def write(result, meta: dict, out: str | Path, log=print) -> None:
