@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -110,5 +111,5 @@ def main(argv: list[str] | None = None) -> int:
               f"{group['value'].min():.3g} - {group['value'].max():.3g} |")
     if missing:
         print(f"not measured: {', '.join(missing)}")
-    print(f"wrote {Path(args.out) / 'hypotheses.csv'}")
+    print(f"wrote {Path(args.out) / 'hypotheses.csv'}", file=sys.stderr)  # stdout is the report
     return 0
