@@ -30,6 +30,13 @@ def _step(kind: str, name: str, argv: list[str]) -> int:
     return importlib.import_module(module).main(argv)
 
 
+def _machine(_args) -> int:
+    from studies.provenance import machine
+
+    print(json.dumps(machine(), indent=1))
+    return 0
+
+
 def _publish(args) -> int:
     from studies.provenance import publish
 
@@ -54,8 +61,7 @@ def parser() -> argparse.ArgumentParser:
                            add_help=False)
         s.add_argument("name", choices=list(STUDIES), metavar="NAME", help=", ".join(STUDIES))
         s.set_defaults(kind=kind)
-    sub.add_parser("machine", help="this machine as JSON (CPU, vector ISA, versions)").set_defaults(
-        func=lambda _a: print(json.dumps(__import__("studies.provenance").provenance.machine(), indent=1)) or 0)
+    sub.add_parser("machine", help="this machine as JSON (CPU, vector ISA, versions)").set_defaults(func=_machine)
     pub = sub.add_parser("publish", help="copy a study's outputs into studies/NAME/published with provenance.json")
     pub.add_argument("name", choices=list(STUDIES), metavar="NAME")
     pub.add_argument("--source", nargs="+", required=True, help="files or folders to publish")
