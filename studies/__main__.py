@@ -1,4 +1,4 @@
-"""python -m studies list | run NAME [ARGS] | report NAME [ARGS] | machine | publish NAME ...
+"""python -m studies list | run NAME [ARGS] | report NAME [ARGS] | machine | publish NAME ... | pages
 (the registry: studies/__init__.py)."""
 
 from __future__ import annotations
@@ -52,6 +52,33 @@ def _publish(args) -> int:
     return 0
 
 
+def _pages(args) -> int:
+    from studies import pages
+
+    chosen = pages.pages()
+    if args.page:
+        unknown = sorted(set(args.page) - set(chosen))
+        if unknown:
+            raise KeyError(f"no rendered page {unknown}; the pages are {sorted(chosen)}")
+        chosen = {name: chosen[name] for name in args.page}
+    failed = 0
+    for page in chosen.values():
+        problems = pages.differences(page) if args.check else []
+        typed = pages.typed_numbers(page)
+        if typed:
+            problems.append(f"{page.template}: numbers no table gave:\n" + "\n".join(f"  {t}" for t in typed))
+        if args.check:
+            failed += bool(problems)
+            print("\n".join(problems) if problems else f"{page.output}: as rendered")
+        elif typed:
+            print("\n".join(problems), file=sys.stderr)
+            failed += 1
+        else:
+            pages.write(page)
+            print(f"wrote {page.output} and {page.ledger}")
+    return 1 if failed else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m studies", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -71,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
     pub.add_argument("--benchmark", nargs="*", default=[], help="Snakemake benchmark files of its jobs")
     pub.add_argument("--record", help="also write the provenance record here (the Snakemake job's output)")
     pub.set_defaults(func=_publish)
+    pg = sub.add_parser("pages", help="render the docs' results pages from the published tables (studies/pages.py)")
+    pg.add_argument("--page", nargs="*", default=[], help="only these pages (e.g. docs/studies/tiny.md)")
+    pg.add_argument("--check", action="store_true", help="write nothing; exit 1 where a page differs from its render")
+    pg.set_defaults(func=_pages)
     return p
 
 

@@ -5,7 +5,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# The pages as readers see them (docs/templates/ holds what renders the README and docs/results.md).
+PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "templates" not in p.parts)]
 
 
 def _anchor(heading: str) -> str:

@@ -83,6 +83,68 @@ def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
     assert "min_rize" in capsys.readouterr().err
 
 
+def test_calibration_row_is_calibrate_as_one_table_row():
+    from analysis.tables import wilson_interval
+    from studies.calibration.judge import calibrate, calibration_row
+
+    stability = pd.DataFrame({"collapsed": [True, False, False, False], "reason": ["score_fall", "stable", "no_rise", "no_rise"],
+                              "last_step": [60, 60, 60, 60], "peak_step": [30, 59, 12, 40]})
+    row = calibration_row(stability, patience=10, smooth_window=10)
+    assert len(row) == 1
+    row, said = row.iloc[0], calibrate(stability, patience=10, smooth_window=10)
+    for key in ("runs", "false_positives", "false_positive_rate", "never_rose", "steps_after_peak_median",
+                "runs_with_room_to_fall"):
+        assert row[key] == said[key], key
+    assert (row["fp_rate_95ci_low"], row["fp_rate_95ci_high"]) == pytest.approx(wilson_interval(1, 4))
+    assert (row["reason_score_fall"], row["reason_stable"], row["reason_no_rise"], row["reason_too_short"]) == (1, 1, 2, 0)
+    assert "reasons" not in row and "fp_rate_95ci" not in row
+
+
+def test_calibration_judge_writes_its_tables_and_can_drop_the_no_recovery_clause(tmp_path, capsys):
+    """Two runs: one dips below the rule's threshold for longer than `patience` and recovers (no collapse
+    under the clause, a collapse without it), one never rises. --out writes calibration.csv and
+    alternatives.csv; the text on stdout is what it was without --out."""
+    import numpy as np
+    import yaml
+
+    from analysis.collapse import stability_table
+    from analysis.config import CollapseConfig
+    from analysis.load import load_runs
+    from analysis.synthetic import write_metrics
+    from studies.__main__ import main
+
+    step = np.arange(1, 81)
+    dip = np.where(step <= 10, 0.1, np.where((step >= 30) & (step <= 36), 0.0, 0.8))  # 7 steps down, then back
+    for name, score in (("seed0", dip), ("seed1", np.full(80, 0.4))):
+        write_metrics(tmp_path / "runs" / "m" / "none" / name / "metrics.jsonl",
+                      [{"critic/score/mean": float(s), "actor/pg_loss": 0.01, "actor/grad_norm": 0.5,
+                        "rollout_corr/k3_kl": 1e-4} for s in score])
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 1, "min_rise": 0.05, "patience": 5}}))
+    cfg = CollapseConfig.from_mapping(yaml.safe_load(config.read_text())["collapse"])
+    stability_table(load_runs(tmp_path / "runs"), cfg).to_csv(tmp_path / "stability.csv", index=False)
+    args = ["report", "calibration", "--stability", str(tmp_path / "stability.csv"), "--config", str(config), "--runs",
+            str(tmp_path / "runs"), "--alternative", "patience=5", "--alternative", "patience=5,no_recovery=false"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert main(args + ["--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out == text
+    assert "false_positives: 0" in text and "alternative patience=5,no_recovery=false: 1 of 2 runs collapsed, 1 never rose" in text
+
+    [row] = pd.read_csv(tmp_path / "out" / "calibration.csv").to_dict("records")
+    assert (row["runs"], row["false_positives"], row["never_rose"], row["reason_stable"], row["reason_no_rise"]) == (2, 0, 1, 1, 1)
+    alternatives = pd.read_csv(tmp_path / "out" / "alternatives.csv")
+    assert list(alternatives.columns) == ["alternative", "smooth_window", "min_rise", "drop_frac", "patience", "no_recovery",
+                                          "runs", "collapsed", "never_rose"]
+    assert alternatives["alternative"].tolist() == ["patience=5", "patience=5,no_recovery=false"]
+    assert alternatives["no_recovery"].tolist() == [True, False]
+    assert alternatives["collapsed"].tolist() == [0, 1] and alternatives["runs"].tolist() == [2, 2]
+    assert alternatives["never_rose"].tolist() == [1, 1] and alternatives["smooth_window"].tolist() == [1, 1]
+
+    assert main(args[:-4] + ["--alternative", "no_recovery=maybe"]) == 2  # a flag is true or false, not bool("maybe")
+    assert "no_recovery" in capsys.readouterr().err
+
+
 def test_the_tiny_headline_is_the_mean_logged_mismatch_and_its_ratio_to_none():
     from studies.tiny.report import headline
 

@@ -5,18 +5,31 @@ many steps a run has left after its peak to show a fall (the rule needs `patienc
     python -m studies report calibration --stability results/calibration/tables/stability.csv --config experiments/calibration.yaml
     python -m studies report calibration ... --runs results/calibration/runs --alternative min_rise=0.05 --alternative ...
 
-`--alternative KEY=VALUE[,KEY=VALUE]` re-applies the rule to the runs with those thresholds changed:
-how many false positives each alternative would have reported.
+`--alternative KEY=VALUE[,KEY=VALUE]` re-applies the rule to the runs with those thresholds changed
+(any key of the config's `collapse:` section; `no_recovery=false` drops the clause that a dip which
+recovers is no collapse): how many false positives each alternative would have reported.
+
+The text goes to stdout; with `--out DIR` the same results are also written as tables:
+`calibration.csv` (one row: the numbers above, one `reason_<name>` column per reason) and
+`alternatives.csv` (one row per alternative: its thresholds, runs, collapsed, never_rose).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 
 from analysis.tables import wilson_interval
+
+# Every reason a run's stability row can give (analysis/collapse.py), a column of calibration.csv each,
+# zero where no run gave it (a non-finite reason found in the runs adds its own column).
+REASONS = ("score_fall", "stable", "no_rise", "too_short", "no_score", "no_data")
+# The thresholds an alternatives.csv row names (the rest of the rule is the config's).
+THRESHOLDS = ("smooth_window", "min_rise", "drop_frac", "patience", "no_recovery")
 
 
 def calibrate(stability: pd.DataFrame, patience: int, smooth_window: int) -> dict:
@@ -32,6 +45,43 @@ def calibrate(stability: pd.DataFrame, patience: int, smooth_window: int) -> dic
             "runs_with_room_to_fall": int((left >= patience + smooth_window).sum())}
 
 
+def calibration_row(stability: pd.DataFrame, patience: int, smooth_window: int) -> pd.DataFrame:
+    """`calibrate()` as a one-row table: the interval as two numbers (`fp_rate_95ci_low`, `_high`,
+    unrounded), the reasons as one `reason_<name>` column each."""
+    row = {}
+    for key, value in calibrate(stability, patience, smooth_window).items():
+        if key == "fp_rate_95ci":
+            row["fp_rate_95ci_low"], row["fp_rate_95ci_high"] = (
+                float(x) for x in wilson_interval(row["false_positives"], row["runs"]))
+        elif key == "reasons":
+            row.update({f"reason_{reason}": int(value.get(reason, 0))
+                        for reason in REASONS + tuple(sorted(set(value) - set(REASONS)))})
+        else:
+            row[key] = value
+    return pd.DataFrame([row])
+
+
+def parse_alternative(cfg, text: str) -> dict:
+    """`min_rise=0.05,no_recovery=false` -> the changed fields, each of its field's type."""
+    changes = {}
+    for item in text.split(","):
+        key, value = (part.strip() for part in item.split("=", 1))
+        kind = type(getattr(cfg, key))
+        if kind is bool:  # bool("false") is True: a flag is spelled out
+            if value.lower() not in ("true", "false"):
+                raise ValueError(f"{key} takes true or false, not {value!r}")
+            changes[key] = value.lower() == "true"
+        else:
+            changes[key] = kind(value)
+    return changes
+
+
+def alternative_row(text: str, cfg, table: pd.DataFrame) -> dict:
+    """One row of alternatives.csv: the alternative as written, its thresholds, what the rule found."""
+    return {"alternative": text, **{key: getattr(cfg, key) for key in THRESHOLDS}, "runs": len(table),
+            "collapsed": int(table["collapsed"].sum()), "never_rose": int((table["reason"] == "no_rise").sum())}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m studies report calibration", description="the collapse rule's false positives on runs with no mismatch")
     p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
@@ -41,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alternative", action="append", default=[],
                    help="thresholds to try instead, e.g. min_rise=0.05,patience=5 (repeatable; default: the "
                         "config's report.alternatives)")
+    p.add_argument("--out", help="also write calibration.csv and alternatives.csv into this folder")
     return p
 
 
@@ -55,23 +106,31 @@ def main(argv: list[str] | None = None) -> int:
     args.alternative = args.alternative or list((config.get("report") or {}).get("alternatives", []))
     for key, value in calibrate(stability, cfg.patience, cfg.smooth_window).items():
         print(f"{key}: {value}")
+    rows = []
     if args.alternative:
         if not args.runs:
             print("error: --alternative needs --runs", file=sys.stderr)
             return 2
-        from dataclasses import replace
-
         from analysis.collapse import stability_table
         from analysis.load import load_runs
 
         runs = load_runs(args.runs)
         for text in args.alternative:
             try:
-                changes = {k: type(getattr(cfg, k))(v) for k, v in (item.split("=", 1) for item in text.split(","))}
-                table = stability_table(runs, replace(cfg, **changes))
+                alternative = replace(cfg, **parse_alternative(cfg, text))
+                table = stability_table(runs, alternative)
             except (ValueError, TypeError, AttributeError) as err:
                 print(f"error: --alternative {text!r}: {err}", file=sys.stderr)
                 return 2
-            print(f"alternative {text}: {int(table['collapsed'].sum())} of {len(table)} runs collapsed, "
-                  f"{int((table['reason'] == 'no_rise').sum())} never rose")
+            rows.append(alternative_row(text, alternative, table))
+            print(f"alternative {text}: {rows[-1]['collapsed']} of {rows[-1]['runs']} runs collapsed, "
+                  f"{rows[-1]['never_rose']} never rose")
+    if args.out:
+        from rla.files import write_csv
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(calibration_row(stability, cfg.patience, cfg.smooth_window), out / "calibration.csv")
+        columns = ["alternative", *THRESHOLDS, "runs", "collapsed", "never_rose"]
+        write_csv(pd.DataFrame(rows, columns=columns), out / "alternatives.csv")
     return 0

@@ -245,6 +245,7 @@ def train_gpus(wildcards):
 
 # --- the studies (workflows/rules/studies.smk)
 from studies import STUDIES
+from studies.pages import pages as rendered_pages
 
 STUDY_OUT = "results/studies"
 # What each study runs, unless the config's `studies:` section says otherwise (experiments/micro-studies.yaml:
@@ -319,4 +320,5 @@ def publish_shell(name, sources, include=()):
     return (f"python -m studies publish {name} --source {' '.join(sources)}"
             + (f" --include {globs}" if include else "")
             + f" --command {shlex.quote(f'snakemake --cores N {name}')}"
-            + " --machine {input.machine} --benchmark {input.benchmarks} --record {output} > {log} 2>&1")
+            + " --machine {input.machine} --benchmark {input.benchmarks} --record {output} > {log} 2>&1"
+            + " && python -m studies pages >> {log} 2>&1")  # the docs' pages, from what it published

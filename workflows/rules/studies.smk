@@ -161,7 +161,8 @@ rule calibration_report:
         stability=f"{grid_tables('calibration')}/stability.csv",
         configs=GRID_CONFIGS["calibration"],
     output:
-        f"{STUDY_OUT}/calibration/report/calibration.txt",
+        text=f"{STUDY_OUT}/calibration/report/calibration.txt",
+        tables=[f"{STUDY_OUT}/calibration/report/{name}.csv" for name in ("calibration", "alternatives")],
     params:
         runs=f"{GRID_RESULTS['calibration']}/runs",
     log:
@@ -172,12 +173,13 @@ rule calibration_report:
         CPU_ENV
     shell:
         "python -m studies report calibration --stability {input.stability} --config {input.configs}"
-        " --runs {params.runs} > {output} 2> {log}"
+        " --runs {params.runs} --out $(dirname {output.text}) > {output.text} 2> {log}"
 
 
 rule calibration:
     input:
-        text=rules.calibration_report.output[0],
+        text=rules.calibration_report.output.text,
+        tables=rules.calibration_report.output.tables,
         machine=f"{GRID_RESULTS['calibration']}/machine.json",
         benchmarks=[f"{GRID_RESULTS['calibration']}/logs/study_grid.tsv"]
         + [study_benchmark("calibration", s) for s in ("report",)],
@@ -190,7 +192,8 @@ rule calibration:
     shell:
         publish_shell("calibration", [grid_tables("calibration"), GRID_FIGURES["calibration"],
                                       f"{STUDY_OUT}/calibration/report"],
-                      ["summary.*", "stability.csv", "calibration.txt", "*.png"])
+                      ["summary.*", "stability.csv", "calibration.txt", "calibration.csv", "alternatives.csv",
+                       "*.png"])
 
 
 rule treatments_cost:

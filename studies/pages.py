@@ -1,0 +1,415 @@
+"""The docs' results pages, rendered from what the studies published.
+
+A page is a Jinja2 template (a study's `studies/NAME/page.md`; the README and the results index in
+`docs/templates/`). A number reaches a page only through a placeholder that reads it from a committed
+table - a published file of a study, or an experiment config - and every number printed is recorded,
+with the table, row and column it came from (and any min / max / ratio taken on the way), in the
+page's ledger `docs/numbers/PAGE.csv`. A template's own text holds no number: `check()` finds any
+that is not a placeholder's, a code span's or an included table's, and names it.
+
+    python -m studies pages            render every page and its ledger
+    python -m studies pages --check    exit 1 naming each page that differs from its render
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+import yaml
+
+from studies import STUDIES
+from studies.provenance import PROVENANCE
+
+ROOT = Path(__file__).resolve().parents[1]
+LEDGERS = "docs/numbers"
+
+# Markers around what a placeholder or an included table printed, in the render the check reads.
+OPEN, CLOSE = "\x02", "\x03"
+
+
+@dataclass(frozen=True)
+class Num:
+    """A number with where it came from; arithmetic keeps the derivation."""
+
+    value: float
+    source: str
+
+    def _other(self, other) -> Num:
+        if not isinstance(other, Num):
+            raise TypeError(f"{other!r} is a number typed into a template; numbers come from tables (Num)")
+        return other
+
+    def __truediv__(self, other) -> Num:
+        other = self._other(other)
+        return Num(self.value / other.value, f"({self.source}) / ({other.source})")
+
+    def __sub__(self, other) -> Num:
+        other = self._other(other)
+        return Num(self.value - other.value, f"({self.source}) - ({other.source})")
+
+    def __mul__(self, other) -> Num:
+        other = self._other(other)
+        return Num(self.value * other.value, f"({self.source}) * ({other.source})")
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+class Column:
+    """One column of a table's selected rows: its summaries are Nums naming the rows they summarise."""
+
+    def __init__(self, values: pd.Series, source: str):
+        self.values, self.source = values, source
+
+    def _summary(self, how: str, value) -> Num:
+        if len(self.values) == 0:
+            raise ValueError(f"{how} of no rows: {self.source}")
+        return Num(float(value), f"{how} of {self.source} over {len(self.values)} rows")
+
+    def min(self) -> Num:
+        return self._summary("min", self.values.min())
+
+    def max(self) -> Num:
+        return self._summary("max", self.values.max())
+
+    def median(self) -> Num:
+        return self._summary("median", self.values.median())
+
+    def mean(self) -> Num:
+        return self._summary("mean", self.values.mean())
+
+    def sum(self) -> Num:
+        return self._summary("sum", self.values.sum())
+
+    def distinct(self) -> Num:
+        return Num(int(self.values.nunique()), f"distinct values of {self.source} over {len(self.values)} rows")
+
+    def count(self, value=True) -> Num:
+        """How many of the rows hold `value` (default: true)."""
+        return Num(int((self.values == value).sum()), f"count of {value!r} in {self.source} over {len(self.values)} rows")
+
+    def ratio(self, over: Column, how: str) -> Num:
+        """`how` (min, max or median) of this column divided row by row by `over`."""
+        ratios = self.values.to_numpy(dtype=float) / over.values.to_numpy(dtype=float)
+        return Num(float(getattr(pd.Series(ratios), how)()), f"{how} of {self.source} / {over.source}")
+
+
+class Table:
+    """A published table (csv or parquet), or rows of it: `.where(col=value, ...)`, `.row(...)`, `.col(name)`."""
+
+    def __init__(self, frame: pd.DataFrame, source: str):
+        self.frame, self.source = frame, source
+
+    def where(self, **equal) -> Table:
+        frame, said = self.frame, []
+        for column, value in equal.items():
+            column = column.replace("__", " ")  # a keyword cannot hold a space
+            if column not in frame.columns:
+                raise KeyError(f"{self.source} has no column {column!r}; it has {list(frame.columns)}")
+            values = value if isinstance(value, (list, tuple)) else [value]
+            frame = frame[frame[column].isin(values)]
+            said.append(f"{column} in {values}" if len(values) > 1 else f"{column}={value}")
+        return Table(frame, f"{self.source}[{', '.join(said)}]")
+
+    def ratios(self, name: str, by: str | list[str], top: dict, bottom: dict) -> Column:
+        """Column `name` of the rows matching `top` over that of the rows matching `bottom`, matched on
+        `by` (one row each per key): `.ratios("k3", "shapes", {"spec": "none"}, {"spec": "all"}).min()`."""
+        keys = [by] if isinstance(by, str) else list(by)
+        parts = []
+        for equal in (top, bottom):
+            rows = self.where(**equal).frame
+            if rows.duplicated(keys).any():
+                raise ValueError(f"{self.source}: more than one row per {keys} where {equal}")
+            parts.append(rows.set_index(keys)[name])
+        joined = pd.concat(parts, axis=1, keys=["top", "bottom"], join="inner")
+        if joined.empty:
+            raise ValueError(f"{self.source}: no {keys} holds both {top} and {bottom}")
+        return Column(joined["top"] / joined["bottom"],
+                      f"{self.source}[{name!r}] where {top} / where {bottom}, matched on {keys}")
+
+    def col(self, name: str) -> Column:
+        if name not in self.frame.columns:
+            raise KeyError(f"{self.source} has no column {name!r}; it has {list(self.frame.columns)}")
+        return Column(self.frame[name], f"{self.source}[{name!r}]")
+
+    def cell(self, name: str, **equal) -> Num:
+        """The one value of column `name` in the one row matching `equal`."""
+        rows = self.where(**equal) if equal else self
+        if len(rows.frame) != 1:
+            raise ValueError(f"{rows.source} holds {len(rows.frame)} rows, not one")
+        value = rows.frame[name].iloc[0]
+        return Num(value if isinstance(value, bool) else float(value), f"{rows.source}[{name!r}]")
+
+    def rows(self) -> Num:
+        return Num(len(self.frame), f"rows of {self.source}")
+
+    def values(self, name: str) -> list:
+        """A column's values as they are (names, not numbers: a number must go through a Num)."""
+        return list(self.frame[name])
+
+
+class Record:
+    """A published JSON file: `rec["a"]["b"]` gives a Record, a Num at a number, the value at a string."""
+
+    def __init__(self, data, source: str):
+        self.data, self.source = data, source
+
+    def __getitem__(self, key):
+        if isinstance(self.data, dict) and key not in self.data:
+            raise KeyError(f"{self.source} has no {key!r}; it has {list(self.data)[:20]}")
+        value, source = self.data[key], f"{self.source}[{key!r}]"
+        if isinstance(value, bool) or value is None or isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)):
+            return Num(value, source)
+        return Record(value, source)
+
+    def keys(self):
+        return list(self.data)
+
+
+class Published:
+    """What one study published (`studies/NAME/published/[SUB/]FILE`), as a template sees it."""
+
+    def __init__(self, name: str, page_dir: Path, ledger: Ledger):
+        self.name, self.page_dir, self.ledger = name, page_dir, ledger
+        self.root = ROOT / STUDIES[name].published
+
+    def path(self, file: str, sub: str | None = None) -> Path:
+        path = self.root / sub / file if sub else self.root / file
+        if not path.is_file():
+            raise FileNotFoundError(f"study {self.name!r} published no {path.relative_to(ROOT)}")
+        return path
+
+    def _source(self, path: Path) -> str:
+        return str(path.relative_to(ROOT))
+
+    def csv(self, file: str, sub: str | None = None) -> Table:
+        path = self.path(file, sub)
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        return Table(frame, self._source(path))
+
+    def json(self, file: str, sub: str | None = None) -> Record:
+        path = self.path(file, sub)
+        return Record(json.loads(path.read_text()), self._source(path))
+
+    def flat(self, file: str, pattern: str, sub: str | None = None) -> Table:
+        """A JSON file's records as a table: `pattern` is a dotted path whose `*` steps over a dict's keys
+        (each key becomes a column named after the step before it) and whose end is a list of records
+        (or one record): `flat("x.json", "shapes.*.vllm.rows.*")`."""
+        path = self.path(file, sub)
+        rows = []
+
+        def walk(node, steps, keys, where):
+            if not steps:
+                for record in node if isinstance(node, list) else [node]:
+                    rows.append({**keys, **record})
+                return
+            step, rest = steps[0], steps[1:]
+            if step == "*":
+                if not isinstance(node, dict):
+                    raise ValueError(f"{path.relative_to(ROOT)}: {where} is not a mapping, '*' cannot step over it")
+                for key, value in node.items():
+                    walk(value, rest, {**keys, where.rsplit(".", 1)[-1] or "key": key}, f"{where}.{key}")
+            else:
+                if not isinstance(node, dict) or step not in node:
+                    raise KeyError(f"{path.relative_to(ROOT)} has no {where}.{step}".replace("..", "."))
+                walk(node[step], rest, keys, f"{where}.{step}" if where else step)
+
+        walk(json.loads(path.read_text()), pattern.split("."), {}, "")
+        return Table(pd.DataFrame(rows), f"{self._source(path)}:{pattern}")
+
+    def provenance(self, sub: str | None = None) -> Record:
+        return self.json(PROVENANCE, sub)
+
+    def table(self, file: str, sub: str | None = None) -> str:
+        """A published markdown table, verbatim: its numbers are the table's own."""
+        path = self.path(file, sub)
+        self.ledger.tables.append(self._source(path))
+        return OPEN + path.read_text().rstrip("\n") + CLOSE if self.ledger.marking else path.read_text().rstrip("\n")
+
+    def figure(self, file: str, sub: str | None = None) -> str:
+        """The figure's path relative to the page."""
+        import os
+
+        return os.path.relpath(self.path(file, sub), self.page_dir)
+
+
+class Ledger:
+    """Every number a page printed: its text, its value, where it came from."""
+
+    def __init__(self, marking: bool):
+        self.marking = marking
+        self.rows: list[dict] = []
+        self.tables: list[str] = []
+
+    def printed(self, text: str, num: Num) -> str:
+        self.rows.append({"text": text, "value": repr(num.value), "source": num.source})
+        return OPEN + text + CLOSE if self.marking else text
+
+    def frame(self) -> pd.DataFrame:
+        rows = self.rows + [{"text": "(table)", "value": "", "source": table} for table in self.tables]
+        return pd.DataFrame(rows, columns=["text", "value", "source"])
+
+
+def _number(value) -> Num:
+    if not isinstance(value, Num):
+        raise TypeError(f"{value!r} is not a number read from a table: a template's numbers come from tables "
+                        "(s.csv(...).cell(...), .col(...).max(), s.json(...)[...], config(...))")
+    if isinstance(value.value, float) and not math.isfinite(value.value):
+        raise ValueError(f"{value.source} is {value.value}: no number to print")
+    return value
+
+
+def _g(value: float, digits: int) -> str:
+    """`digits` significant digits, trailing zeros kept (2.0, not 2), short exponent (7.5e-5)."""
+    text = f"{value:#.{digits}g}"
+    mantissa, _, exponent = text.partition("e")
+    mantissa = mantissa.rstrip(".")
+    return mantissa + (f"e{int(exponent)}" if exponent else "")
+
+
+# How each filter writes a number, and the unit it appends.
+TEXTS = {
+    "sig": (lambda v, d=2: _g(v, d), ""),  # significant digits: 7.5e-5, 0.50
+    "fixed": (lambda v, d=0: f"{v:.{d}f}", ""),  # a fixed number of decimals
+    "pct": (lambda v, d=0: f"{100 * v:.{d}f}", "%"),  # a fraction as a percentage
+    "fold": (lambda v, d=2: _g(v, d), "x"),  # a ratio: 5.2x
+    "count": (lambda v: _whole(v), ""),  # a whole number
+}
+
+
+def _whole(value) -> str:
+    if float(value) != int(value):
+        raise ValueError(f"{value} is not a whole number")
+    return str(int(value))
+
+
+def formatters(ledger: Ledger) -> dict:
+    """The template filters (`{{ num | pct(1) }}`) and `between(low, high, how)` (`36-84x`): each prints
+    Nums and records them."""
+
+    def filter_for(how):
+        text, unit = TEXTS[how]
+
+        def shown(num, *digits):
+            num = _number(num)
+            return ledger.printed(text(num.value, *digits) + unit, num)
+        return shown
+
+    def between(low, high, how: str = "sig", *digits):
+        text, unit = TEXTS[how]
+        low, high = _number(low), _number(high)
+        return ledger.printed(text(low.value, *digits), low) + "-" + ledger.printed(text(high.value, *digits) + unit, high)
+
+    return {**{how: filter_for(how) for how in TEXTS}, "between": between}
+
+
+def config(path: str, *keys: str) -> Num:
+    """A number from an experiment config: `config("experiments/tiny.yaml", "steps")`."""
+    value = yaml.safe_load((ROOT / path).read_text())
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            raise KeyError(f"{path} has no {'.'.join(keys)} ({key!r} missing)")
+        value = value[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{path}: {'.'.join(keys)} is {value!r}, not a number")
+    return Num(value, f"{path}: {'.'.join(keys)}")
+
+
+@dataclass(frozen=True)
+class Page:
+    output: str  # the rendered page, from the repository's root
+    template: str  # its template
+    study: str | None = None  # the study it belongs to (the template's `s`)
+
+    @property
+    def ledger(self) -> str:
+        if Path(self.output).is_absolute():  # a page outside the docs (a test's): its ledger beside it
+            return str(Path(self.output).with_suffix(".numbers.csv"))
+        return f"{LEDGERS}/{self.output.removesuffix('.md').replace('/', '-')}.csv"
+
+
+def pages() -> dict[str, Page]:
+    """Every rendered page: the README, the results index, each study's page."""
+    found = [Page("README.md", "docs/templates/README.md"), Page("docs/results.md", "docs/templates/results.md")]
+    found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES
+              if (ROOT / "studies" / name / "page.md").is_file()]
+    return {p.output: p for p in found if (ROOT / p.template).is_file()}
+
+
+def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
+    """The page's text and its ledger (with `marking`, what came from tables is bracketed for check())."""
+    ledger = Ledger(marking)
+    page_dir = (ROOT / page.output).parent
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env.filters.update(formatters(ledger))
+    env.globals["between"] = env.filters["between"]
+    context = {"study": lambda name: Published(name, page_dir, ledger), "config": config,
+               "page": lambda output: _link(page_dir, output)}
+    if page.study:
+        context["s"] = context["study"](page.study)
+    text = env.from_string((ROOT / page.template).read_text()).render(**context)
+    return text, ledger.frame()
+
+
+def _link(page_dir: Path, output: str) -> str:
+    import os
+
+    return os.path.relpath(ROOT / output, page_dir)
+
+
+# A number in prose: not part of a name (qwen2, k3, bf16, Qwen3-8B), a version (0.32.0) or a word.
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:%|x(?![A-Za-z0-9]))?(?![A-Za-z0-9_]|\.\d)")
+SKIPPED = [re.compile(p, re.S) for p in (
+    OPEN + ".*?" + CLOSE,  # what a placeholder or an included table printed
+    r"```.*?```",  # code blocks
+    r"`[^`\n]*`",  # code spans
+    r"<!--.*?-->",  # comments
+    r"\]\([^)]*\)",  # link and image targets
+    r"\((?:19|20)\d\d\)",  # a citation's year: (2026)
+    r"\b(?:AVX-512|x86-64)\b",  # names of instruction sets
+)]
+
+
+def typed_numbers(page: Page) -> list[str]:
+    """Numbers in the rendered page that no table gave: each as `line N: text`."""
+    text, _ = render(page, marking=True)
+    for pattern in SKIPPED:
+        text = pattern.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)  # keep the line numbers
+    found = []
+    for number, line in enumerate(text.split("\n"), 1):
+        line = re.sub(r"^\s*\d+\.\s", "", line)  # an ordered list's numbers
+        found += [f"line {number}: {m.group(0)!r} in {line.strip()[:80]!r}" for m in NUMBER.finditer(line)]
+    return found
+
+
+def write(page: Page) -> None:
+    from rla.files import write_csv, write_text
+
+    text, ledger = render(page)
+    write_text(ROOT / page.output, text)
+    write_csv(ledger, ROOT / page.ledger)
+
+
+def differences(page: Page) -> list[str]:
+    """What differs between the committed page (and ledger) and their render now; empty when none."""
+    text, ledger = render(page)
+    found = []
+    committed = ROOT / page.output
+    if not committed.is_file() or committed.read_text() != text:
+        old = committed.read_text().split("\n") if committed.is_file() else []
+        new = text.split("\n")
+        lines = [f"  line {i + 1}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(old, new)) if a != b][:10]
+        found.append(f"{page.output} differs from its render ({page.template}):\n" + "\n".join(lines or ["  (length)"]))
+    ledger_file = ROOT / page.ledger
+    if not ledger_file.is_file() or not pd.read_csv(ledger_file, dtype=str, keep_default_na=False).equals(
+            ledger.astype(str)):
+        found.append(f"{page.ledger} differs from the numbers {page.output} prints now")
+    return found

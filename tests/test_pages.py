@@ -1,0 +1,89 @@
+"""The docs' results pages are their render from the published tables (studies/pages.py): no number
+typed by hand, none drifted from its table."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from studies import pages
+
+PAGES = pages.pages()
+
+
+def test_the_readme_the_index_and_the_study_pages_are_rendered():
+    assert {"README.md", "docs/results.md", "docs/studies/tiny.md"} <= set(PAGES)
+
+
+@pytest.mark.parametrize("output", sorted(PAGES))
+def test_page_is_its_render_from_the_published_tables(output):
+    assert pages.differences(PAGES[output]) == [], f"rerender: python -m studies pages --page {output}"
+
+
+@pytest.mark.parametrize("output", sorted(PAGES))
+def test_page_prints_no_number_that_no_table_gave(output):
+    assert pages.typed_numbers(PAGES[output]) == []
+
+
+def _page(tmp_path, text: str, study: str | None = "tiny") -> pages.Page:
+    template = tmp_path / "page.md.j2"
+    template.write_text(text)
+    return pages.Page(str(tmp_path / "page.md"), str(template), study)
+
+
+def test_a_typed_number_is_found_and_named(tmp_path):
+    """The audit's kind of error: a count typed into prose ("6 of its 18 cells never rose") instead of
+    read from the table."""
+    page = _page(tmp_path, "and 6 of its {{ s.csv('stability.csv', 'avx512-amx').rows() | count }} cells "
+                           "never rose (`min_rise: 0.1`, qwen2-m, k3, 0.32.0)\n")
+    assert [t.split(":")[0] for t in pages.typed_numbers(page)] == ["line 1"]
+    assert "'6'" in pages.typed_numbers(page)[0]
+
+
+@pytest.mark.parametrize("typed", ["0.5", "36x", "58%", "1e-6", "2-4", "3.1e-4", "1,024", "12."])
+def test_every_shape_of_number_is_caught(tmp_path, typed):
+    assert pages.typed_numbers(_page(tmp_path, f"cuts it {typed} here\n")), typed
+
+
+@pytest.mark.parametrize("name", ["qwen2-m", "k3", "bf16", "Qwen3-8B", "vLLM 0.32.0", "AVX-512", "(2026)",
+                                  "`steps: 60`", "[x](../a/b2.md)", "<!-- 5 -->"])
+def test_names_versions_code_and_links_are_not_numbers(tmp_path, name):
+    assert pages.typed_numbers(_page(tmp_path, f"a {name} b\n")) == []
+
+
+def test_a_page_that_drifted_from_its_table_is_found(tmp_path):
+    page = _page(tmp_path, "{{ s.csv('stability.csv', 'avx512-amx').rows() | count }} cells\n")
+    pages.write(page)
+    assert pages.differences(page) == []
+    (tmp_path / "page.md").write_text("11 cells\n")  # a number edited by hand
+    assert "differs from its render" in pages.differences(page)[0]
+
+
+def test_the_ledger_names_each_number_and_its_source(tmp_path):
+    page = _page(tmp_path, "{% set h = s.csv('headline.csv', 'avx512-amx').where(ablation='all') %}"
+                           "{{ between(h.col('k3 KL').min(), h.col('k3 KL').max(), 'sig') }}\n")
+    text, ledger = pages.render(page)
+    table = pd.read_csv(pages.ROOT / "studies/tiny/published/avx512-amx/headline.csv")
+    k3 = table[table["ablation"] == "all"]["k3 KL"]
+    assert text == f"{pages.TEXTS['sig'][0](k3.min())}-{pages.TEXTS['sig'][0](k3.max())}\n"
+    assert list(ledger["value"].astype(float)) == [k3.min(), k3.max()]
+    assert ledger["source"].str.contains("headline.csv\\[ablation=all\\]\\['k3 KL'\\]").all()
+
+
+def test_a_number_typed_into_a_placeholder_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="not a number read from a table"):
+        pages.render(_page(tmp_path, "{{ 36 | fold }}\n"))
+    with pytest.raises(TypeError, match="typed into a template"):
+        pages.render(_page(tmp_path, "{{ (s.csv('headline.csv', 'avx512-amx').col('k3 KL').max() / 2) | fold }}\n"))
+
+
+def test_a_missing_column_or_file_is_named(tmp_path):
+    with pytest.raises(KeyError, match="no column 'k4'"):
+        pages.render(_page(tmp_path, "{{ s.csv('headline.csv', 'avx512-amx').col('k4').max() | sig }}\n"))
+    with pytest.raises(FileNotFoundError, match="published no studies/tiny/published/nope.csv"):
+        pages.render(_page(tmp_path, "{{ s.csv('nope.csv').rows() | count }}\n"))
+
+
+def test_formats():
+    sig, fold, pct = (pages.TEXTS[h][0] for h in ("sig", "fold", "pct"))
+    assert [sig(7.46e-5), sig(2.0), sig(36.3), fold(4.0), pct(0.5759)] == ["7.5e-5", "2.0", "36", "4.0", "58"]
