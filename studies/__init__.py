@@ -69,6 +69,11 @@ STUDIES = {s.name: s for s in (
           "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
           "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)",
           per_machine=True),
+    Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
+                     "fused, against stock transformers", "studies.kernels.measure", None, None,
+          "none: no engine (the training side's region kernels against stock transformers' formulas)",
+          "none: the regions alone; a decoder layer runs the rig's FP32-compute GEMM and attention kernels",
+          per_machine=True),
     Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
           "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
           "none: no training side (the graphs' stored values against patches/targets.py)"),

@@ -4,8 +4,10 @@ A page is a Jinja2 template (a study's `studies/NAME/page.md`; the README and th
 `docs/templates/`). A number reaches a page only through a placeholder that reads it from a committed
 table - a published file of a study, or an experiment config - and every number printed is recorded,
 with the table, row and column it came from (and any min / max / ratio taken on the way), in the
-page's ledger `docs/numbers/PAGE.csv`. A template's own text holds no number: `check()` finds any
-that is not a placeholder's, a code span's or an included table's, and names it.
+page's ledger `docs/numbers/PAGE.csv`. A template's own text holds no number, in digits or in words
+("a third", "tenfold"): `typed_numbers()` finds any that is not a placeholder's, a code span's or an
+included table's, and names it. A claim in words that is no number ("bit for bit", "nothing is
+left") is beyond it: such a claim is a test's (named beside it) or the table's, read by a reviewer.
 
     python -m studies pages            render every page and its ledger
     python -m studies pages --check    exit 1 naming each page that differs from its render
@@ -367,6 +369,9 @@ def _link(page_dir: Path, output: str) -> str:
 
 # A number in prose: not part of a name (qwen2, k3, bf16, Qwen3-8B), a version (0.32.0) or a word.
 NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:%|x(?![A-Za-z0-9]))?(?![A-Za-z0-9_]|\.\d)")
+# Numbers in words are numbers too ("about a third", "tenfold", "orders of magnitude").
+NUMBER_WORDS = re.compile(r"\b(?:halfs?|halves|thirds?|quarters?|twice|thrice|dozens?|\w+fold|orders? of magnitude)\b",
+                          re.I)
 SKIPPED = [re.compile(p, re.S) for p in (
     OPEN + ".*?" + CLOSE,  # what a placeholder or an included table printed
     r"```.*?```",  # code blocks
@@ -386,7 +391,8 @@ def typed_numbers(page: Page) -> list[str]:
     found = []
     for number, line in enumerate(text.split("\n"), 1):
         line = re.sub(r"^\s*\d+\.\s", "", line)  # an ordered list's numbers
-        found += [f"line {number}: {m.group(0)!r} in {line.strip()[:80]!r}" for m in NUMBER.finditer(line)]
+        hits = sorted([*NUMBER.finditer(line), *NUMBER_WORDS.finditer(line)], key=lambda m: m.start())
+        found += [f"line {number}: {m.group(0)!r} in {line.strip()[:80]!r}" for m in hits]
     return found
 
 

@@ -40,7 +40,8 @@ def test_a_typed_number_is_found_and_named(tmp_path):
     assert "'6'" in pages.typed_numbers(page)[0]
 
 
-@pytest.mark.parametrize("typed", ["0.5", "36x", "58%", "1e-6", "2-4", "3.1e-4", "1,024", "12."])
+@pytest.mark.parametrize("typed", ["0.5", "36x", "58%", "1e-6", "2-4", "3.1e-4", "1,024", "12.", "about a third",
+                                   "tenfold", "three orders of magnitude", "half"])
 def test_every_shape_of_number_is_caught(tmp_path, typed):
     assert pages.typed_numbers(_page(tmp_path, f"cuts it {typed} here\n")), typed
 

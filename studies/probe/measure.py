@@ -29,7 +29,7 @@ import itertools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -338,6 +338,12 @@ class ProbeResult:
         return paths
 
 
+def engine_reference_row(**extra) -> dict:
+    """The columns of the row that compares the engine's forward with its own sampling logprobs."""
+    return {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
+            "dtype": "bfloat16", **extra, **{region: np.nan for region in REGIONS}}
+
+
 def describe(setting: Setting) -> dict:
     """A setting as the columns of the probe's tables."""
     return {"setting": setting.name, "regions": ",".join(setting.regions) or "none",
@@ -382,47 +388,65 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
     layout = Layout.from_rollout(rollout)
     sides = Sides(train_model, engine, master)
     refs = {torch.bfloat16: engine_forward(engine.model, layout.ids, layout.mask, layout.positions)}
-    subsets, layers, prob_rows, pos_rows = [], [], [], []
-
+    layers = []
     # The engine's own prefill-vs-decode part, which no training-side alignment can remove.
-    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
-                  "dtype": "bfloat16", **{region: np.nan for region in REGIONS}}
-    subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
-                    **mismatch_summary(refs[torch.bfloat16].logprobs, layout.sampling, layout)})
+    engine_row = {**engine_reference_row(), "reference": SAMPLING_REFERENCE,
+                  **mismatch_summary(refs[torch.bfloat16].logprobs, layout.sampling, layout)}
 
     def step(setting: Setting, model, engine_model) -> dict:
         if setting.dtype not in refs:
             refs[setting.dtype] = engine_forward(engine_model, layout.ids, layout.mask, layout.positions)
         ref = refs[setting.dtype]
         train = train_forward(model, layout.ids, layout.mask, layout.positions)
-        if not torch.isfinite(train.logprobs[layout.sequence]).all():
-            raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
-        described = describe(setting)
-        references = [(MAIN_REFERENCE, ref.logprobs)]
-        if setting.dtype == torch.bfloat16:  # the responses were sampled by the BF16 engine
-            references.append((SAMPLING_REFERENCE, layout.sampling))
-        for reference, ref_lp in references:
-            subsets.append({**described, "reference": reference, **mismatch_summary(train.logprobs, ref_lp, layout)})
         layers.extend({"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask))
-        response_tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
-        prob_rows.append(by_probability(response_tokens).assign(setting=setting.name))
-        for scope in ("response", "sequence"):
-            tokens = response_tokens if scope == "response" else token_frame(train.logprobs, ref.logprobs, layout, scope)
-            pos_rows.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
-        return subsets[-len(references)]
+        return compare(setting, describe(setting), train.logprobs, ref.logprobs, layout, position_bin, rows)
 
-    run_settings(settings, sides, step, log, lambda main: f"mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
-                 f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%} ")
+    rows = SettingRows()
+    run_settings(settings, sides, step, log, describe_main)
+    rows.subsets.insert(0, engine_row)
+    return rows.result(pd.DataFrame(layers))
 
-    def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
-        return frame[first + [c for c in frame.columns if c not in first]]
 
-    return ProbeResult(
-        subsets=pd.DataFrame(subsets),
-        layers=pd.DataFrame(layers),
-        by_probability=front(pd.concat(prob_rows, ignore_index=True), ["setting"]),
-        by_position=front(pd.concat(pos_rows, ignore_index=True), ["setting", "scope"]),
-    )
+def describe_main(main: dict) -> str:
+    """One setting's progress line: its mismatch against the main reference."""
+    return (f"mean |d logprob| {main['mean_abs_dlogprob']:.3e}  k3 {main['k3_kl']:.2e}  "
+            f"bit-identical {main['frac_identical']:.1%} ")
+
+
+@dataclass
+class SettingRows:
+    """The probe's rows as the settings are scored (compare), then its tables (result)."""
+
+    subsets: list = field(default_factory=list)
+    by_probability: list = field(default_factory=list)
+    by_position: list = field(default_factory=list)
+
+    def result(self, layers: pd.DataFrame) -> ProbeResult:
+        def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
+            return frame[first + [c for c in frame.columns if c not in first]]
+
+        return ProbeResult(subsets=pd.DataFrame(self.subsets), layers=layers,
+                           by_probability=front(pd.concat(self.by_probability, ignore_index=True), ["setting"]),
+                           by_position=front(pd.concat(self.by_position, ignore_index=True), ["setting", "scope"]))
+
+
+def compare(setting: Setting, described: dict, train_lp: Tensor, ref_lp: Tensor, layout: Layout,
+            position_bin: int, rows: SettingRows) -> dict:
+    """One setting's training-side logprobs against the engine's forward (and, for BF16, its sampling
+    logprobs: the responses were sampled by the BF16 engine) into `rows`; returns the main row."""
+    if not torch.isfinite(train_lp[layout.sequence]).all():
+        raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
+    references = [(MAIN_REFERENCE, ref_lp)]
+    if setting.dtype == torch.bfloat16:
+        references.append((SAMPLING_REFERENCE, layout.sampling))
+    for reference, lp in references:
+        rows.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
+    response_tokens = token_frame(train_lp, ref_lp, layout, "response")
+    rows.by_probability.append(by_probability(response_tokens).assign(setting=setting.name))
+    for scope in ("response", "sequence"):
+        tokens = response_tokens if scope == "response" else token_frame(train_lp, ref_lp, layout, scope)
+        rows.by_position.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
+    return rows.subsets[-len(references)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -35,14 +35,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
 from rla.config import ConfigError
-from rla.names import REGIONS, TARGETS
-from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from rla.names import TARGETS
+from studies.probe import ENGINE_ORDER, SAMPLING_REFERENCE
 from studies import provenance
 from studies.probe.measure import Setting, describe, probe_settings
 
@@ -127,26 +126,18 @@ def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout
 @torch.no_grad()
 def score(model, layout, setting: Setting, batch_size: int) -> Tensor:
     """The training model's (B, T-1) logprobs of the layout's tokens under `setting`, in micro-batches."""
-    import patches
-    from patches import compile as compiled_layers
-    from studies.probe.measure import next_token_logprobs
+    from studies.probe.measure import next_token_logprobs, numerics
 
     device = next(model.parameters()).device
     out = []
-    with patches.aligned(setting.regions, target=setting.target, reduction=setting.reduction):
-        if setting.compiled:
-            compiled_layers.compile_layers(model)
-        try:
-            for start in range(0, layout.ids.shape[0], batch_size):
-                rows = slice(start, start + batch_size)
-                ids = layout.ids[rows]
-                logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
-                               position_ids=layout.positions[rows].to(device), use_cache=False).logits
-                out.append(next_token_logprobs(logits, ids).cpu())
-                del logits
-        finally:
-            if setting.compiled:
-                compiled_layers.uncompile_layers(model)
+    with numerics(model, setting):
+        for start in range(0, layout.ids.shape[0], batch_size):
+            rows = slice(start, start + batch_size)
+            ids = layout.ids[rows]
+            logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
+                           position_ids=layout.positions[rows].to(device), use_cache=False).logits
+            out.append(next_token_logprobs(logits, ids).cpu())
+            del logits
     return torch.cat(out)
 
 
@@ -179,8 +170,7 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
 
     from localrl import engines
     from localrl.device import device as rig_device
-    from studies.probe.measure import (ProbeResult, by_position, by_probability,
-                               mismatch_summary, token_frame)
+    from studies.probe.measure import SettingRows, compare, describe_main, engine_reference_row, mismatch_summary
 
     model_dir = Path(model_dir)
     hf_config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
@@ -217,43 +207,21 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
         log(f"no {ENGINE_ORDER} rows: Inductor's CPU summation order has no counterpart in a GPU engine's kernels")
 
     trainer, models = training_models(model_dir, {d: s.gemm for d, s in sides.items()}, target)
-    subsets, prob_rows, pos_rows = [], [], []
-    engine_row = {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
-                  "dtype": "bfloat16", "target": "", "engine": engine_name, **{r: np.nan for r in REGIONS}}
-    subsets.append({**engine_row, "reference": SAMPLING_REFERENCE,
-                    **mismatch_summary(bf16.forward, layout.sampling, layout)})
+    rows = SettingRows(subsets=[{**engine_reference_row(target="", engine=engine_name), "reference": SAMPLING_REFERENCE,
+                                 **mismatch_summary(bf16.forward, layout.sampling, layout)}])
     timings = {}
     try:
         for i, setting in enumerate(settings, 1):
             start = time.perf_counter()
             train_lp = score(models[setting.dtype], layout, setting, batch_size)
-            if not torch.isfinite(train_lp[layout.sequence]).all():
-                raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
-            ref = sides[setting.dtype].forward
-            described = describe_setting(setting, engine_name)
-            references = [(MAIN_REFERENCE, ref)]
-            if setting.dtype == torch.bfloat16:  # the responses were sampled by the BF16 engine
-                references.append((SAMPLING_REFERENCE, layout.sampling))
-            for reference, ref_lp in references:
-                subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, ref_lp, layout)})
-            tokens = token_frame(train_lp, ref, layout, "response")
-            prob_rows.append(by_probability(tokens).assign(setting=setting.name))
-            for scope in ("response", "sequence"):
-                scoped = tokens if scope == "response" else token_frame(train_lp, ref, layout, scope)
-                pos_rows.append(by_position(scoped, position_bin).assign(setting=setting.name, scope=scope))
-            main = subsets[-len(references)]
+            main = compare(setting, describe_setting(setting, engine_name), train_lp, sides[setting.dtype].forward,
+                           layout, position_bin, rows)
             timings[setting.name] = round(time.perf_counter() - start, 2)
-            log(f"[{i}/{len(settings)}] {setting.name:26s} mean |d logprob| {main['mean_abs_dlogprob']:.3e}  "
-                f"k3 {main['k3_kl']:.2e}  bit-identical {main['frac_identical']:.1%}  ({timings[setting.name]:.1f} s)")
+            log(f"[{i}/{len(settings)}] {setting.name:26s} {describe_main(main)} ({timings[setting.name]:.1f} s)")
     finally:
         trainer.close()
 
-    def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
-        return frame[first + [c for c in frame.columns if c not in first]]
-
-    result = ProbeResult(subsets=pd.DataFrame(subsets), layers=pd.DataFrame(columns=LAYER_COLUMNS),
-                         by_probability=front(pd.concat(prob_rows, ignore_index=True), ["setting"]),
-                         by_position=front(pd.concat(pos_rows, ignore_index=True), ["setting", "scope"]))
+    result = rows.result(pd.DataFrame(columns=LAYER_COLUMNS))
     meta = {"model_dir": str(model_dir), "model_type": hf_config.model_type, "engine": engine_name,
             "vllm": version, "platform": engine_platform, "target": target,
             "gemm": {str(d).removeprefix("torch."): s.gemm_check for d, s in sides.items()},

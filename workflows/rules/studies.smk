@@ -239,6 +239,7 @@ rule treatments_report:
 rule treatments:
     input:
         table=rules.treatments_report.output[0],
+        stability=f"{grid_tables('treatments')}/stability.csv",  # per run: what the collapse rule saw
         machine=f"{GRID_RESULTS['treatments']}/machine.json",
         benchmarks=[f"{GRID_RESULTS['treatments']}/logs/study_grid.tsv"]
         + [study_benchmark("treatments", s) for s in ("cost", "report")],
@@ -249,7 +250,8 @@ rule treatments:
     conda:
         CPU_ENV
     shell:
-        publish_shell("treatments", [f"{STUDY_OUT}/treatments/report", f"{STUDY_OUT}/treatments/cost.json"])
+        publish_shell("treatments", [f"{STUDY_OUT}/treatments/report", f"{STUDY_OUT}/treatments/cost.json",
+                                     "{input.stability}"])
 
 
 # --- studies with a measurement of their own
@@ -444,3 +446,39 @@ rule roundmap:
         CPU_ENV
     shell:
         publish_shell("roundmap", [f"{STUDY_OUT}/roundmap/maps"])
+
+
+# --- the aligned regions' cost (benchmarks/bench_regions.py): a timing, so run it on an otherwise idle machine
+
+
+rule kernels_measure:
+    output:
+        record=f"{STUDY_OUT}/kernels/measure/regions.json",
+        machine=study_machine("kernels"),
+    log:
+        study_log("kernels", "measure"),
+    benchmark:
+        study_benchmark("kernels", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["kernels"]),
+    threads: workflow.cores  # the timings want the machine to themselves
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run kernels {params.options} --out {output.record} > {log} 2>&1"
+
+
+rule kernels:
+    input:
+        record=rules.kernels_measure.output.record,
+        machine=rules.kernels_measure.output.machine,
+        benchmarks=[study_benchmark("kernels", "measure")],
+    output:
+        report(published("kernels"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("kernels", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("kernels", ["{input.record}"])
