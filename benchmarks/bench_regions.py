@@ -409,7 +409,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="tiny shapes, one short repeat: a smoke run")
-    p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/regions-{cpu,gpu}.json)")
+    p.add_argument("--out", type=Path, help="JSON path (default results/benchmarks/regions-{cpu,gpu}.json)")
     p.add_argument("--repeats", type=int, default=5, help="timer runs per case; the median is reported")
     p.add_argument("--min-run-time", type=float, default=0.5, help="seconds per timer run")
     p.add_argument("--warmup", type=int, default=3)
@@ -437,7 +437,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     shapes = QUICK_SHAPES if args.quick else GPU_SHAPES if device.type == "cuda" else CPU_SHAPES
-    out = args.out or ROOT / "benchmarks" / "results" / f"regions-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
+    out = args.out or ROOT / "results" / "benchmarks" / f"regions-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     report = {"environment": environment(device), "shapes": [vars(s) for s in shapes],
               "settings": {"repeats": args.repeats, "min_run_time_s": args.min_run_time, "quick": args.quick},
               "copy_GBps": copy_bandwidth(device, args), "rows": [], "notes": []}
