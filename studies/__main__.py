@@ -59,7 +59,7 @@ def _pages(args) -> int:
     if args.page:
         unknown = sorted(set(args.page) - set(chosen))
         if unknown:
-            raise KeyError(f"no rendered page {unknown}; the pages are {sorted(chosen)}")
+            raise ValueError(f"no rendered page {unknown}; the pages are {sorted(chosen)}")
         chosen = {name: chosen[name] for name in args.page}
     failed = 0
     for page in chosen.values():

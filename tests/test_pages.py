@@ -88,3 +88,13 @@ def test_a_missing_column_or_file_is_named(tmp_path):
 def test_formats():
     sig, fold, pct = (pages.TEXTS[h][0] for h in ("sig", "fold", "pct"))
     assert [sig(7.46e-5), sig(2.0), sig(36.3), fold(4.0), pct(0.5759)] == ["7.5e-5", "2.0", "36", "4.0", "58"]
+
+
+def test_the_command_names_an_unknown_page_and_checks_without_writing(capsys):
+    from studies.__main__ import main
+
+    assert main(["pages", "--page", "docs/nope.md"]) == 2
+    assert "no rendered page ['docs/nope.md']" in capsys.readouterr().err
+    before = (pages.ROOT / "docs/studies/tiny.md").stat().st_mtime_ns
+    assert main(["pages", "--check", "--page", "docs/studies/tiny.md"]) == 0
+    assert (pages.ROOT / "docs/studies/tiny.md").stat().st_mtime_ns == before

@@ -269,6 +269,7 @@ STUDY_SETTINGS = {
     "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
     "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
+    "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
     **config.get("studies", {}),
 }
 
@@ -322,4 +323,4 @@ def publish_shell(name, sources, include=()):
             + (f" --include {globs}" if include else "")
             + f" --command {shlex.quote(f'snakemake --cores N {name}')}"
             + " --machine {input.machine} --benchmark {input.benchmarks} --record {output} > {log} 2>&1"
-            + " && python -m studies pages >> {log} 2>&1")  # the docs' pages, from what it published
+            + (" && python -m studies pages >> {log} 2>&1" if STUDY_SETTINGS["pages"] else ""))
