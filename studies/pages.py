@@ -92,6 +92,13 @@ class Column:
     def distinct(self) -> Num:
         return Num(int(self.values.nunique()), f"distinct values of {self.source} over {len(self.values)} rows")
 
+    def above(self, threshold: Num | None = None) -> Num:
+        """How many of the rows hold a value above `threshold` (a Num; default: above zero)."""
+        limit = 0 if threshold is None else _number(threshold).value
+        said = "0" if threshold is None else threshold.source
+        return Num(int((self.values > limit).sum()), f"count of values above {said} in {self.source} over "
+                                                       f"{len(self.values)} rows")
+
     def count(self, value=True) -> Num:
         """How many of the rows hold `value` (default: true)."""
         return Num(int((self.values == value).sum()), f"count of {value!r} in {self.source} over {len(self.values)} rows")

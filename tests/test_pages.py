@@ -71,6 +71,17 @@ def test_the_ledger_names_each_number_and_its_source(tmp_path):
     assert ledger["source"].str.contains("headline.csv\\[ablation=all\\]\\['k3 KL'\\]").all()
 
 
+def test_counts_over_rows_name_what_they_counted(tmp_path):
+    page = _page(tmp_path, "{% set st = s.csv('stability.csv', 'avx512-amx') %}"
+                           "{{ st.col('max_k3_kl').above(st.col('max_k3_kl').median()) | count }} of "
+                           "{{ st.rows() | count }}; {{ st.col('reason').count('no_rise') | count }}\n")
+    text, ledger = pages.render(page)
+    table = pd.read_csv(pages.ROOT / "studies/tiny/published/avx512-amx/stability.csv")
+    above = int((table["max_k3_kl"] > table["max_k3_kl"].median()).sum())
+    assert text == f"{above} of {len(table)}; {int((table['reason'] == 'no_rise').sum())}\n"
+    assert "count of values above median of" in ledger["source"].iloc[0]
+
+
 def test_a_number_typed_into_a_placeholder_is_refused(tmp_path):
     with pytest.raises(TypeError, match="not a number read from a table"):
         pages.render(_page(tmp_path, "{{ 36 | fold }}\n"))
