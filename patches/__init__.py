@@ -23,7 +23,8 @@ from patches import _precision, rope, swiglu
 from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES, decoder_layers
-from patches.targets import DEFAULT_TARGET, TARGETS
+from patches import targets
+from patches.targets import DEFAULT_TARGET, TARGETS, Target
 from patches.upstream import check_transformers
 from rla.names import REGION_ABLATIONS as ABLATIONS  # patches know regions only
 from rla.names import REGIONS
@@ -75,7 +76,7 @@ def _remove_regions() -> None:
     global _active
     _precision.set_reduction("eager")
     _precision.set_impl("auto")
-    _precision.set_target(DEFAULT_TARGET)
+    _precision.set_target(TARGETS[DEFAULT_TARGET])
     while _saved:
         owner, attr, stock = _saved.pop()
         if stock is _MISSING:
@@ -85,23 +86,24 @@ def _remove_regions() -> None:
     _active = frozenset()
 
 
-def apply(spec: str | Iterable[str] | None, *, target: str = DEFAULT_TARGET, reduction: str = "eager",
+def apply(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TARGET, reduction: str = "eager",
           impl: str = "auto") -> frozenset[str]:
     """Align the given regions for every supported family in this process; returns the active set.
     Idempotent; a new spec replaces the previous one. `target` is the engine build to round like
-    (patches/targets.py: "vllm", vLLM's piecewise GPU graph; "vllm-cpu", its CPU build's one graph).
+    (patches/targets.py: "vllm", vLLM's piecewise GPU graph; "vllm-cpu", its CPU build's one graph), or
+    a `patches.targets.Target`: its table decides, whatever its name.
     `reduction` is the RMSNorm variance's summation order (patches/_precision.py): "eager" (torch's)
     or "inductor_cpu". `impl` runs the regions "eager" (op by op), "fused" (compiled kernels, same
     rounding locations) or "auto" (fused on CUDA tensors, eager on others)."""
     global _active
     regions = resolve(spec)
     # checked before anything changes: a bad value leaves the current state in place
-    _precision.check(target, tuple(TARGETS), "alignment target")
+    table = targets.resolve(target)
     _precision.check(reduction, REDUCTIONS, "reduction order")
     _precision.check(impl, IMPLS, "implementation")
     check_transformers()
     _remove_regions()
-    _precision.set_target(target)
+    _precision.set_target(table)
     _precision.set_reduction(reduction)
     _precision.set_impl(impl)
     replacements = [(owner, attr, new) for family in FAMILIES.values() for owner, attr, new in family.replacements(regions)]
@@ -126,10 +128,10 @@ def active_target() -> str:
 
 
 @contextlib.contextmanager
-def aligned(spec: str | Iterable[str] | None, *, target: str = DEFAULT_TARGET, reduction: str = "eager",
+def aligned(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TARGET, reduction: str = "eager",
             impl: str = "auto"):
     """Apply `spec` inside the block; restore the previous state on exit."""
-    previous = dict(spec=_active, target=active_target(), reduction=_precision.reduction(), impl=_precision.impl())
+    previous = dict(spec=_active, target=_precision.target(), reduction=_precision.reduction(), impl=_precision.impl())
     try:
         yield apply(spec, target=target, reduction=reduction, impl=impl)
     finally:

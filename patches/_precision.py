@@ -69,9 +69,9 @@ def impl() -> str:
     return _impl
 
 
-def set_target(name: str) -> None:
+def set_target(target: Target) -> None:
     global _target
-    _target = TARGETS[name]  # patches.apply, its one caller with a user's value, checked it first
+    _target = target  # patches.apply, its one caller with a user's value, checked its table first
 
 
 def target() -> Target:

@@ -54,8 +54,16 @@ _COMMON: dict[str, bool] = {
 }
 
 
+# Values a region hands to an op outside it (attention, a GEMM), which reads them in the activation
+# dtype: every table stores them.
+HANDED_ON = ("rope.out", "swiglu.out", "rmsnorm.out")
+
+
 @dataclass(frozen=True)
 class Target:
+    """A table of where an engine stores BF16. `patches.apply` reads the table, never the name: a
+    Target under any name with a named target's table rounds exactly as that target does."""
+
     name: str
     engine: str
     stores: dict[str, bool]  # VALUES key -> stored as BF16
@@ -82,3 +90,36 @@ TARGETS: dict[str, Target] = {
 }
 DEFAULT_TARGET = "vllm"
 assert tuple(TARGETS) == rla_names.TARGETS, "rla.names.TARGETS and patches.targets.TARGETS must name the same targets"
+
+# What the regions compute as the table says (each else kept in FP32, as both named targets keep it).
+VARIABLE = ("residual.layer_output",)
+
+
+def check(target: Target) -> Target:
+    """`target` if the regions can round as its table says, else a ValueError naming the value."""
+    where = f"alignment target {target.name!r}"
+    if set(target.stores) != set(VALUES):
+        missing, unknown = sorted(set(VALUES) - set(target.stores)), sorted(set(target.stores) - set(VALUES))
+        raise ValueError(f"{where}: its table must say, for each of {', '.join(VALUES)}, whether it is stored"
+                         + (f"; missing {', '.join(missing)}" if missing else "")
+                         + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+    for value, stored in target.stores.items():
+        if not isinstance(stored, bool):
+            raise ValueError(f"{where}: {value} is {stored!r}; allowed: True (stored as BF16) or False (kept in FP32)")
+        if value in HANDED_ON and not stored:
+            raise ValueError(f"{where}: {value} kept in FP32 - {VALUES[value]} - is read by an op outside the "
+                             "regions in the activation dtype; no table can keep it in FP32")
+        if value not in HANDED_ON + VARIABLE and stored:
+            raise ValueError(f"{where}: {value} stored - {VALUES[value]} - is a rounding the regions do not "
+                             f"implement: they keep it in FP32 inside their kernels, as both named targets do; "
+                             f"the values a table may choose: {', '.join(VARIABLE)}")
+    return target
+
+
+def resolve(target: str | Target) -> Target:
+    """A target's table: a name of TARGETS, or a Target (checked)."""
+    if isinstance(target, Target):
+        return check(target)
+    if isinstance(target, str) and target in TARGETS:
+        return TARGETS[target]
+    raise ValueError(f"unknown alignment target {target!r}; allowed: {', '.join(TARGETS)}, or a patches.targets.Target")

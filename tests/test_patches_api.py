@@ -274,3 +274,43 @@ def test_fingerprints_read_the_source_of_each_function():
     same = fingerprints_of_source(text, "Qwen2")
     edited = fingerprints_of_source(text.replace("return x", "return x + 1"), "Qwen2")
     assert same["Qwen2MLP.forward"] != edited["Qwen2MLP.forward"] and same["apply_rotary_pos_emb"] == "missing"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope.out": False}, "rope.out kept in FP32 .* no table can keep it in FP32"),
+    ({"rope.product": True}, "rope.product stored .* a rounding the regions do not implement"),
+    ({"residual.layer_output": "yes"}, "residual.layer_output is 'yes'; allowed: True"),
+    ({"rope.sum": True}, "unknown rope.sum"),
+])
+def test_a_table_the_regions_cannot_compute_is_refused_naming_the_value(change, message):
+    from dataclasses import replace
+
+    from patches.targets import TARGETS
+
+    patches.apply("rope", target="vllm-cpu")
+    table = replace(TARGETS["vllm"], name="mine", stores={**TARGETS["vllm"].stores, **change})
+    with pytest.raises(ValueError, match=f"alignment target 'mine': .*{message}"):
+        patches.apply("all", target=table)
+    assert patches.active() == {"rope"} and patches.active_target() == "vllm-cpu"  # a refused table changes nothing
+
+
+def test_a_table_without_a_value_is_refused_naming_it():
+    from dataclasses import replace
+
+    from patches.targets import TARGETS
+
+    stores = {k: v for k, v in TARGETS["vllm"].stores.items() if k != "swiglu.silu"}
+    with pytest.raises(ValueError, match="missing swiglu.silu"):
+        patches.apply("all", target=replace(TARGETS["vllm"], name="mine", stores=stores))
+
+
+def test_aligned_restores_a_target_given_as_a_table():
+    from dataclasses import replace
+
+    from patches.targets import TARGETS
+
+    mine = replace(TARGETS["vllm-cpu"], name="mine")
+    patches.apply("all", target=mine)
+    with patches.aligned("rope", target="vllm"):
+        assert patches.active_target() == "vllm"
+    assert patches.active_target() == "mine"

@@ -161,3 +161,23 @@ def test_training_step_gradients_flow(pair, target):
     # holds on every ISA: every gradient flows through an aligned region, where stock rounds elsewhere on
     # 15-40% of the elements; an ISA moves a last fp32 bit on ~2^-16 of them
     assert len(differ) > 0.9 * len(aligned)
+
+
+@pytest.mark.parametrize("named", ["vllm", "vllm-cpu"])
+def test_a_target_is_its_table_not_its_name(pair, named):
+    """A Target under another name with a named target's table gives that target's logits bit for bit;
+    with the other target's table it does not (the comparison can fail)."""
+    from dataclasses import replace
+
+    from patches.targets import TARGETS
+
+    arch, train, _, ids, _ = pair
+    other = next(t for t in TARGETS if t != named)
+
+    def logits(target):
+        with patches.aligned("all", target=target), torch.no_grad():
+            return train(ids).logits
+
+    mine = replace(TARGETS[named], name="my-engine", engine="an engine of mine")
+    assert torch.equal(logits(mine), logits(named))
+    assert not torch.equal(logits(replace(TARGETS[other], name="my-engine")), logits(named))
