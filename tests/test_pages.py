@@ -3,6 +3,8 @@ typed by hand, none drifted from its table."""
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 
@@ -109,3 +111,13 @@ def test_the_command_names_an_unknown_page_and_checks_without_writing(capsys):
     before = (pages.ROOT / "docs/studies/tiny.md").stat().st_mtime_ns
     assert main(["pages", "--check", "--page", "docs/studies/tiny.md"]) == 0
     assert (pages.ROOT / "docs/studies/tiny.md").stat().st_mtime_ns == before
+
+
+def test_the_readme_states_attention_and_depth_beside_every_mismatch_reduction():
+    """Each README paragraph or bullet that quotes an x-fold reduction names the training side's attention
+    and the models' depth (the conditions that make the number)."""
+    text = (pages.ROOT / "README.md").read_text()
+    blocks = [b for b in re.split(r"\n(?=- )|\n\n", text) if re.search(r"\d(?:\.\d+)?x\b", b)]
+    assert blocks, "the README quotes no reduction: this test checks nothing"
+    for block in blocks:
+        assert "attention" in block and "layers" in block, block
