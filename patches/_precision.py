@@ -79,6 +79,27 @@ def target() -> Target:
     return _target
 
 
+def stored(value: str) -> bool:
+    """Whether the target's table stores `value` (patches/targets.py VALUES) in the activation dtype."""
+    return _target.stores[value]
+
+
+def round_if(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`t` rounded to `dtype` and widened back (a stored value, as eager code rounds it), or `t` (None)."""
+    return t if dtype is None else t.to(dtype).to(t.dtype)
+
+
+def check_kernel_roundings(device: torch.device) -> None:
+    """Compiled kernels (impl "fused", or "auto" on CUDA) and Inductor's sums (reduction "inductor_cpu")
+    drop a rounding inside a kernel (Inductor elides a downcast that is only upcast again), so a table
+    that stores a value inside a region runs eager only: refuse it, naming the values."""
+    inside = _target.rounded_inside()
+    if inside and (uses_fused(device) or _reduction == "inductor_cpu"):
+        raise ValueError(f"alignment target {_target.name!r} stores {', '.join(inside)} inside a region, which "
+                         f"compiled kernels do not keep (Inductor elides the rounding): use impl='eager' and "
+                         f"reduction='eager' with it (now impl={_impl!r}, reduction={_reduction!r})")
+
+
 @contextlib.contextmanager
 def using(impl: str = "auto", reduction: str = "eager"):
     """The region functions with this implementation and summation order inside the block (restored

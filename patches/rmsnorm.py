@@ -23,12 +23,14 @@ import torch
 from torch import Tensor
 
 from patches import stream
-from patches._precision import inductor_sums, kernel, rows_total, sums_by_inductor, wide
+from patches._precision import (check_kernel_roundings, inductor_sums, kernel, round_if, rows_total, stored,
+                                sums_by_inductor, wide)
 
 
-def _stream(x: Tensor, residual: Tensor | None) -> Tensor:
-    """The value the norm reads: the input, or the unrounded sum of input and residual."""
-    return wide(x) if residual is None else wide(x) + wide(residual)
+def _stream(x: Tensor, residual: Tensor | None, sum_to: torch.dtype | None = None) -> Tensor:
+    """The value the norm reads: the input, or the sum of input and residual - unrounded, or rounded to
+    `sum_to` where the table stores `residual.post_attention`."""
+    return wide(x) if residual is None else round_if(wide(x) + wide(residual), sum_to)
 
 
 def _mean_square(s: Tensor) -> Tensor:
@@ -49,15 +51,19 @@ def _backward_sums(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, resid
     return _sums(wide(g_out), wide(weight), _stream(x, residual) * rstd)
 
 
-def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float):
-    s = _stream(x, residual)
+def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
+               normalized_to: torch.dtype | None = None, sum_to: torch.dtype | None = None):
+    """((s * rstd) * w, s, rstd); `normalized_to`/`sum_to`: where the table stores `rmsnorm.normalized`
+    and `residual.post_attention`, the dtype they are rounded to (the rounding only: eager code's)."""
+    s = _stream(x, residual, sum_to)
     variance = inductor_sums(_variance, x, residual) if sums_by_inductor() else _mean_square(s)
     rstd = torch.rsqrt(variance + eps)
-    return (s * rstd) * wide(weight), s, rstd
+    return round_if(s * rstd, normalized_to) * wide(weight), s, rstd
 
 
-def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None):
-    g, w, x_hat = wide(g_out), wide(weight), _stream(x, residual) * rstd
+def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None,
+                        sum_to: torch.dtype | None = None):
+    g, w, x_hat = wide(g_out), wide(weight), _stream(x, residual, sum_to) * rstd
     if sums_by_inductor():
         mean, d_weight = inductor_sums(_backward_sums, g_out, weight, rstd, x, residual)
     else:
@@ -65,8 +71,9 @@ def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, 
     return rstd * ((g * w) - x_hat * mean), d_weight.to(weight.dtype)
 
 
-def rms_norm_forward(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    out, _, rstd = _normalize(x, None, weight, eps)
+def rms_norm_forward(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype,
+                     normalized: bool = False) -> tuple[Tensor, Tensor]:
+    out, _, rstd = _normalize(x, None, weight, eps, out_dtype if normalized else None)
     return out.to(out_dtype), rstd
 
 
@@ -75,16 +82,18 @@ def rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
     return dx.to(x.dtype), dw
 
 
-def add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
-                         out_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor]:
-    """(normed, sum, rstd): normed rounded to `out_dtype` once; the sum unrounded (FP32)."""
-    out, s, rstd = _normalize(x, residual, weight, eps)
+def add_rms_norm_forward(x: Tensor, residual: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype,
+                         stores: tuple[bool, bool] = (False, False)) -> tuple[Tensor, Tensor, Tensor]:
+    """(normed, sum, rstd): normed rounded to `out_dtype` once; the sum in FP32, unrounded unless the
+    table stores it. `stores`: whether the table stores rmsnorm.normalized and residual.post_attention."""
+    normalized_to, sum_to = (out_dtype if s else None for s in stores)
+    out, s, rstd = _normalize(x, residual, weight, eps, normalized_to, sum_to)
     return out.to(out_dtype), s, rstd
 
 
 def add_rms_norm_backward(g_out: Tensor, g_sum: Tensor | None, x: Tensor, residual: Tensor, weight: Tensor,
-                          rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    d_sum, dw = _normalize_backward(g_out, weight, rstd, x, residual)
+                          rstd: Tensor, sum_to: torch.dtype | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    d_sum, dw = _normalize_backward(g_out, weight, rstd, x, residual, sum_to)
     if g_sum is not None:
         d_sum = d_sum + wide(g_sum)
     return d_sum.to(x.dtype), d_sum.to(residual.dtype), dw
@@ -95,7 +104,8 @@ class RMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype) -> Tensor:
-        out, rstd = kernel(rms_norm_forward, x)(x, weight, eps, out_dtype)
+        check_kernel_roundings(x.device)
+        out, rstd = kernel(rms_norm_forward, x)(x, weight, eps, out_dtype, stored("rmsnorm.normalized"))
         ctx.save_for_backward(x, weight, rstd)
         return out
 
@@ -111,14 +121,20 @@ class AddRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, residual: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype):
-        out, s, rstd = kernel(add_rms_norm_forward, x)(x, residual, weight, eps, out_dtype)
+        check_kernel_roundings(x.device)
+        stores = (stored("rmsnorm.normalized"), stored("residual.post_attention"))
+        out, s, rstd = kernel(add_rms_norm_forward, x)(x, residual, weight, eps, out_dtype, stores)
         ctx.save_for_backward(x, residual, weight, rstd)  # the sum is recomputed: one FP32 tensor less
+        ctx.sum_to = out_dtype if stores[1] else None
         return out, s
 
     @staticmethod
     def backward(ctx, g_out: Tensor, g_sum: Tensor):
         x, residual, weight, rstd = ctx.saved_tensors
-        dx, dr, dw = kernel(add_rms_norm_backward, g_out)(g_out, g_sum, x, residual, weight, rstd)
+        if ctx.sum_to is None:
+            dx, dr, dw = kernel(add_rms_norm_backward, g_out)(g_out, g_sum, x, residual, weight, rstd)
+        else:  # a stored sum: eager (check_kernel_roundings refused compiled kernels for it)
+            dx, dr, dw = add_rms_norm_backward(g_out, g_sum, x, residual, weight, rstd, ctx.sum_to)
         return dx, dr, dw, None, None
 
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from patches._precision import inductor_sums, kernel, rows_total, sums_by_inductor, wide
+from patches._precision import (check_kernel_roundings, inductor_sums, kernel, round_if, rows_total, stored,
+                                sums_by_inductor, wide)
 
 
 def _halves(x: Tensor, cos: Tensor, sin: Tensor):
@@ -26,10 +27,15 @@ def _halves(x: Tensor, cos: Tensor, sin: Tensor):
     return x1, x2, cos.chunk(2, dim=-1)[0], sin.chunk(2, dim=-1)[0]
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, products: torch.dtype | None = None) -> Tensor:
     """cat(x1*c - x2*s, x2*c + x1*s). Eager writes each half into one output buffer (fewer full-size
-    temporaries); compiled, the plain formula fuses into one kernel (Dynamo rejects `out=` views)."""
+    temporaries); compiled, the plain formula fuses into one kernel (Dynamo rejects `out=` views). With
+    `products` (a table that stores `rope.product`) each product is rounded to it first, as HF's
+    `q * cos + rotate_half(q) * sin` rounds it."""
     x1, x2, c, s = _halves(x, cos, sin)
+    if products is not None:
+        return torch.cat((round_if(x1 * c, products) - round_if(x2 * s, products),
+                          round_if(x2 * c, products) + round_if(x1 * s, products)), dim=-1)
     if torch.compiler.is_compiling():
         return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
     out = torch.empty_like(x)
@@ -45,8 +51,8 @@ def _rotate_backward(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return _rotate(g, cos, -sin)
 
 
-def rope_forward(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    return _rotate(wide(x), wide(cos), wide(sin)).to(x.dtype)
+def rope_forward(x: Tensor, cos: Tensor, sin: Tensor, products: bool = False) -> Tensor:
+    return _rotate(wide(x), wide(cos), wide(sin), x.dtype if products else None).to(x.dtype)
 
 
 def rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -67,11 +73,15 @@ def _backward_sums(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Te
     return _norm_sums(_rotate_backward(wide(grad), wide(cos), wide(sin)), wide(weight), wide(x) * rstd)
 
 
-def norm_rope_forward(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+def norm_rope_forward(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
+                      stores: tuple[bool, bool, bool] = (False, False, False)) -> tuple[Tensor, Tensor]:
+    """`stores`: whether the table stores qk_norm.normalized, qk_norm.out and rope.product."""
+    normalized, out, products = (x.dtype if s else None for s in stores)
     xf = wide(x)
     variance = inductor_sums(_variance, x) if sums_by_inductor() else xf.pow(2).mean(dim=-1, keepdim=True)
     rstd = torch.rsqrt(variance + eps)
-    return _rotate((xf * rstd) * wide(weight), wide(cos), wide(sin)).to(x.dtype), rstd
+    normed = round_if(round_if(xf * rstd, normalized) * wide(weight), out)
+    return _rotate(normed, wide(cos), wide(sin), products).to(x.dtype), rstd
 
 
 def norm_rope_backward(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, rstd: Tensor):
@@ -85,10 +95,13 @@ def norm_rope_backward(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin
 
 
 class Rope(torch.autograd.Function):
+    """bf16(rotate(x)); the backward is the transpose rotation (a stored product rounds like an identity)."""
+
     @staticmethod
     def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         ctx.save_for_backward(cos, sin)
-        return kernel(rope_forward, x)(x, cos, sin)
+        check_kernel_roundings(x.device)
+        return kernel(rope_forward, x)(x, cos, sin, stored("rope.product"))
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -101,7 +114,9 @@ class NormRope(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float) -> Tensor:
-        out, rstd = kernel(norm_rope_forward, x)(x, weight, cos, sin, eps)
+        check_kernel_roundings(x.device)
+        stores = (stored("qk_norm.normalized"), stored("qk_norm.out"), stored("rope.product"))
+        out, rstd = kernel(norm_rope_forward, x)(x, weight, cos, sin, eps, stores)
         ctx.save_for_backward(x, weight, cos, sin, rstd)
         return out
 

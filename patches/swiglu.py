@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from patches._precision import kernel, wide_copy
+from patches._precision import check_kernel_roundings, kernel, stored, wide_copy
 
 
-def swiglu_forward(gate: Tensor, up: Tensor) -> Tensor:
-    # in place on one fp32 copy: fewer full-size temporaries; `h *= up` widens up exactly
-    h = F.silu(wide_copy(gate), inplace=True)
+def swiglu_forward(gate: Tensor, up: Tensor, silu_stored: bool = False) -> Tensor:
+    # in place on one fp32 copy: fewer full-size temporaries; `h *= up` widens up exactly. A table that
+    # stores swiglu.silu gets it as eager code computes it: silu in the activation dtype.
+    h = wide_copy(F.silu(gate)) if silu_stored else F.silu(wide_copy(gate), inplace=True)
     return h.mul_(up).to(gate.dtype)
 
 
@@ -55,6 +56,9 @@ class SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: Tensor, up: Tensor) -> Tensor:
         ctx.save_for_backward(gate, up)
+        check_kernel_roundings(gate.device)
+        if stored("swiglu.silu"):
+            return _run(lambda g, u: swiglu_forward(g, u, True), gate, up)
         return _run(swiglu_forward, gate, up)
 
     @staticmethod
