@@ -16,8 +16,11 @@ follows from how vLLM cuts the model into graphs:
   rounded; Inductor re-sums it in FP32 or stores it as FP32.
 
 Everything else rounds the same on both: each value below is stored (rounded) or stays in FP32 inside
-a fused kernel. `python -m patches.roundmap` reads these off the compiled graphs, and the tests check
+a fused kernel. `python -m studies run roundmap` reads these off the compiled graphs, and the tests check
 that the table equals what vLLM's own graph stores.
+
+A Target is its table: the regions read `stores`, never the name, so a new engine's table needs no new
+code (`check` refuses one the regions cannot compute, naming the value).
 """
 
 from __future__ import annotations
