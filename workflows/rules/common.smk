@@ -268,6 +268,7 @@ STUDY_SETTINGS = {
     # options of `python -m studies run vllm_alignment`: the two smallest grid shapes, hidden 256, and YaRN
     "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
     "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
+    "depth": [],  # options of `python -m studies run depth` (its shapes are fixed: studies/depth/measure.py)
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
     **config.get("studies", {}),

@@ -482,3 +482,39 @@ rule kernels:
         CPU_ENV
     shell:
         publish_shell("kernels", ["{input.record}"])
+
+
+# --- the patches against vLLM-CPU at 28 layers (the vLLM alignment benchmark's measure, deep shapes)
+
+
+rule depth_measure:
+    output:
+        result=f"{STUDY_OUT}/depth/depth.json",
+        machine=study_machine("depth"),
+    log:
+        study_log("depth", "measure"),
+    benchmark:
+        study_benchmark("depth", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["depth"]),
+    threads: workflow.cores
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run depth {params.options} --out {output.result} > {log} 2>&1"
+
+
+rule depth:
+    input:
+        result=rules.depth_measure.output.result,
+        machine=rules.depth_measure.output.machine,
+        benchmarks=[study_benchmark("depth", "measure")],
+    output:
+        report(published("depth"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("depth", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("depth", ["{input.result}"])
