@@ -152,8 +152,15 @@ def norm_forward(self, hidden_states: Tensor) -> Tensor:
     FP32; plain inputs stay stock, which keeps Qwen3's q_norm/k_norm (the RoPE region's) untouched."""
     width = self.weight.shape[-1]
     if stream.is_packed(hidden_states, width):
-        return rms_norm(stream.unpack(hidden_states, width), self.weight, self.variance_epsilon, hidden_states.dtype)
+        s = _norm_input(stream.unpack(hidden_states, width), hidden_states.dtype)
+        return rms_norm(s, self.weight, self.variance_epsilon, hidden_states.dtype)
     return type(self)._rla_stock_forward(self, hidden_states)
+
+
+def _norm_input(s: Tensor, dtype: torch.dtype) -> Tensor:
+    """The previous layer's output as an input norm reads it: the FP32 sum (both named targets: the
+    engine's norm reads the unrounded `x`), or rounded where the table stores `residual.norm_input`."""
+    return round_if(s, dtype if stored("residual.norm_input") and s.dtype == torch.float32 else None)
 
 
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
@@ -164,7 +171,7 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
     width = self.input_layernorm.weight.shape[-1]
     dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
     s = stream.unpack(hidden_states, width)
-    h = rms_norm(s, self.input_layernorm.weight, self.input_layernorm.variance_epsilon, dtype)
+    h = rms_norm(_norm_input(s, dtype), self.input_layernorm.weight, self.input_layernorm.variance_epsilon, dtype)
     residual = s.to(dtype) if _precision.target().rounds_layer_output else s  # residual.layer_output
     if past_key_values is not None:  # the KV cache by the release's name (`cache` from 5.24: then in kwargs)
         kwargs[self._rla_cache_arg] = past_key_values

@@ -40,7 +40,8 @@ VALUES: dict[str, str] = {
     "rmsnorm.normalized": "x * rsqrt(mean(x^2) + eps), before `* weight`",
     "rmsnorm.out": "the norm's output, the next GEMM's input",
     "residual.post_attention": "residual + attention output (read by the post-attention norm)",
-    "residual.layer_output": "residual + MLP output: the layer's output (read by the next input norm)",
+    "residual.layer_output": "residual + MLP output: the layer's output, as the next layer keeps it for its residual",
+    "residual.norm_input": "the layer's output as the next input norm (or the model's final norm) reads it",
 }
 
 # What both targets store (True: rounded to BF16 there; False: kept in FP32 inside a fused kernel).
@@ -54,6 +55,7 @@ _COMMON: dict[str, bool] = {
     "rmsnorm.normalized": False,    # vllm/ir/ops/layernorm.py: `x = x.to(weight.dtype) * weight`, the cast elided
     "rmsnorm.out": True,            # qkv / gate_up input
     "residual.post_attention": False,  # inside one piece (GPU) or one graph (CPU): `x_residual = x.to(orig_dtype)` elided
+    "residual.norm_input": False,   # vllm/ir/ops/layernorm.py fused_add_rms_norm: the variance of `x`, the unrounded sum
 }
 
 
@@ -74,7 +76,8 @@ class Target:
 
     def rounded_inside(self) -> list[str]:
         """The values this table stores that a region computes inside its kernel (not its outputs)."""
-        return [v for v, stored in self.stores.items() if stored and v not in HANDED_ON + ("residual.layer_output",)]
+        return [v for v, stored in self.stores.items()
+                if stored and v not in HANDED_ON + ("residual.layer_output", "residual.norm_input")]
 
     @property
     def rounds_layer_output(self) -> bool:

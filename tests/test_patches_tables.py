@@ -1,7 +1,6 @@
 """A target is a table of where values are stored: a table that stores a value inside a region gets it
-rounded there, as eager code rounds it. With every value of a region stored, the region computes what
-stock transformers computes, bit for bit (regions alone; whole models differ in what the next layer's
-input norm reads, which the table does not yet say: docs/patches.md)."""
+rounded there, as eager code rounds it. With every value stored, each region - and a whole model under
+every spec - computes what stock transformers computes, bit for bit."""
 
 from dataclasses import replace
 
@@ -12,6 +11,7 @@ import torch.nn.functional as F
 import patches
 from patches import rmsnorm, rope, swiglu
 from patches.targets import TARGETS, VALUES
+from tests.model_factory import tiny_model, to_bf16_fsdp_style
 from tests.numerics import stock_rms_norm
 
 BF16 = torch.bfloat16
@@ -90,3 +90,18 @@ def test_a_stored_value_inside_a_kernel_runs_eager_only(inputs, impl, reduction)
     with patches.aligned("rope", target=EAGER, impl=impl, reduction=reduction):
         with pytest.raises(ValueError, match="stores qk_norm.normalized, .*rope.product.* use impl='eager'"):
             rope.Rope.apply(x, cos, sin)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_whole_model_under_the_every_value_stored_table_is_stock(arch):
+    """Stock transformers is the table with every value stored: under it, every spec gives stock's logits
+    bit for bit (BF16 weights, FP32 buffers, as FSDP keeps them); under an engine's table it does not."""
+    model = to_bf16_fsdp_style(tiny_model(arch))
+    ids = torch.randint(0, 256, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        stock = model(ids).logits
+        for spec in ("rope", "swiglu", "rmsnorm", "all"):
+            with patches.aligned(spec, target=EAGER, impl="eager"):
+                assert torch.equal(model(ids).logits, stock), spec
+            with patches.aligned(spec, target="vllm", impl="eager"):
+                assert not torch.equal(model(ids).logits, stock), spec
