@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,12 +242,10 @@ class Published:
         """A published markdown table, verbatim: its numbers are the table's own."""
         path = self.path(file, sub)
         self.ledger.tables.append(self._source(path))
-        return OPEN + path.read_text().rstrip("\n") + CLOSE if self.ledger.marking else path.read_text().rstrip("\n")
+        return self.ledger.mark(path.read_text().rstrip("\n"))
 
     def figure(self, file: str, sub: str | None = None) -> str:
         """The figure's path relative to the page."""
-        import os
-
         return os.path.relpath(self.path(file, sub), self.page_dir)
 
 
@@ -260,6 +259,10 @@ class Ledger:
 
     def printed(self, text: str, num: Num) -> str:
         self.rows.append({"text": text, "value": repr(num.value), "source": num.source})
+        return self.mark(text)
+
+    def mark(self, text: str) -> str:
+        """`text` bracketed for typed_numbers() when marking, else as it is."""
         return OPEN + text + CLOSE if self.marking else text
 
     def frame(self) -> pd.DataFrame:
@@ -354,24 +357,18 @@ def pages() -> dict[str, Page]:
 
 
 def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
-    """The page's text and its ledger (with `marking`, what came from tables is bracketed for check())."""
+    """The page's text and its ledger (with `marking`, what came from tables is bracketed for typed_numbers())."""
     ledger = Ledger(marking)
     page_dir = (ROOT / page.output).parent
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
     env.filters.update(formatters(ledger))
     env.globals["between"] = env.filters["between"]
     context = {"study": lambda name: Published(name, page_dir, ledger), "config": config,
-               "page": lambda output: _link(page_dir, output)}
+               "page": lambda output: os.path.relpath(ROOT / output, page_dir)}
     if page.study:
         context["s"] = context["study"](page.study)
     text = env.from_string((ROOT / page.template).read_text()).render(**context)
     return text, ledger.frame()
-
-
-def _link(page_dir: Path, output: str) -> str:
-    import os
-
-    return os.path.relpath(ROOT / output, page_dir)
 
 
 # A number in prose: not part of a name (qwen2, k3, bf16, Qwen3-8B), a version (0.32.0) or a word.
