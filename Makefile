@@ -8,6 +8,8 @@ PYTEST_ARGS ?= --durations=15 --durations-min=10
 # starts, Snakemake's jobs and pytest's processes share them), and a fresh clone starts cold.
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
+# target="auto"'s tables read off vLLM's graph (patches/engine_table.py), once per engine config
+export RLA_TABLE_CACHE ?= $(CURDIR)/.cache/tables
 
 .PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies docs clean test-slurm check-env
 

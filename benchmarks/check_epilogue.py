@@ -50,10 +50,10 @@ def pointwise_only(x, w, b, positions, cache, sizes, head_dim):
 def graph_ops(fn, *args) -> list[str]:
     """The aten ops of the graph Inductor lowers for `fn`, after its post-grad passes (where the
     unfusing happens), read with the rounding map's scheduler hook."""
-    from studies.roundmap import measure as roundmap
+    from patches import engine_table
 
     torch._dynamo.reset()
-    with roundmap.capture() as graphs:
+    with engine_table.capture() as graphs:
         torch.compile(fn, fullgraph=True)(*args)
     return [node.op for graph in graphs for node in graph.nodes]
 

@@ -13,7 +13,7 @@ Per setting, over the response tokens, against two references: `engine_forward` 
 forward of prompt + response, the layout the trainer sees) and `engine_sampling` (the logprobs the
 engine returned while sampling, what verl compares with): k3 (verl's KL estimate, mean of
 exp(d) - 1 - d with d = logp_train - logp_engine), mean |d| and the share of tokens whose logprob is
-bit-equal. And the rounding map of the engine's graphs as compiled here (`studies.roundmap.measure`: which
+bit-equal. And the rounding map of the engine's graphs as compiled here (`patches.engine_table`: which
 values Inductor stores as bf16) against target `vllm`'s table. Imports torch, transformers, pandas and
 this repository only (no vLLM, verl or orjson).
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import patches  # noqa: E402
 from studies.probe import measure as probe  # noqa: E402
-from studies.roundmap import measure as roundmap  # noqa: E402
+from patches import engine_table  # noqa: E402
 from studies.scaling import measure as scaling  # noqa: E402
 from localrl.engine.engine import Engine  # noqa: E402
 from localrl.kernels import CUDA_ATTENTION  # noqa: E402
@@ -90,11 +90,11 @@ def measure(name: str, shape: scaling.Shape, args, device: torch.device, log=pri
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     torch._dynamo.reset()  # every engine piece compiles below, under the rounding map's hook
-    with roundmap.capture() as graphs:
+    with engine_table.capture() as graphs:
         layout = probe.Layout.from_rollout(scaling.sample(engine, point))
         ref = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
     stores = {value: {"stored": found, "target": want}
-              for value, (found, want) in roundmap.compare(roundmap.rounding_map(graphs), TARGET).items()}
+              for value, (found, want) in engine_table.compare(engine_table.rounding_map(graphs), TARGET).items()}
     differ = [value for value, x in stores.items() if x["stored"] != x["target"]]
     log(f"{name}: {shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}: built, sampled "
         f"{point.n_seq} x {point.response_len} tokens ({time.perf_counter() - start:.0f} s); the engine's "

@@ -23,6 +23,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from patches import engine_table
+from patches.targets import TARGETS
 from rla.config import ConfigError
 
 IDENTITY_KEYS = ("name", "target", "version", "platform")
@@ -68,8 +70,17 @@ def vllm_build() -> tuple[str, str]:
 
 
 def default_target(name: str, engine_platform: str) -> str:
-    """The alignment target an engine rounds like: vLLM's CPU build one graph, everything else piecewise."""
-    return "vllm-cpu" if name == "vllm" and engine_platform == "cpu" else "vllm"
+    """The alignment target an engine rounds like. vLLM: its table read off its graph compiled as this
+    rig starts it (default compilation config, not eager: localrl/vllm_engine.py), named after the named
+    target whose table it equals; the local engine, a model of vLLM's GPU graph: vllm."""
+    if name != "vllm":
+        return "vllm"
+    table = engine_table.auto_target(engine_table.EngineConfig(device=engine_platform))
+    named = table.name.removeprefix("auto:")
+    if named not in TARGETS:
+        raise ConfigError(f"engine.target = 'auto': vLLM's graph stores a table no named target has ({table.stores}); "
+                          f"allowed: name one of {', '.join(TARGETS)} in engine.target")
+    return named
 
 
 def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:

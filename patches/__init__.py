@@ -4,6 +4,7 @@ where the compiled inference engine rounds, in three regions (RoPE, SwiGLU, resi
     import patches
     patches.apply("all")                      # or "rope", "swiglu,rmsnorm", ("rope",), "none"
     patches.apply("all", target="vllm-cpu")   # round like vLLM's CPU build (default: "vllm", the GPU graph)
+    patches.apply("all", target="auto")       # round like vLLM as installed, read off its compiled graph
     patches.check_model(model)                # raises if some layer or setting is not covered
     with patches.aligned("rope"): ...
     patches.remove()                          # stock transformers again, bit for bit
@@ -23,7 +24,7 @@ from patches import _precision, rope, swiglu
 from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES, decoder_layers
-from patches import targets
+from patches import engine_table, targets
 from patches.targets import DEFAULT_TARGET, TARGETS, Target
 from patches.upstream import check_transformers
 from rla.names import REGION_ABLATIONS as ABLATIONS  # patches know regions only
@@ -90,15 +91,17 @@ def apply(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TA
           impl: str = "auto") -> frozenset[str]:
     """Align the given regions for every supported family in this process; returns the active set.
     Idempotent; a new spec replaces the previous one. `target` is the engine build to round like
-    (patches/targets.py: "vllm", vLLM's piecewise GPU graph; "vllm-cpu", its CPU build's one graph), or
-    a `patches.targets.Target`: its table decides, whatever its name.
+    (patches/targets.py: "vllm", vLLM's piecewise GPU graph; "vllm-cpu", its CPU build's one graph),
+    "auto" (the table of vLLM as installed, with the engine config in $RLA_ENGINE_CONFIG, read off its
+    compiled graph: patches/engine_table.py), or a `patches.targets.Target`: its table decides, whatever
+    its name.
     `reduction` is the RMSNorm variance's summation order (patches/_precision.py): "eager" (torch's)
     or "inductor_cpu". `impl` runs the regions "eager" (op by op), "fused" (compiled kernels, same
     rounding locations) or "auto" (fused on CUDA tensors, eager on others)."""
     global _active
     regions = resolve(spec)
     # checked before anything changes: a bad value leaves the current state in place
-    table = targets.resolve(target)
+    table = engine_table.auto_target() if target == "auto" else targets.resolve(target)
     _precision.check(reduction, REDUCTIONS, "reduction order")
     _precision.check(impl, IMPLS, "implementation")
     check_transformers()
@@ -125,6 +128,11 @@ def active() -> frozenset[str]:
 
 def active_target() -> str:
     return _precision.target().name
+
+
+def active_table() -> Target:
+    """The table the regions round by (the resolved target)."""
+    return _precision.target()
 
 
 @contextlib.contextmanager
@@ -182,4 +190,4 @@ def _checked_post_init(self):
 
 
 __all__ = ["REGIONS", "ABLATIONS", "REDUCTIONS", "IMPLS", "TARGETS", "DEFAULT_TARGET", "apply", "remove", "active",
-           "active_target", "aligned", "resolve", "check_model", "UnsupportedModelError"]
+           "active_target", "active_table", "aligned", "resolve", "check_model", "UnsupportedModelError"]

@@ -124,4 +124,5 @@ def resolve(target: str | Target) -> Target:
         return check(target)
     if isinstance(target, str) and target in TARGETS:
         return TARGETS[target]
-    raise ValueError(f"unknown alignment target {target!r}; allowed: {', '.join(TARGETS)}, or a patches.targets.Target")
+    raise ValueError(f"unknown alignment target {target!r}; allowed: {', '.join(TARGETS)}, auto (read off the installed "
+                     "engine: patches/engine_table.py), or a patches.targets.Target")

@@ -4,7 +4,10 @@ verl imports `external_lib` wherever it builds a model config - the TaskRunner, 
 vLLM rollout server and the agent-loop workers (verl 0.9.1) - so this module runs in each of them, and
 says which process it is in. It reads:
 - RLA_REGIONS: same syntax as `patches.apply` ("", "none", "rope", "all", "rope,swiglu", ...);
-- RLA_TARGET (optional: vllm, vllm-cpu; default vllm): the engine build to round like;
+- RLA_TARGET (optional: vllm, vllm-cpu, auto; default vllm): the engine build to round like; `auto`
+  reads the table off vLLM as installed, compiled with RLA_ENGINE_CONFIG (the rollout's compilation
+  config, eager switch, tensor parallelism and device, as JSON: the launcher sets it from verl's
+  rollout settings; patches/engine_table.py), once per configuration (cached);
 - RLA_IMPL (optional: auto, eager, fused; default auto = compiled region kernels on CUDA);
 - RLA_TREATMENTS (optional, comma-separated: compile): treatments that act in the workers - `compile`
   compiles each Qwen2/Qwen3 decoder layer as it is built (patches/compile.py), since verl's FSDP
@@ -55,9 +58,11 @@ def _process() -> str:
     return "process"
 
 
+_table = patches.active_table()
 logging.getLogger(__name__).warning(
-    "rounding alignment [%s, pid %d on %s]: %s=%r -> aligned regions: %s (target %s, impl %s); "
+    "rounding alignment [%s, pid %d on %s]: %s=%r -> aligned regions: %s (target %s: %s; stored as BF16: %s; impl %s); "
     "%s=%r -> decoder layers compiled on build: %s",
     _process(), os.getpid(), socket.gethostname(), REGIONS_ENV, _spec, ", ".join(sorted(ACTIVE)) or "none (stock)",
-    patches.active_target(), _impl, TREATMENTS_ENV, _treatments, ", ".join(COMPILED) or "none",
+    _table.name, _table.engine, ", ".join(v for v, stored in _table.stores.items() if stored), _impl,
+    TREATMENTS_ENV, _treatments, ", ".join(COMPILED) or "none",
 )

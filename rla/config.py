@@ -234,7 +234,8 @@ ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engine
                 "saying why)",
                 backends=("local",), choices=ENGINES),
     "target": Key("auto", "text", "alignment target of the trainer (patches.apply): auto follows the engine "
-                  "(vllm-cpu for vLLM's CPU build, vllm for vLLM on a GPU and for the local engine)",
+                  "(vLLM: the table read off its compiled graph, patches/engine_table.py; the local engine, a "
+                  "model of vLLM's GPU graph: vllm)",
                   backends=("local",), choices=("auto",) + TARGETS),
     "kv_cache_gib": Key(1, "count", "vLLM's KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE, GiB)", backends=("local",),
                         identity=False),
@@ -256,8 +257,9 @@ VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs en
                     "machine's CPU, vLLM's CPU build as the rollout, verlrun.cpu_shims; envs/cpu.yaml)",
                     ("trainer.device",), choices=PLATFORMS),
     "target": Key("vllm", "text", "the engine build the aligned training side rounds like (RLA_TARGET in every "
-                  "worker): vllm (vLLM's GPU graphs) or vllm-cpu (vLLM's CPU build, one graph)",
-                  choices=TARGETS),
+                  "worker): vllm (vLLM's GPU graphs), vllm-cpu (vLLM's CPU build, one graph) or auto (the table "
+                  "read off vLLM as installed, compiled with the rollout's settings: RLA_ENGINE_CONFIG)",
+                  choices=("auto",) + TARGETS),
     "cpu_kv_cache_gib": Key(1, "count", "platform cpu: vLLM-CPU's KV cache (VLLM_CPU_KVCACHE_SPACE, GiB); without "
                             "it vLLM sizes its cache from the host's memory"),
 }

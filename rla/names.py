@@ -117,6 +117,7 @@ REGIONS_ENV = "RLA_REGIONS"
 IMPL_ENV = "RLA_IMPL"
 TARGET_ENV = "RLA_TARGET"
 TREATMENTS_ENV = "RLA_TREATMENTS"  # the WORKER_TREATMENTS of a cell, comma-separated
+ENGINE_CONFIG_ENV = "RLA_ENGINE_CONFIG"  # the rollout engine's config, as JSON, for target "auto" (patches.engine_table)
 
 
 def ablation(name: str) -> Ablation:

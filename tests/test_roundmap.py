@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from studies.roundmap import measure as roundmap
+from patches import engine_table
 from localrl.engine import ops
 from localrl.engine.model import compile_piece
 from localrl.vllm_support import unavailable_reason
@@ -20,7 +21,7 @@ ARCHS = ["qwen2", "qwen3"]
 
 
 def assert_matches(counts, target):
-    rows = roundmap.compare(counts, target)
+    rows = engine_table.compare(counts, target)
     unread = set(roundmap.UNREAD) | ({"qk_norm.normalized", "qk_norm.out"} if "qk_norm.out" not in counts else set())
     assert set(rows) >= set(VALUES) - unread
     differing = {value: row for value, row in rows.items() if row[0] != row[1]}
@@ -70,5 +71,5 @@ def test_a_depth_beyond_the_shape_is_refused_naming_it():
 def test_the_map_refuses_emulated_casts():
     """With emulate_precision_casts Inductor rounds inline too: a map of stores would miss those."""
     with torch._inductor.config.patch(emulate_precision_casts=True), pytest.raises(RuntimeError, match="emulate"):
-        with roundmap.capture():
+        with engine_table.capture():
             pass

@@ -35,8 +35,8 @@ TIMEOUT = 1500  # seconds for the grid (9-12 minutes measured on a shared 2-core
 PROCESSES = {"WorkerDict": "FSDP worker", "vLLMHttpServer": "vLLM server", "TaskRunnerV1": "TaskRunner",
              "AgentLoopWorkerTQ": "agent-loop worker"}
 PLUGIN_LINE = re.compile(r"\((?P<proc>\w+) pid=\d+\)\S* WARNING:[^:]+:[^:]+:\d+,\d+:rounding alignment \[[^\]]+\]: "
-                         r"RLA_REGIONS='(?P<spec>[^']*)' -> aligned regions: (?P<regions>.+?) \(target (?P<target>[\w-]+), "
-                         r"impl \w+\); RLA_TREATMENTS='(?P<treatments>[^']*)' -> decoder layers compiled on build: "
+                         r"RLA_REGIONS='(?P<spec>[^']*)' -> aligned regions: (?P<regions>.+?) \(target (?P<target>[\w:-]+): "
+                         r"(?P<engine>.+?); stored as BF16: (?P<stored>[\w., ]+); impl \w+\); RLA_TREATMENTS='(?P<treatments>[^']*)' -> decoder layers compiled on build: "
                          r"(?P<compiled>.+)$")
 TIMINGS: dict[str, float] = {}
 
@@ -98,7 +98,9 @@ def test_the_plugin_logged_what_it_applied_in_each_process(grid):
         assert set(PROCESSES) <= seen, (ablation, seen)
         regions = names.regions_of(ablation)
         for m in lines:
-            assert m["spec"] == ",".join(regions) and m["target"] == "vllm-cpu", (ablation, m.group(0))
+            # target auto: the table read off vLLM-CPU's graph in the workers is vllm-cpu's
+            assert m["spec"] == ",".join(regions) and m["target"] == "auto:vllm-cpu", (ablation, m.group(0))
+            assert m["stored"] == "rope.out, swiglu.out, rmsnorm.out" and "vllm-cpu" in m["engine"], m.group(0)
             assert m["regions"] == (", ".join(sorted(regions)) or "none (stock)"), (ablation, m.group(0))
             assert m["treatments"] == ("compile" if ablation == "compile" else "")
         worker = next(m for m in lines if m["proc"] == "WorkerDict")

@@ -345,7 +345,9 @@ def test_the_cpu_profile_composes_with_its_platform_and_target(tmp_path, ablatio
     cpu = load_config(CPU)
     cfg = compose(build_overrides(Cell.of(cpu, "qwen2-tiny", ablation, 0, tmp_path / "cell", tmp_path / "data")))
     env = cfg.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.RLA_TARGET == "vllm-cpu" and env.RLA_REGIONS == ",".join(ABLATIONS[ablation].regions)
+    assert env.RLA_TARGET == "auto" and env.RLA_REGIONS == ",".join(ABLATIONS[ablation].regions)
+    assert json.loads(env.RLA_ENGINE_CONFIG) == {"compilation_config": {}, "device": "cpu", "enforce_eager": False,
+                                                 "tensor_parallel_size": 1}
     assert env.RLA_TREATMENTS == ("compile" if ablation == "compile" else "")
     assert (env.VERL_PLATFORM, env.VERL_USE_EXTERNAL_MODULES, env.VERL_ENGINE_DEVICE) == ("cpu", "verlrun.cpu_shims", "cuda")
     assert env.VLLM_CPU_KVCACHE_SPACE == "1" and env.VLLM_CPU_OMP_THREADS_BIND == "nobind"
@@ -360,11 +362,11 @@ def test_the_cpu_profile_composes_with_its_platform_and_target(tmp_path, ablatio
 
 
 def test_the_target_reaches_the_workers_of_every_profile(paper, tmp_path):
-    for target in ("vllm", "vllm-cpu"):
+    for target in ("vllm", "vllm-cpu", "auto"):
         cfg = {**paper, "verl": {**paper["verl"], "target": target}}
         env = compose(build_overrides(Cell.of(cfg, "qwen3-8b", "all", 0, tmp_path, tmp_path))).ray_kwargs.ray_init.runtime_env.env_vars
-        assert env.RLA_TARGET == target
-    with pytest.raises(ValueError, match="verl.target = 'gpu' is not allowed; allowed: vllm, vllm-cpu"):
+        assert env.RLA_TARGET == target and ("RLA_ENGINE_CONFIG" in env) == (target == "auto")
+    with pytest.raises(ValueError, match="verl.target = 'gpu' is not allowed; allowed: auto, vllm, vllm-cpu"):
         build_overrides(Cell.of({**paper, "verl": {**paper["verl"], "target": "gpu"}}, "qwen3-8b", "all", 0, tmp_path, tmp_path))
     with pytest.raises(ValueError, match="verl.platform = 'tpu' is not allowed; allowed: cuda, cpu"):
         build_overrides(Cell.of({**paper, "verl": {**paper["verl"], "platform": "tpu"}}, "qwen3-8b", "all", 0, tmp_path, tmp_path))
@@ -444,3 +446,24 @@ def test_gpu_only_commands_refuse_a_cpu_profile():
         out = subprocess.run([sys.executable, "-m", "verlrun", command, "--config", str(CPU)], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
         assert out.returncode == 2 and "verl.platform = 'cpu'" in out.stderr and command in out.stderr
+
+
+def test_auto_hands_the_workers_the_rollouts_engine_config(paper, tmp_path):
+    """target auto: each cell's workers get RLA_ENGINE_CONFIG from its final overrides; the TP=2 cells
+    switch vLLM's fused all-reduce + RMSNorm off, which the table reader would refuse otherwise."""
+    from patches import engine_table
+
+    def engine_config(cfg, model):
+        [env] = [o for o in build_overrides(Cell.of(cfg, model, "all", 0, tmp_path, tmp_path)) if "RLA_ENGINE_CONFIG=" in o]
+        return engine_table.EngineConfig.parse(env.partition("=")[2].strip("'"))
+
+    assert paper["verl"]["target"] == "auto"
+    tp2 = [m for m, spec in paper["model_specs"].items() if spec.get("rollout_tp", 1) > 1]
+    assert tp2
+    for model in paper["models"]:
+        config = engine_config(paper, model)
+        assert config.device == "cuda" and not config.enforce_eager
+        assert config.tensor_parallel_size == paper["model_specs"][model].get("rollout_tp", 1)
+        assert engine_table.refusal(config) is None, model
+    unfused = {**paper, "model_specs": {m: {**s, "overrides": []} for m, s in paper["model_specs"].items()}}
+    assert "tensor_parallel_size=2" in engine_table.refusal(engine_config(unfused, tp2[0]))

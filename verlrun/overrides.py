@@ -7,9 +7,12 @@ experiment depends on it), so the list in a cell's `config.yaml` is the whole st
 from __future__ import annotations
 
 import copy
+import json
 import os
 import warnings
 from pathlib import Path
+
+import yaml
 
 from rla import names
 from rla.cells import Cell
@@ -279,7 +282,37 @@ def build_overrides(cell: Cell) -> list[str]:
     # Escape hatches, applied last: experiment-wide, then per model.
     overrides += [str(o) for o in verl["overrides"]]
     overrides += [str(o) for o in spec.get("overrides") or []]
+    if verl["target"] == "auto":  # the workers read the table of the engine these overrides configure
+        overrides.append(f"{ENV_PREFIX}.{names.ENGINE_CONFIG_ENV}={hydra_value(rollout_engine_config(overrides))}")
     return overrides
+
+
+# verl keys that decide where the rollout engine rounds -> the engine config's key (patches.engine_table)
+_ROLLOUT = "actor_rollout_ref.rollout."
+_ENGINE_KEYS = {_ROLLOUT + "enforce_eager": "enforce_eager", _ROLLOUT + "tensor_model_parallel_size":
+                "tensor_parallel_size", "trainer.device": "device"}
+_COMPILATION = _ROLLOUT + "engine_kwargs.vllm.compilation_config"
+
+
+def rollout_engine_config(overrides: list[str]) -> str:
+    """The rollout engine's config as `target="auto"` reads it (JSON), from the cell's final overrides:
+    the eager switch, tensor parallelism, device and `engine_kwargs.vllm.compilation_config`, whole or
+    field by field; the last override of a key wins, as in Hydra."""
+    config: dict = {"compilation_config": {}, "device": "cuda"}
+    for override in overrides:
+        key, _, text = override.lstrip("+~").partition("=")
+        value = yaml.safe_load(text) if text else None
+        if key in _ENGINE_KEYS:
+            config[_ENGINE_KEYS[key]] = value
+        elif key == _COMPILATION:
+            config["compilation_config"] = dict(value or {})
+        elif key.startswith(_COMPILATION + "."):
+            *path, last = key[len(_COMPILATION) + 1:].split(".")
+            node = config["compilation_config"]
+            for part in path:
+                node = node.setdefault(part, {})
+            node[last] = value
+    return json.dumps(config, sort_keys=True)
 
 
 def run_dir_override(cell_dir: str | Path) -> str:

