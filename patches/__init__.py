@@ -24,7 +24,7 @@ from patches import _precision, rope, swiglu
 from patches import compile as _compile
 from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES, decoder_layers
-from patches import engine_table, targets
+from patches import targets
 from patches.targets import DEFAULT_TARGET, TARGETS, Target
 from patches.upstream import check_transformers
 from rla.names import REGION_ABLATIONS as ABLATIONS  # patches know regions only
@@ -101,7 +101,13 @@ def apply(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TA
     global _active
     regions = resolve(spec)
     # checked before anything changes: a bad value leaves the current state in place
-    table = engine_table.auto_target() if target == "auto" else targets.resolve(target)
+    if target == "auto":
+        # imported here, not at the top: `python -m patches.engine_table` must not find itself imported
+        from patches import engine_table
+
+        table = engine_table.auto_target()
+    else:
+        table = targets.resolve(target)
     _precision.check(reduction, REDUCTIONS, "reduction order")
     _precision.check(impl, IMPLS, "implementation")
     check_transformers()

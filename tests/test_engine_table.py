@@ -127,3 +127,37 @@ def test_the_auto_table_patches_as_its_named_target_does():
             outs[target] = model(ids).logits
     assert torch.equal(outs["auto"], outs["vllm-cpu"])
     assert not torch.equal(outs["auto"], outs["vllm"])  # the other table: the comparison can fail
+
+
+def _norm_tail(x, w):
+    """vLLM's RMSNorm tail (vllm/ir/ops/layernorm.py): `x.to(weight.dtype) * weight` on an FP32 x."""
+    x = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return x.to(w.dtype) * w
+
+
+@pytest.mark.parametrize("emulate", [False, True])
+def test_the_map_reads_roundings_at_casts_inductor_keeps(emulate):
+    """emulate_precision_casts: Inductor rounds the BF16 cast inside the fused kernel, as eager does,
+    and the map says so; without it the value stays in FP32 - and the compiled output shows which."""
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    w = (1 + 0.3 * torch.randn(96, generator=torch.Generator().manual_seed(1))).to(torch.bfloat16)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(emulate_precision_casts=emulate), engine_table.capture() as graphs:
+        compiled = torch.compile(_norm_tail, fullgraph=True)(x, w)
+    [cast] = [n for g in graphs for n in g.nodes if n.op == "convert_element_type" and n.dtype == torch.bfloat16]
+    assert cast.stored is None and cast.rounded_inline == emulate
+    assert torch.equal(compiled, _norm_tail(x, w)) == emulate  # eager rounds the cast: only emulation matches it
+
+
+@pytest.mark.long
+@needs_vllm
+def test_with_emulated_casts_the_engine_rounds_every_value_and_the_patches_take_its_table():
+    """vLLM-CPU with emulate_precision_casts keeps eager's casts: `auto` reads every value rounded but the
+    norm's input (an edge, from vLLM's source: the unrounded sum), a table no named target has."""
+    from patches.targets import VALUES
+
+    proc = auto({"compilation_config": {"inductor_compile_config": {"emulate_precision_casts": True}}})
+    assert proc.returncode == 0 and "target: auto:read" in proc.stdout, proc.stderr[-3000:]
+    for value in VALUES:
+        kept = value == "residual.norm_input"
+        assert f"{value:26s} {'kept in FP32' if kept else 'stored as BF16'}" in proc.stdout, value

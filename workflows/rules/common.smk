@@ -270,6 +270,7 @@ STUDY_SETTINGS = {
     "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
     "depth": [],  # options of `python -m studies run depth` (its shapes are fixed: studies/depth/measure.py)
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
+    "engine_tables": [],  # options of `python -m studies run engine_tables` (default: both configs, both shapes)
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
     **config.get("studies", {}),
 }

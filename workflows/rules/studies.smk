@@ -518,3 +518,39 @@ rule depth:
         CPU_ENV
     shell:
         publish_shell("depth", ["{input.result}"])
+
+
+# --- target auto against the engine it reads, per vLLM-CPU configuration (patches/engine_table.py)
+
+
+rule engine_tables_measure:
+    output:
+        measured=directory(f"{STUDY_OUT}/engine_tables/measure"),
+        machine=study_machine("engine_tables"),
+    log:
+        study_log("engine_tables", "measure"),
+    benchmark:
+        study_benchmark("engine_tables", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["engine_tables"]),
+    threads: workflow.cores  # the engine's throughput wants the machine to itself
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run engine_tables {params.options} --out {output.measured} > {log} 2>&1"
+
+
+rule engine_tables:
+    input:
+        measured=rules.engine_tables_measure.output.measured,
+        machine=rules.engine_tables_measure.output.machine,
+        benchmarks=[study_benchmark("engine_tables", "measure")],
+    output:
+        report(published("engine_tables"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("engine_tables", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("engine_tables", ["{input.measured}"], ["*.csv"])

