@@ -1,9 +1,10 @@
 """Alignment targets: which engine build the training side rounds like, and where that build stores BF16.
 
 Inductor computes a fused chain in FP32 and rounds where it stores a buffer; it drops a BF16 downcast
-whose value is only upcast again (`torch._inductor.config.emulate_precision_casts` is off, and vLLM
-never sets it). So where vLLM rounds follows from where its compiled graph stores values, and that
-follows from how vLLM cuts the model into graphs:
+whose value is only upcast again (`torch._inductor.config.emulate_precision_casts` is off by default,
+and vLLM does not set it; with it on, `target="auto"` reads the table that results). So where vLLM
+rounds follows from where its compiled graph stores values, and that follows from how vLLM cuts the
+model into graphs:
 
 - `vllm`: vLLM's default path on a GPU (compilation mode VLLM_COMPILE). The model is split into
   pieces at the attention ops (`CompilationConfig.splitting_ops`: the attention and
