@@ -100,6 +100,9 @@ def publish(sources: list[str], dest: str | Path, *, command: str, engine: str, 
             rel = item.name if source.is_file() else item.relative_to(source).as_posix()
             if source.is_file() or not include or any(fnmatch.fnmatch(rel, pattern) for pattern in include):
                 pairs.append((item, dest / rel))
+    # a file under the same name in a later source replaces the earlier one (the report rewrites a
+    # measured table): copied once, listed once
+    pairs = list({target: (item, target) for item, target in pairs}.values())
     stage, old = dest.with_name(f".{dest.name}.new"), dest.with_name(f".{dest.name}.old")
     for leftover in (stage, old):
         shutil.rmtree(leftover, ignore_errors=True)
