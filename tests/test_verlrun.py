@@ -59,8 +59,10 @@ def test_every_paper_cell_composes_and_validates(paper, tmp_path):
         assert Path(cfg.actor_rollout_ref.model.path).is_absolute()
         assert env.HF_HUB_OFFLINE == "1" and env.TRANSFORMERS_OFFLINE == "1"
         assert cfg.actor_rollout_ref.model.external_lib == "patches.verl_plugin"
-        # The GPU grid: the alignment rounds like vLLM's GPU graphs; FSDP2 and flash-attn 2 on every cell.
-        assert env.RLA_TARGET == "vllm" and "VERL_PLATFORM" not in env and cfg.trainer.device == "cuda"
+        # The GPU grid: the alignment rounds like the rollout engine as configured (target auto, its config
+        # handed on); FSDP2 and flash-attn 2 on every cell.
+        assert env.RLA_TARGET == "auto" and "VERL_PLATFORM" not in env and cfg.trainer.device == "cuda"
+        assert json.loads(env.RLA_ENGINE_CONFIG)["tensor_parallel_size"] == cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
         # The layout the memory plan models (verlrun.memory): FSDP2, resharded after forward, no offload.
         fsdp = cfg.actor_rollout_ref.actor.fsdp_config
         assert cfg.actor_rollout_ref.actor.strategy == memory.STRATEGY == "fsdp2"
