@@ -6,6 +6,7 @@ import copy
 
 from rla.cells import Cell
 from rla.config import engine_settings, model_spec, rl_settings
+from rla.names import ablation
 
 
 def resolve(cell: Cell) -> dict:
@@ -15,7 +16,8 @@ def resolve(cell: Cell) -> dict:
     from localrl.device import device
 
     spec = model_spec(cell.cfg, cell.model, "local")
-    resolved = engines.resolve(engine_settings(cell.cfg), device().type)
+    resolved = engines.resolve(engine_settings(cell.cfg), device().type,
+                               compilation=ablation(cell.ablation).engine_compilation, ablation=cell.ablation)
     engines.check_shape(resolved, cell.model, spec)
     config = copy.deepcopy(cell.cfg)
     config.update({"model": cell.model, "ablation": cell.ablation, "seed": cell.seed, "steps": cell.steps,

@@ -8,7 +8,9 @@
 `local` runs the suite's own engine (localrl.engine: a model of vLLM's GPU graph, available everywhere,
 also on CUDA); `auto` is vllm where vLLM-CPU can run, else local, with one line saying why. An explicit
 `vllm` that cannot run is an error, never a fallback. The resolved engine (name, target, vLLM version, platform) is part of a
-cell's identity (`identity`), so a rerun never continues a cell on another engine.
+cell's identity (`identity`), so a rerun never continues a cell on another engine; so is the vLLM
+compilation config an ablation sets (`rla.names.Ablation.engine_compilation`: the engine-side fix), which
+only vLLM takes.
 
 The target (`engine.target`, for `patches.apply`) follows the engine unless set: vLLM's CPU build
 rounds like `vllm-cpu` (one graph), vLLM on a GPU and the local engine like `vllm` (piecewise). The
@@ -83,8 +85,10 @@ def default_target(name: str, engine_platform: str) -> str:
     return named
 
 
-def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
-    """The cell's engine from its (checked) `engine` settings: `auto` becomes the engine that runs."""
+def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sys.stderr, flush=True),
+            compilation: dict | None = None, ablation: str = "none") -> dict:
+    """The cell's engine from its (checked) `engine` settings: `auto` becomes the engine that runs.
+    `compilation`: vLLM compilation_config entries the cell's `ablation` runs the engine with."""
     requested, reason = settings["name"], None
     if requested == "local":
         name, version, engine_platform = "local", None, device_type
@@ -98,11 +102,17 @@ def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sy
         else:
             name, version, engine_platform = "local", None, device_type
             log(f"engine auto -> local: {reason}")
+    if compilation and name != "vllm":
+        raise ConfigError(f"ablation {ablation!r} compiles vLLM with {compilation}, but this cell's engine is "
+                          f"{name}" + (f" ({reason})" if reason else "") + "; allowed: engine.name vllm or auto "
+                          "where vLLM runs")
     target = settings["target"]
     if target == "auto":
-        target = default_target(name, engine_platform)
+        target = default_target(name, engine_platform)  # what aligned regions would round like (none here)
     out = {"name": name, "target": target, "version": version, "platform": engine_platform,
            "kv_cache_gib": settings["kv_cache_gib"], "requested": requested}
+    if compilation:
+        out["compilation_config"] = compilation
     if name == "local" and requested == "auto":
         out["why_local"] = reason
     return out
@@ -138,12 +148,14 @@ def check_shape(engine_cell: dict, model: str, spec: dict) -> None:
 
 def identity(engine_cell: dict) -> dict:
     """What of the resolved engine a cell's results depend on."""
-    return {k: engine_cell[k] for k in IDENTITY_KEYS}
+    return {k: engine_cell[k] for k in IDENTITY_KEYS + ("compilation_config",) if k in engine_cell}
 
 
 def describe(engine_cell: dict) -> str:
     if engine_cell["name"] == "vllm":
         what = f"vLLM {engine_cell['version']} in process ({engine_cell['platform']})"
+        if engine_cell.get("compilation_config"):
+            what += f" compiled with {engine_cell['compilation_config']}"
     else:
         what = "local (localrl/engine, the suite's model of vLLM's GPU graph)"
         if engine_cell.get("why_local"):
@@ -160,7 +172,8 @@ def start(engine_cell: dict, model_dir: str | Path, tokenizer, hf_config, dtype,
     from localrl.vllm_engine import VllmEngine
 
     return VllmEngine(model_dir, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype, seed=seed,
-                      kv_cache_gib=engine_cell["kv_cache_gib"], log=log)
+                      kv_cache_gib=engine_cell["kv_cache_gib"], compilation_config=engine_cell.get("compilation_config"),
+                      log=log)
 
 
 def trainer_gemm(engine, model_dir: str | Path, hf_config, dtype, device="cpu", log=print) -> str:

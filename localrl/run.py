@@ -102,7 +102,8 @@ def _check_engine(engine, config: dict, model_dir: Path, dtype: torch.dtype) -> 
     """A given (shared) engine must be the one the cell would start."""
     name = getattr(engine, "name", "local")
     if name != config["engine"]["name"] or getattr(engine, "dtype", dtype) != dtype or (
-            name == "vllm" and Path(engine.model_dir).resolve() != model_dir.resolve()):
+            name == "vllm" and (Path(engine.model_dir).resolve() != model_dir.resolve()
+                                or engine.compilation_config != config["engine"].get("compilation_config"))):
         raise ValueError(f"the given engine ({name}, {getattr(engine, 'dtype', '?')}, "
                          f"{getattr(engine, 'model_dir', '-')}) is not the cell's ({config['engine']['name']}, "
                          f"{dtype}, {model_dir})")

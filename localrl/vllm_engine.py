@@ -122,7 +122,7 @@ class VllmEngine:
 
     def __init__(self, model_dir: str | Path, eos_id: int, pad_id: int, dtype: torch.dtype = torch.bfloat16,
                  seed: int = 0, max_model_len: int | None = None, max_num_seqs: int = 256, kv_cache_gib: int = 1,
-                 gpu_memory_utilization: float | None = None, log=print):
+                 gpu_memory_utilization: float | None = None, compilation_config: dict | None = None, log=print):
         prepare_environment(kv_cache_gib, log)
         self.model_dir, self.dtype, self.eos_id, self.pad_id = Path(model_dir), dtype, eos_id, pad_id
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
@@ -138,6 +138,8 @@ class VllmEngine:
                 f"({str(dtype).removeprefix('torch.')}); it compiles the model with Inductor (15-60 s on a CPU, "
                 f"less when Inductor's cache is warm)")
             kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
+            if compilation_config:
+                kwargs["compilation_config"] = compilation_config
             if self.platform == "cpu":
                 # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks (it rewinds
                 # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
@@ -156,7 +158,9 @@ class VllmEngine:
         self.startup_s = time.perf_counter() - start
         config = self.llm.llm_engine.vllm_config
         self.max_model_len = config.model_config.max_model_len
-        self.compilation = f"compilation mode {config.compilation_config.mode.name}"
+        self.compilation = f"compilation mode {config.compilation_config.mode.name}" + (
+            f", {compilation_config}" if compilation_config else "")
+        self.compilation_config = compilation_config
         log(f"vLLM ready in {self.startup_s:.1f} s ({self.compilation}, logprobs_mode {LOGPROBS_MODE}, "
             f"max_model_len {self.max_model_len})")
 

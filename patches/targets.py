@@ -100,6 +100,10 @@ TARGETS: dict[str, Target] = {
     ),
 }
 DEFAULT_TARGET = "vllm"
+# Stock transformers as a table (no engine's): every value rounded after its op. Under it every spec
+# gives stock's logits bit for bit (tests/test_patches_tables.py).
+EAGER = Target("eager", "every value rounded after its op (stock transformers)", {value: True for value in VALUES},
+               "transformers' eager modules: each op's output in the activation dtype")
 assert tuple(TARGETS) == rla_names.TARGETS, "rla.names.TARGETS and patches.targets.TARGETS must name the same targets"
 
 def check(target: Target) -> Target:

@@ -6,7 +6,7 @@ Torch-free, so that the workflow, the analysis and the verl launcher can import 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Where the training side is aligned with the engine's rounding (the paper's three regions).
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
@@ -36,10 +36,18 @@ TREATMENTS: dict[str, str] = {
     "mis": "stock numerics + verl's sequence-level importance sampling with sequence rejection (rollout correction)",
     "geo_rs": "stock numerics + verl's geometric-mean sequence rejection (rollout correction, its documented "
               "thresholds 0.999_1.001)",
+    "engine_casts": "stock training side, the engine aligned to it instead: vLLM compiled with Inductor's "
+                    "emulate_precision_casts (ENGINE_KEEPS_CASTS), which keeps eager's BF16 casts inside its fused "
+                    "kernels; vLLM engines only, and no region aligned (the engine then stores a table no named "
+                    "target has)",
     "engine_order": "the RMSNorm variance summed in the CPU-compiled engine's order (patches reduction "
                     "inductor_cpu): with all three regions and the local engine, a training forward equal to the "
                     "engine's; local backend only (no eager code reproduces a GPU kernel's order)",
 }
+# vLLM's `compilation_config` for the engine-side fix: Inductor rounds an explicit BF16 cast, and the output
+# of an op eager runs in BF16, inside its kernel (patches/engine_table.py reads the table it stores).
+ENGINE_KEEPS_CASTS: dict = {"inductor_compile_config": {"emulate_precision_casts": True}}
+
 # What each treatment sets in an ablation's behaviour (the Ablation fields below). Rollout
 # corrections are verl's `RolloutCorrectionConfig` presets (classmethods, called with their
 # defaults): Token-TIS, Seq-MIS and Geo-RS in verl's own words.
@@ -49,6 +57,7 @@ EFFECTS: dict[str, dict] = {
     "tis": {"rollout_correction": "decoupled_token_is"},
     "mis": {"rollout_correction": "decoupled_seq_is_rs"},
     "geo_rs": {"rollout_correction": "decoupled_geo_rs"},
+    "engine_casts": {"engine_compilation": ENGINE_KEEPS_CASTS},
     "engine_order": {"reduction": "inductor_cpu", "local_only": True},
 }
 # Treatments that act inside verl's FSDP workers (through patches.verl_plugin), not through verl's config.
@@ -68,6 +77,9 @@ class Ablation:
     rollout_correction: str | None = None  # verl's RolloutCorrectionConfig preset
     reduction: str = "eager"            # the RMSNorm variance's summation order (patches.apply)
     local_only: bool = False            # the verl backend refuses it (no eager code has a GPU kernel's order)
+    # vLLM's compilation_config entries the engine runs with (None: its defaults); the rig and verl's
+    # rollout both pass them to vLLM
+    engine_compilation: dict | None = field(default=None, hash=False)
 
 
 def forward_treatment(compiled: bool, fp16: bool) -> str:
@@ -76,10 +88,14 @@ def forward_treatment(compiled: bool, fp16: bool) -> str:
     return "compile" if compiled else "fp16" if fp16 else ""
 
 
-def _entry(regions: tuple[str, ...], treatments: tuple[str, ...], color: str) -> Ablation:
+def compose_ablation(regions: tuple[str, ...], treatments: tuple[str, ...], color: str) -> Ablation:
+    """An ablation from its regions and treatments: the treatments' effects (EFFECTS) laid together."""
     effects = {}
     for treatment in treatments:
         effects.update(EFFECTS[treatment])
+    if regions and effects.get("engine_compilation"):
+        # the regions would round like the engine's default table, not the one this config stores
+        raise ValueError(f"treatments {treatments} change the engine's compilation: they align no region")
     return Ablation(regions, treatments, color, **effects)
 
 
@@ -87,7 +103,7 @@ def _entry(regions: tuple[str, ...], treatments: tuple[str, ...], color: str) ->
 # its tests; the schema enum and the figures' order follow this table (tests/test_config.py).
 # Okabe-Ito colours (readable with colour-vision deficiencies): the baseline vermillion, full
 # alignment green, single regions the remaining distinct hues, the treatments after them.
-ABLATIONS: dict[str, Ablation] = {name: _entry(*spec) for name, spec in {
+ABLATIONS: dict[str, Ablation] = {name: compose_ablation(*spec) for name, spec in {
     "none": ((), (), "#D55E00"),
     "rope": (("rope",), (), "#0072B2"),
     "swiglu": (("swiglu",), (), "#E69F00"),
@@ -98,6 +114,7 @@ ABLATIONS: dict[str, Ablation] = {name: _entry(*spec) for name, spec in {
     "tis": ((), ("tis",), "#8C510A"),
     "mis": ((), ("mis",), "#999999"),
     "geo_rs": ((), ("geo_rs",), "#F0E442"),
+    "engine_casts": ((), ("engine_casts",), "#C51B7D"),
     "rope+tis": (("rope",), ("tis",), "#6A3D9A"),
     "all+tis": (REGIONS, ("tis",), "#B8860B"),
     # geo_rs (= none + geo_rs) beside RoPE alone and all three regions aligned

@@ -109,6 +109,23 @@ def test_the_engine_is_part_of_the_cell_identity(vllm_runs, tmp_path):
     assert engines.identity(bigger) == engines.identity(vllm)
 
 
+def test_an_ablation_that_compiles_the_engine_its_own_way_needs_vllm_and_is_in_the_identity(vllm_runs, monkeypatch):
+    """engine_casts (rla.names.ENGINE_KEEPS_CASTS) is vLLM compiled with kept casts: recorded in the cell's
+    identity, and refused with the local engine, naming the ablation and the engines allowed."""
+    from rla.names import ENGINE_KEEPS_CASTS
+
+    casts = engines.resolve(settings(), "cpu", compilation=ENGINE_KEEPS_CASTS, ablation="engine_casts")
+    assert engines.identity(casts)["compilation_config"] == ENGINE_KEEPS_CASTS
+    assert engines.identity(casts) != engines.identity(engines.resolve(settings(), "cpu"))
+    assert "compiled with {'inductor_compile_config': {'emulate_precision_casts': True}}" in engines.describe(casts)
+    with pytest.raises(ConfigError, match=r"ablation 'engine_casts' compiles vLLM with .*emulate_precision_casts.*"
+                                          r"but this cell's engine is local; allowed: engine.name vllm or auto"):
+        engines.resolve(settings(name="local"), "cpu", compilation=ENGINE_KEEPS_CASTS, ablation="engine_casts")
+    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type="cpu": "a stated reason")
+    with pytest.raises(ConfigError, match=r"engine is local \(a stated reason\)"):
+        engines.resolve(settings(), "cpu", compilation=ENGINE_KEEPS_CASTS, ablation="engine_casts")
+
+
 def test_why_vllm_cannot_run_here_is_one_line(monkeypatch):
     """localrl.vllm_support's verdict on a CPU (OS, architecture, ISA, installed) comes first; an installed
     vLLM that does not import, or that runs on another device, is a reason too."""

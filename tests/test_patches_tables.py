@@ -2,7 +2,6 @@
 rounded there, as eager code rounds it. With every value stored, each region - and a whole model under
 every spec - computes what stock transformers computes, bit for bit."""
 
-from dataclasses import replace
 
 import pytest
 import torch
@@ -10,14 +9,11 @@ import torch.nn.functional as F
 
 import patches
 from patches import rmsnorm, rope, swiglu
-from patches.targets import TARGETS, VALUES
+from patches.targets import EAGER
 from tests.model_factory import tiny_model, to_bf16_fsdp_style
 from tests.numerics import stock_rms_norm
 
 BF16 = torch.bfloat16
-# Every value stored: the rounding locations of eager code, as far as a table says them.
-EAGER = replace(TARGETS["vllm"], name="eager", engine="every value rounded after its op",
-                stores={value: True for value in VALUES})
 
 
 def _bf16(*shape, seed, scale=3.0):

@@ -5,10 +5,12 @@ and the verl overrides of every ablation, read as verl reads them."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch.profiler import profile
 
 import patches
@@ -38,7 +40,13 @@ def test_every_ablation_is_regions_plus_known_treatments():
     assert names.ablation("all+geo_rs").rollout_correction == "decoupled_geo_rs" and names.regions_of("geo_rs") == ()
     assert names.ablation("all+engine_order").reduction == "inductor_cpu" and names.ablation("all").reduction == "eager"
     assert "engine_order" not in names.ABLATIONS  # a modifier of `all`, never an ablation by itself
-    with pytest.raises(ValueError, match=r"unknown ablation 'tiss'; allowed: none, rope, .*, tis, mis, geo_rs, rope\+tis"):
+    # the engine-side fix: the engine compiled with Inductor's kept casts, the training side stock
+    casts = names.ablation("engine_casts")
+    assert casts.regions == () and casts.engine_compilation == {"inductor_compile_config": {"emulate_precision_casts": True}}
+    assert all(a.engine_compilation is None for n, a in names.ABLATIONS.items() if n != "engine_casts")
+    with pytest.raises(ValueError, match=r"treatments \('engine_casts',\) change the engine's compilation: they align no region"):
+        names.compose_ablation(("rope",), ("engine_casts",), "#000000")
+    with pytest.raises(ValueError, match=r"unknown ablation 'tiss'; allowed: none, rope, .*, tis, mis, geo_rs, engine_casts, rope\+tis"):
         names.treatments_of("tiss")
     for treatment in names.TREATMENTS:  # the patches know regions only
         with pytest.raises(ValueError, match=f"unknown alignment spec '{treatment}'"):
@@ -302,3 +310,8 @@ def test_verl_overrides_carry_each_treatment(ablation, tmp_path):
 
         assert RolloutCorrectionConfig(**correction) == getattr(RolloutCorrectionConfig, preset)()
         assert correction["bypass_mode"] is False  # decoupled: old log-probs recomputed, as the local rig
+    # what reaches vLLM (verl's vllm_async_server passes compilation_config on) and what target auto reads
+    given = cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.get("compilation_config")
+    compilation = names.ablation(ablation).engine_compilation
+    assert (OmegaConf.to_container(given) if given else {}) == (compilation or {})
+    assert json.loads(env[names.ENGINE_CONFIG_ENV])["compilation_config"] == (compilation or {})

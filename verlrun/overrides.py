@@ -213,6 +213,18 @@ def _rollout_correction(ablation: str) -> dict:
             if not f.name.startswith("_") and (f.name != "loss_type" or config.bypass_mode)}
 
 
+def _engine_compilation(ablation: str) -> dict:
+    """The ablation's vLLM compilation_config entries (the engine-side fix, rla.names.ENGINE_KEEPS_CASTS),
+    one override per leaf: verl passes engine_kwargs.vllm.compilation_config to vLLM as it is
+    (workers/rollout/vllm_rollout/vllm_async_server.py, verl 0.9.1), adding its cudagraph mode."""
+    def leaves(node: dict, path: str):
+        for key, value in node.items():
+            yield from leaves(value, f"{path}.{key}") if isinstance(value, dict) else [(f"{path}.{key}", value)]
+
+    return {f"+{key}": value for key, value in
+            leaves(names.ablation(ablation).engine_compilation or {}, _COMPILATION)}
+
+
 def build_overrides(cell: Cell) -> list[str]:
     """All Hydra overrides for one cell (its paths absolute: Hydra changes the working directory of
     `main_ppo` to `hydra.run.dir`)."""
@@ -231,6 +243,7 @@ def build_overrides(cell: Cell) -> list[str]:
         "algorithm.adv_estimator": "grpo",
         "algorithm.use_kl_in_reward": False,
         **_rollout_correction(ablation),
+        **_engine_compilation(ablation),
         "data.train_files": str(cell.data / "train.parquet"),
         "data.val_files": str(cell.data / "test.parquet"),
         "data.filter_overlong_prompts": True,

@@ -8,6 +8,11 @@ Per model x ablation, from a grid's tables and the treatment benchmark:
   every setting (``probe_subsets.csv``; regions, compile and fp16 only: the probe has no loss);
 - training cost: the update's time and peak memory relative to stock, measured side by side
   (``studies/treatments/published/cost.json``, from ``studies/treatments/cost.py``);
+- rollout cost: the engine's wall time per response token in the RL loop (``timing_s/gen`` over
+  ``response_length/mean``; the batch size is the grid's for every cell), median over steps after the
+  first (the first pays the engine's warm-up), mean over seeds. The grid runs its cells side by side, so
+  these times share the machine with another cell: the rows whose engine is stock's (every one but
+  ``engine_casts``) show how far apart equal engines land;
 - stability: collapsed runs / runs (``stability.csv``).
 
 Ratios "vs none" are taken per model, then summarized across models (median, min-max).
@@ -34,12 +39,14 @@ from rla.files import write_csv, write_text
 log = logging.getLogger(__name__)
 
 K3, PROBS = "rollout_corr/k3_kl", "training/rollout_probs_diff_mean"
+GEN_S, LENGTH = "timing_s/gen", "response_length/mean"
 COLUMNS = {  # per-model column -> what it is (the markdown's header)
     "k3_kl": "k3 KL, RL loop",
     "probs_diff": "mean \\|p_rollout - p_train\\|, RL loop",
     "probe_dlogprob": "mean \\|Δ logprob\\|, one forward (probe)",
     "update_time": "update time",
     "update_peak": "update peak memory",
+    "rollout_time": "rollout time per token, RL loop",
 }
 
 
@@ -50,6 +57,17 @@ def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
     out = per_run.groupby(["model", "ablation"], observed=True).agg(
         k3_kl=(K3, "mean"), probs_diff=(PROBS, "mean"), runs=(K3, "size"))
     return out.reset_index()
+
+
+def rollout_time(metrics: pd.DataFrame) -> pd.DataFrame:
+    """model, ablation, gen_s_per_token: the engine's seconds per mean response token of a step, median
+    over steps after the first, averaged over seeds."""
+    rows = metrics[metrics["metric"].isin([GEN_S, LENGTH]) & metrics["finite"] & (metrics["step"] > 1)]
+    steps = rows.pivot_table(index=["model", "ablation", "run", "step"], columns="metric", values="value",
+                             observed=True)
+    steps["gen_s_per_token"] = steps[GEN_S] / steps[LENGTH]
+    per_run = steps.groupby(["model", "ablation", "run"], observed=True)["gen_s_per_token"].median()
+    return per_run.groupby(["model", "ablation"], observed=True).mean().reset_index()
 
 
 def probe_mismatch(probe: pd.DataFrame) -> pd.DataFrame:
@@ -80,7 +98,8 @@ def stability(table: pd.DataFrame) -> pd.DataFrame:
 
 def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
     """Every measurement per model x ablation, with the mismatch ratios to none of the same model."""
-    frame = loop_mismatch(pd.read_parquet(tables / "metrics.parquet"))
+    metrics = pd.read_parquet(tables / "metrics.parquet")
+    frame = loop_mismatch(metrics).merge(rollout_time(metrics), on=["model", "ablation"], how="left")
     if (tables / "stability.csv").exists():
         frame = frame.merge(stability(pd.read_csv(tables / "stability.csv")), on=["model", "ablation"], how="left")
     if (tables / "probe_subsets.csv").exists():
@@ -88,10 +107,11 @@ def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
                             how="left")
     if bench is not None:
         frame = frame.merge(costs(bench), on=["model", "ablation"], how="left")
-    for column in ("k3_kl", "probs_diff", "probe_dlogprob"):
+    for column, ratio in (("k3_kl", "k3_kl_vs_none"), ("probs_diff", "probs_diff_vs_none"),
+                          ("probe_dlogprob", "probe_dlogprob_vs_none"), ("gen_s_per_token", "rollout_time_vs_none")):
         if column in frame:
             stock = frame[frame["ablation"] == "none"].set_index("model")[column]
-            frame[f"{column}_vs_none"] = frame[column] / frame["model"].map(stock)
+            frame[ratio] = frame[column] / frame["model"].map(stock)
     rank = {a: i for i, a in enumerate(ablation_order(set(frame["ablation"])))}
     return frame.sort_values(["ablation", "model"], key=lambda s: s.map(rank) if s.name == "ablation" else s,
                              ignore_index=True)
@@ -123,17 +143,20 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
 def markdown(frame: pd.DataFrame) -> str:
     parts = ["# Which fix: region alignment and the treatments side by side\n",
              "Ratios to `none` per model, then median (min-max) over models. RL-loop mismatch: mean over steps "
-             "and seeds; one forward: the probe (same tokens, against the engine's forward); cost: "
-             "studies/treatments/published/cost.json.\n", to_markdown(summary(frame)), "\n## Per model\n"]
+             "and seeds; one forward: the probe (same tokens, against the engine's forward); training cost: "
+             "cost.json (side by side in one process); rollout time: the RL loop's engine seconds per response "
+             "token, median over steps after the first (cells ran two at a time).\n", to_markdown(summary(frame)), "\n## Per model\n"]
     shown = ["model", "ablation", "k3_kl", "probs_diff", "probe_dlogprob", "update_s", "update_time_vs_none",
-             "update_peak_bytes", "update_peak_vs_none", "first_update_s", "collapsed", "seeds"]
+             "update_peak_bytes", "update_peak_vs_none", "first_update_s", "gen_s_per_token", "rollout_time_vs_none",
+             "collapsed", "seeds"]
     parts.append(to_markdown(frame[[c for c in shown if c in frame]]))
     return "\n".join(parts)
 
 
 PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p_train|, RL loop", True),
           ("update_time_vs_none", "update time / none", False), ("update_peak_vs_none", "update peak memory / none",
-                                                                  False))
+                                                                  False),
+          ("rollout_time_vs_none", "rollout time per token / none", False))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
