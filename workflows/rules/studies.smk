@@ -484,7 +484,7 @@ rule kernels:
         publish_shell("kernels", ["{input.record}"])
 
 
-# --- the patches against vLLM-CPU at 28 layers (the vLLM alignment benchmark's measure, deep shapes)
+# --- the patches against vLLM-CPU along a depth ladder and at the paper models' widths (studies/depth)
 
 
 rule depth_measure:
@@ -505,11 +505,27 @@ rule depth_measure:
         "python -m studies run depth {params.options} --out {output.result} > {log} 2>&1"
 
 
+rule depth_report:
+    input:
+        rules.depth_measure.output.result,
+    output:
+        directory(f"{STUDY_OUT}/depth/report"),
+    log:
+        study_log("depth", "report"),
+    benchmark:
+        study_benchmark("depth", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report depth --result {input} --out {output} > {log} 2>&1"
+
+
 rule depth:
     input:
         result=rules.depth_measure.output.result,
+        reported=rules.depth_report.output[0],
         machine=rules.depth_measure.output.machine,
-        benchmarks=[study_benchmark("depth", "measure")],
+        benchmarks=[study_benchmark("depth", s) for s in ("measure", "report")],
     output:
         report(published("depth"), caption="../report/published.rst", category="Published"),
     log:
@@ -517,7 +533,7 @@ rule depth:
     conda:
         CPU_ENV
     shell:
-        publish_shell("depth", ["{input.result}"])
+        publish_shell("depth", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
 
 
 # --- target auto against the engine it reads, per vLLM-CPU configuration (patches/engine_table.py)

