@@ -74,7 +74,7 @@ STUDIES = {s.name: s for s in (
     Study("depth", "the patches against vLLM-CPU's own samples along a depth ladder (2-28 layers, hidden 256, "
                    "3 seeds) and at the paper models' widths (28 layers), with SDPA or a rounded-once attention on "
                    "the training side: per token and per sequence", "studies.depth.measure", "studies.depth.report",
-          None,
+          "experiments/depth.yaml",
           "vLLM's CPU build 0.32 (its default compiled graph)", BOTH_ATTENTIONS,
           per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "

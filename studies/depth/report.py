@@ -8,7 +8,7 @@
 - `ladder.csv`: per architecture x layers x attention x setting, over seeds: k3 and bit-equal fraction
   (mean, min, max over seeds); `k3_vs_none`, stock's k3 over this setting's (mean over seeds of the
   per-seed ratio); the sequence log-ratio (the sum over a sequence's tokens of log(train / engine)) pooled
-  over seeds: its mean and variance with 95% bootstrap intervals (sequences resampled within each seed,
+  over seeds: its mean and variance with LEVEL bootstrap intervals (sequences resampled within each seed,
   BOOTSTRAP resamples, seeded), and its variance over stock's with a paired interval (both settings
   score the same sampled sequences, so a resample draws the same sequences for both).
 - `depth.png` / `.pdf`: k3 and the sequence log-ratio variance against depth.
@@ -25,8 +25,8 @@ import pandas as pd
 
 from rla.files import write_csv
 
-BOOTSTRAP = 2000
-KEYS = ["arch", "layers", "width", "kernels", "spec", "target", "reduction"]
+BOOTSTRAP, LEVEL = 2000, 0.95
+KEYS = ["arch", "layers", "width", "hidden_size", "kernels", "spec", "target", "reduction"]
 ATTENTION = {"attention": "FP32 attention rounded once", "hf": "transformers' SDPA"}
 
 
@@ -35,7 +35,7 @@ def points(result: dict) -> tuple[pd.DataFrame, dict]:
     rows, sums = [], {}
     for point, entry in result["shapes"].items():
         shape = entry["shape"]
-        width = "256" if shape["hidden_size"] == 256 else point
+        width = "ladder" if shape["hidden_size"] == 256 else point  # the hidden-256 ladder, or a paper width
         for kernels, scored in entry["vllm"]["rows"].items():
             for i, row in enumerate(scored):
                 rows.append({"point": point, "arch": shape["arch"], "layers": shape["num_hidden_layers"],
@@ -46,14 +46,15 @@ def points(result: dict) -> tuple[pd.DataFrame, dict]:
 
 
 def _intervals(pairs: list[np.ndarray], rng: np.random.Generator) -> dict[str, tuple[float, float]]:
-    """95% percentile intervals of the pooled sequence log-ratio's mean and variance and of its variance
+    """LEVEL percentile intervals of the pooled sequence log-ratio's mean and variance and of its variance
     over stock's; sequences resampled within each seed, each pair (this setting, stock) drawn together."""
     drawn = np.concatenate([p[rng.integers(0, len(p), (BOOTSTRAP, len(p)))] for p in pairs], axis=1)
     var = drawn.var(axis=1, ddof=1)  # (BOOTSTRAP, 2)
     with np.errstate(divide="ignore", invalid="ignore"):  # a resample of a few equal sequences: no variance
         ratio = var[:, 0] / var[:, 1]
     stats = {"seq_mean": drawn[:, :, 0].mean(axis=1), "seq_var": var[:, 0], "seq_var_vs_none": ratio}
-    return {name: tuple(float(v) for v in np.percentile(values, [2.5, 97.5])) for name, values in stats.items()}
+    tails = [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)]
+    return {name: tuple(float(v) for v in np.percentile(values, tails)) for name, values in stats.items()}
 
 
 def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
@@ -67,7 +68,7 @@ def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
                  for r, s in zip(group.itertuples(), stocks)]
         pooled = np.concatenate(pairs)
         row = dict(zip(KEYS, key))
-        row.update(seeds=len(group), sequences=len(pooled),
+        row.update(seeds=len(group), sequences=len(pooled), interval_level=LEVEL,
                    k3=group["k3"].mean(), k3_min=group["k3"].min(), k3_max=group["k3"].max(),
                    k3_vs_none=float(np.mean([s.k3 / k for s, k in zip(stocks, group["k3"])])),
                    bit_equal=group["bit_equal"].mean(), bit_equal_min=group["bit_equal"].min(),
@@ -102,7 +103,7 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     from analysis.style import apply_theme
 
     apply_theme()
-    ladder_rows = table[table["width"] == "256"]
+    ladder_rows = table[table["width"] == "ladder"]
     colors = dict(zip([label for _, label in LINES], sns.color_palette("colorblind", len(LINES))))
     fig, axes = plt.subplots(2, 2, figsize=(8, 6), layout="constrained", sharex=True)
     for col, kernels in enumerate(("attention", "hf")):
@@ -119,9 +120,12 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
                 axes[1, col].fill_between(rows["layers"], rows["seq_var_low"], rows["seq_var_high"],
                                           color=colors[label], alpha=0.15, linewidth=0)
         axes[0, col].set_title(f"training-side attention: {ATTENTION[kernels]}", fontsize=8)
+        rungs = sorted(ladder_rows["layers"].unique())
         for ax in axes[:, col]:
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.set_xticks(rungs, [str(n) for n in rungs])
+            ax.minorticks_off()
         axes[1, col].set_xlabel("decoder layers (hidden 256)")
     axes[0, 0].set_ylabel("k3 per token")
     axes[1, 0].set_ylabel("sequence log-ratio variance")
