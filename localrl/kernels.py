@@ -156,17 +156,18 @@ def _linear_forward(self, x):
     return linear(x, self.weight, self.bias)
 
 
-def use_local_kernels(model: nn.Module, linear: bool = True) -> nn.Module:
-    """Route the attention of a transformers model, and with `linear` every nn.Linear, through the
-    shared kernels (`linear=False` keeps torch's own GEMM: localrl.gemm_match decides which one an
-    engine computes)."""
+def use_local_kernels(model: nn.Module, linear: bool = True, attention: bool = True) -> nn.Module:
+    """Route the attention of a transformers model (with `attention`), and with `linear` every nn.Linear,
+    through the shared kernels (`linear=False` keeps torch's own GEMM: localrl.gemm_match decides which
+    one an engine computes; `attention=False` keeps transformers' own)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    AttentionInterface.register(HF_ATTENTION_NAME, _hf_attention)
-    # The same masks as sdpa (padding, packed sequences); None means plain causal.
-    AttentionMaskInterface.register(HF_ATTENTION_NAME, sdpa_mask)
-    model.set_attn_implementation(HF_ATTENTION_NAME)
+    if attention:
+        AttentionInterface.register(HF_ATTENTION_NAME, _hf_attention)
+        # The same masks as sdpa (padding, packed sequences); None means plain causal.
+        AttentionMaskInterface.register(HF_ATTENTION_NAME, sdpa_mask)
+        model.set_attn_implementation(HF_ATTENTION_NAME)
     for module in model.modules():
         if linear and isinstance(module, nn.Linear):
             module.forward = _linear_forward.__get__(module)

@@ -169,7 +169,7 @@ class Trainer:
         from localrl.kernels import use_local_kernels
         from patches.compile import compile_layers
 
-        use_local_kernels(model, linear=self.gemm == "fp32")
+        use_local_kernels(model, linear=self.gemm == "fp32", attention=self.rl["trainer_attention"] == "rounded_once")
         if self.compiled:
             compile_layers(model)
         return model

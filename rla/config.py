@@ -165,6 +165,10 @@ RL: dict[str, Key] = {
     "test_every": Key(0, "int", "steps between test scores (val/score/mean); <= 0: never",
                       ("trainer.test_freq", "trainer.val_before_train")),
     "test_size": Key(100, "count", "test problems scored (the first ones), greedily", backends=("local",)),
+    "trainer_attention": Key("rounded_once", "text", "the training side's attention: rounded_once (FP32 inside, "
+                             "rounded to BF16 once: what the local engine and vLLM-CPU's AVX-512 attention compute) "
+                             "or sdpa (transformers' SDPA, what a CPU training side runs unless told otherwise)",
+                             backends=("local",), choices=("rounded_once", "sdpa")),
     "test_temperature": Key(0.0, "nonnegative", "test sampling temperature; 0 = greedy",
                             (A + "rollout.val_kwargs.temperature",), backends=("verl",)),
     "test_n": Key(1, "count", "test samples per problem", (A + "rollout.val_kwargs.n",), backends=("verl",)),

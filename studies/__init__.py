@@ -61,6 +61,9 @@ STUDIES = {s.name: s for s in (
           "studies.geo_rs.judge", "experiments/geo_rs.yaml"),
     Study("calibration", "the collapse rule's false positives on runs with no mismatch", None,
           "studies.calibration.judge", "experiments/calibration.yaml"),
+    Study("tiny_sdpa", "the embedded default grid's none / rope / all with transformers' SDPA as the training "
+                       "side's attention: the mismatch its RL loop logs", None, None, "experiments/tiny-sdpa.yaml",
+          AUTO_ENGINE, "transformers' SDPA (rl.trainer_attention: sdpa)", per_machine=True),
     Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
           "experiments/stress.yaml"),
     Study("treatments", "the fixes side by side: alignment, compile, FP16, TIS/MIS: mismatch, cost, stability",

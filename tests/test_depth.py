@@ -4,6 +4,8 @@ tests/test_studies_micro.py."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -24,6 +26,31 @@ def test_a_rung_is_the_deepest_checkpoints_first_layers(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path / "rung").num_hidden_layers == 2
     assert set(full) - set(rung) == {k for k in full if k.startswith("model.layers.2.")}
     assert all(torch.equal(full[k], rung[k]) for k in rung)  # embedding, layers 0-1, final norm, LM head
+
+
+def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, monkeypatch):
+    """Each point is kept as measured; a rerun with the same options measures none again, other options
+    measure theirs (the engine and the checkpoints are faked: the ladder's bookkeeping alone)."""
+    import localrl.vllm_support
+    from studies.depth import measure
+    from studies.vllm_alignment import measure as alignment
+
+    measured = []
+    monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
+    monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
+    monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, log: measured.append(
+        (spec["num_hidden_layers"], seed, prompts)) or {"shape": spec, "seed": seed})
+    out = tmp_path / "depth.json"
+    args = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "--out", str(out)]
+    assert measure.main(args) == 0 and measured == [(1, 0, 32), (2, 0, 32), (1, 1, 32), (2, 1, 32)]
+    (out.parent / "depth.json.points/qwen2-256x2-s1.json").unlink()  # as if stopped before its last point
+    measured.clear()
+    assert measure.main(args) == 0 and measured == [(2, 1, 32)]
+    assert sorted(json.loads(out.read_text())["shapes"]) == ["qwen2-256x1-s0", "qwen2-256x1-s1", "qwen2-256x2-s0",
+                                                             "qwen2-256x2-s1"]
+    measured.clear()
+    assert measure.main(args[:-2] + ["--prompts", "4", "--out", str(out)]) == 0 and len(measured) == 4
 
 
 def _result(seq_sums: dict[tuple[str, int], list[float]], k3: dict[tuple[str, int], float]) -> dict:

@@ -14,6 +14,9 @@ engine's summation order, with transformers' SDPA and with attention computed in
 log(train / engine) (under `sequences`, in row order), from which the report draws the sequence
 log-ratio's mean and variance with intervals.
 
+Each point is kept as it is measured, in `FILE.json.points/` (with the options that made it): a stopped
+run resumes at the first point it has not measured, and the points of other options are never mixed in.
+
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
 4096, not 151,936), seed 0 only, `--width-prompts` prompts: what 2 CPU cores can score in minutes.
@@ -113,24 +116,31 @@ def main(argv: list[str] | None = None) -> int:
                "command": " ".join(["python -m studies run depth", *(argv if argv is not None else sys.argv[1:])]),
                "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "shapes": {}}
-    deepest = max(args.layers)
-    points = [(arch, seed, layers) for arch in args.archs for seed in args.seeds for layers in sorted(args.layers)]
-    for i, (arch, seed, layers) in enumerate(points):
-        name = f"{arch}-256x{layers}-s{seed}"
-        log(f"[{i + 1}/{len(points)}] {name}")
-        spec = {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}
-        with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
-            alignment.make_checkpoint({**spec, "num_hidden_layers": deepest}, full, seed=seed)
-            truncate(full, layers, rung)
-            results["shapes"][name] = measure_point(rung, spec, args.prompts, seed, log)
+    deepest, out = max(args.layers), Path(args.out)
+    kept = out.parent / f"{out.name}.points"
+    kept.mkdir(parents=True, exist_ok=True)
+    # seeds outermost: a run stopped early still has every architecture and rung at its first seeds
+    points = [(f"{arch}-256x{layers}-s{seed}", {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}, seed,
+               args.prompts, deepest) for seed in args.seeds for arch in args.archs for layers in sorted(args.layers)]
     if args.widths:
-        for name, spec in WIDTHS.items():
-            log(f"[width] {name}")
-            with tempfile.TemporaryDirectory() as tmp:
-                alignment.make_checkpoint(spec, tmp, seed=0)
-                results["shapes"][name] = measure_point(tmp, spec, args.width_prompts, 0, log)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+        points += [(name, spec, 0, args.width_prompts, None) for name, spec in WIDTHS.items()]
+    for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
+        made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
+                   **{k: results["machine"].get(k) for k in ("torch", "vllm", "transformers", "aten_isa")}}
+        path = kept / f"{name}.json"
+        if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
+            log(f"[{i + 1}/{len(points)}] {name}: measured already ({path})")
+            results["shapes"][name] = stored["entry"]
+            continue
+        log(f"[{i + 1}/{len(points)}] {name}")
+        with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
+            alignment.make_checkpoint({**spec, "num_hidden_layers": full_depth or spec["num_hidden_layers"]}, full,
+                                      seed=seed)
+            if full_depth:
+                truncate(full, spec["num_hidden_layers"], rung)
+            results["shapes"][name] = measure_point(rung if full_depth else full, spec, prompts, seed, log)
+        path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": results["shapes"][name]}))
+        path.with_suffix(".part").replace(path)  # whole or absent, never half written
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
     log(f"wrote {out}")
     return 0

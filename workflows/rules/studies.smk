@@ -119,6 +119,22 @@ rule stress:
                       ["summary.*", "stability.csv", "probe_*", "*.png"])
 
 
+rule tiny_sdpa:
+    input:
+        tables=f"{grid_tables('tiny_sdpa')}/summary.csv",
+        machine=f"{GRID_RESULTS['tiny_sdpa']}/machine.json",
+        benchmarks=[f"{GRID_RESULTS['tiny_sdpa']}/logs/study_grid.tsv"],
+    output:
+        report(published("tiny_sdpa"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("tiny_sdpa", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("tiny_sdpa", [grid_tables("tiny_sdpa"), GRID_FIGURES["tiny_sdpa"]],
+                      ["summary.*", "stability.csv", "metrics.parquet", "*.png"])
+
+
 rule geo_rs_report:
     input:
         grid=f"{grid_tables('geo_rs')}/stability.csv",
