@@ -62,7 +62,8 @@ STUDIES = {s.name: s for s in (
     Study("calibration", "the collapse rule's false positives on runs with no mismatch", None,
           "studies.calibration.judge", "experiments/calibration.yaml"),
     Study("tiny_sdpa", "the embedded default grid's none / rope / all with transformers' SDPA as the training "
-                       "side's attention: the mismatch its RL loop logs", None, None, "experiments/tiny-sdpa.yaml",
+                       "side's attention: the mismatch its RL loop logs", None, "studies.tiny.report",
+          "experiments/tiny-sdpa.yaml",
           AUTO_ENGINE, "transformers' SDPA (rl.trainer_attention: sdpa)", per_machine=True),
     Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
           "experiments/stress.yaml"),

@@ -119,11 +119,27 @@ rule stress:
                       ["summary.*", "stability.csv", "probe_*", "*.png"])
 
 
+rule tiny_sdpa_report:
+    input:
+        f"{grid_tables('tiny_sdpa')}/summary.csv",
+    output:
+        f"{STUDY_OUT}/tiny_sdpa/report/headline.csv",
+    log:
+        study_log("tiny_sdpa", "report"),
+    benchmark:
+        study_benchmark("tiny_sdpa", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report tiny_sdpa --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
+
+
 rule tiny_sdpa:
     input:
         tables=f"{grid_tables('tiny_sdpa')}/summary.csv",
+        headline=rules.tiny_sdpa_report.output[0],
         machine=f"{GRID_RESULTS['tiny_sdpa']}/machine.json",
-        benchmarks=[f"{GRID_RESULTS['tiny_sdpa']}/logs/study_grid.tsv"],
+        benchmarks=[f"{GRID_RESULTS['tiny_sdpa']}/logs/study_grid.tsv", study_benchmark("tiny_sdpa", "report")],
     output:
         report(published("tiny_sdpa"), caption="../report/published.rst", category="Published"),
     log:
@@ -131,8 +147,9 @@ rule tiny_sdpa:
     conda:
         CPU_ENV
     shell:
-        publish_shell("tiny_sdpa", [grid_tables("tiny_sdpa"), GRID_FIGURES["tiny_sdpa"]],
-                      ["summary.*", "stability.csv", "metrics.parquet", "*.png"])
+        publish_shell("tiny_sdpa", [grid_tables("tiny_sdpa"), GRID_FIGURES["tiny_sdpa"],
+                                    f"{STUDY_OUT}/tiny_sdpa/report"],
+                      ["summary.*", "stability.csv", "metrics.parquet", "headline.*", "*.png"])
 
 
 rule geo_rs_report:
