@@ -76,7 +76,7 @@ STUDIES = {s.name: s for s in (
           BOTH_ATTENTIONS,
           per_machine=True),
     Study("depth", "the patches against vLLM-CPU's own samples along a depth ladder (2-28 layers, hidden 256, "
-                   "3 seeds) and at the paper models' widths (28 layers), with SDPA or a rounded-once attention on "
+                   "3 seeds; the paper models' widths at 28 layers as an option), with SDPA or a rounded-once attention on "
                    "the training side: per token and per sequence", "studies.depth.measure", "studies.depth.report",
           "experiments/depth.yaml",
           "vLLM's CPU build 0.32 (its default compiled graph)", BOTH_ATTENTIONS,
