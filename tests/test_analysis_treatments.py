@@ -74,3 +74,23 @@ def test_missing_inputs_are_named(tmp_path):
     write_tables(tmp_path / "tables")
     with pytest.raises(FileNotFoundError, match="nope.json not found: run `python -m studies run treatments`"):
         run(tmp_path / "tables", tmp_path / "nope.json", tmp_path / "fig")
+
+
+def test_rollout_time_is_the_engines_seconds_per_token_after_the_first_step():
+    """Per run the median over steps after the first of timing_s/gen over response_length/mean, then the
+    mean over seeds; the first step (the engine's warm-up) is left out, so a slow first step changes nothing."""
+    from studies.treatments.report import rollout_time
+
+    rows = []
+    for ablation, per_token in (("none", 0.01), ("engine_casts", 0.02)):
+        for seed in (0, 1):
+            for step, length in ((1, 10.0), (2, 10.0), (3, 20.0), (4, 30.0)):
+                gen = 100.0 if step == 1 else per_token * length * (1 + seed)
+                run_id = f"a/{ablation}/seed{seed}"
+                rows += [{"run": run_id, "model": "a", "ablation": ablation, "seed": seed, "step": step,
+                          "metric": "timing_s/gen", "value": gen, "finite": True},
+                         {"run": run_id, "model": "a", "ablation": ablation, "seed": seed, "step": step,
+                          "metric": "response_length/mean", "value": length, "finite": True}]
+    table = rollout_time(pd.DataFrame(rows)).set_index("ablation")["gen_s_per_token"]
+    assert table["none"] == pytest.approx(0.015) and table["engine_casts"] == pytest.approx(0.03)
+    assert rollout_time(pd.DataFrame(rows[:2])).empty  # logs without both metrics: no column

@@ -114,15 +114,30 @@ def test_aligning_all_at_target_vllm_cpu_removes_most_of_the_mismatch(vllm_model
         assert 0 <= aligned[key] * factor < none[key], (key, aligned[key], none[key])
 
 
+# One RL step of a cell on an engine it starts itself, in a child process: a second in-process vLLM engine
+# would, on shutdown, tear down the distributed state the module's engine shares.
+ONE_STEP = """
+import json, sys
+import torch
+torch.set_num_threads(1)
+from rla.cells import Cell
+from localrl.run import build_rig, rl_step
+cfg, model, data, ablation = json.loads(sys.argv[1])
+with build_rig(Cell.of(cfg, "%s", ablation, 0, "unused", data, 1), model) as rig:
+    print("RESULT " + json.dumps({"numerics": rig.numerics, "step": rl_step(rig, 1)}), flush=True)
+"""
+
+
 def test_the_engine_side_fix_brings_the_engine_to_the_stock_trainer(vllm_model, engine):
     """engine_casts: the training side stock, vLLM compiled with Inductor's kept casts
-    (rla.names.ENGINE_KEEPS_CASTS): the cell refuses the default engine and, with its own, logs less
-    mismatch in one RL step than stock against the default engine (same weights and seeds; each engine's
-    own samples). Against the default engine a second vLLM starts in this process (10-60 s)."""
-    from transformers import AutoTokenizer
+    (rla.names.ENGINE_KEEPS_CASTS): the cell refuses the default engine and, with its own (started in a
+    child process, 10-60 s), logs less mismatch in one RL step than stock against the default engine
+    (same weights and seeds; each engine's own samples)."""
+    import json
+    import subprocess
+    import sys
 
     from localrl.run import build_rig, rl_step
-    from localrl.vllm_engine import VllmEngine
     from rla.names import ENGINE_KEEPS_CASTS
 
     cell = Cell.of(vllm_model["cfg"], MODEL, "engine_casts", 0, "unused", vllm_model["data"], 1)
@@ -131,17 +146,12 @@ def test_the_engine_side_fix_brings_the_engine_to_the_stock_trainer(vllm_model, 
     with build_rig(Cell.of(vllm_model["cfg"], MODEL, "none", 0, "unused", vllm_model["data"], 1),
                    vllm_model["model"], engine) as rig:
         stock = rl_step(rig, 1)
-    tok = AutoTokenizer.from_pretrained(vllm_model["model"])
-    threads = torch.get_num_threads()
-    casts = VllmEngine(vllm_model["model"], tok.eos_token_id, tok.pad_token_id, compilation_config=ENGINE_KEEPS_CASTS)
-    try:
-        torch.set_num_threads(1)
-        with build_rig(cell, vllm_model["model"], casts) as rig:
-            assert rig.numerics["compilation_config"] == ENGINE_KEEPS_CASTS
-            fixed = rl_step(rig, 1)
-    finally:
-        casts.close()
-        torch.set_num_threads(threads)
+    given = json.dumps([vllm_model["cfg"], str(vllm_model["model"]), str(vllm_model["data"]), "engine_casts"])
+    run = subprocess.run([sys.executable, "-c", ONE_STEP % MODEL, given], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    child = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert child["numerics"]["compilation_config"] == ENGINE_KEEPS_CASTS
+    fixed = child["step"]
     for key in ("rollout_corr/k3_kl", "training/rollout_probs_diff_mean"):
         assert 0 < fixed[key] < stock[key], (key, fixed[key], stock[key])
 

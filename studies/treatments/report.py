@@ -63,6 +63,8 @@ def rollout_time(metrics: pd.DataFrame) -> pd.DataFrame:
     """model, ablation, gen_s_per_token: the engine's seconds per mean response token of a step, median
     over steps after the first, averaged over seeds."""
     rows = metrics[metrics["metric"].isin([GEN_S, LENGTH]) & metrics["finite"] & (metrics["step"] > 1)]
+    if set(rows["metric"].unique()) != {GEN_S, LENGTH}:  # logs without the engine's timing: no column
+        return pd.DataFrame(columns=["model", "ablation", "gen_s_per_token"])
     steps = rows.pivot_table(index=["model", "ablation", "run", "step"], columns="metric", values="value",
                              observed=True)
     steps["gen_s_per_token"] = steps[GEN_S] / steps[LENGTH]
