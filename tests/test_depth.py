@@ -40,7 +40,7 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
     monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, log: measured.append(
-        (spec["num_hidden_layers"], seed, prompts)) or {"shape": spec, "seed": seed})
+        (spec["num_hidden_layers"], seed, prompts)) or {"shape": spec, "seed": seed, "sequences": {"hf": [[0.0] * prompts]}})
     out = tmp_path / "depth.json"
     args = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "--out", str(out)]
     assert measure.main(args) == 0 and measured == [(1, 0, 32), (2, 0, 32), (1, 1, 32), (2, 1, 32)]
@@ -51,6 +51,23 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
                                                              "qwen2-256x2-s1"]
     measured.clear()
     assert measure.main(args[:-2] + ["--prompts", "4", "--out", str(out)]) == 0 and len(measured) == 4
+
+    # another folder (a fresh checkout), resuming from the first run's JSON as a published copy: the paper
+    # widths and a third seed are measured, the earlier points are not, and they are named; a deeper ladder
+    # (other checkpoints) or other options take none of them
+    published, elsewhere = tmp_path / "published.json", tmp_path / "fresh" / "depth.json"
+    measure.main(args)
+    out.replace(published)
+    measured.clear()
+    more = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "2", "--widths", "--out", str(elsewhere)]
+    assert measure.main(more + ["--resume-from", str(published)]) == 0
+    assert measured == [(1, 2, 32), (2, 2, 32), (28, 0, 8), (28, 0, 8)]
+    assert json.loads(elsewhere.read_text())["resumed_from"] == {str(published): [
+        "qwen2-256x1-s0", "qwen2-256x2-s0", "qwen2-256x1-s1", "qwen2-256x2-s1"]}
+    for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4)):
+        measured.clear()
+        assert measure.main(args[:-1] + [str(tmp_path / "other.json"), *other, "--resume-from", str(published)]) == 0
+        assert len(measured) == points, other
 
 
 def _result(seq_sums: dict[tuple[str, int], list[float]], k3: dict[tuple[str, int], float]) -> dict:

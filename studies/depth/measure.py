@@ -16,6 +16,9 @@ log-ratio's mean and variance with intervals.
 
 Each point is kept as it is measured, in `FILE.json.points/` (with the options that made it): a stopped
 run resumes at the first point it has not measured, and the points of other options are never mixed in.
+`--resume-from` takes the points of an earlier measurement's JSON (a published `depth.json`) whose options
+match as measured, and names them under `resumed_from`: adding points to a published study does not
+measure its old ones again.
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
@@ -57,6 +60,19 @@ def truncate(full_dir: str, layers: int, out: str) -> None:
     model.save_pretrained(out)
 
 
+VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with others a point is measured again
+
+
+def earlier_points(path: Path) -> dict[str, dict]:
+    """An earlier measurement's points, each with the options that made it (as the kept points hold them)."""
+    earlier = json.loads(path.read_text())
+    versions = {k: earlier["machine"].get(k) for k in VERSIONS}
+    return {name: {"entry": entry, "made_by": {
+        "spec": entry["shape"], "seed": entry["seed"], "prompts": len(entry["sequences"]["hf"][0]),
+        "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
+        for name, entry in earlier["shapes"].items()}
+
+
 def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, log) -> dict:
     from studies.vllm_alignment import measure as alignment
 
@@ -87,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
     p.add_argument("--widths", action="store_true", help="also the paper models' widths at 28 layers (seed 0)")
     p.add_argument("--width-prompts", type=int, default=WIDTH_PROMPTS)
+    p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")
     args = p.parse_args(argv)
     if bad := [n for n in args.layers if n < 1]:
         p.error(f"--layers: {bad} is not a layer count; allowed: positive integers")
@@ -115,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
                args.prompts, deepest) for seed in args.seeds for arch in args.archs for layers in sorted(args.layers)]
     if args.widths:
         points += [(name, spec, 0, args.width_prompts, None) for name, spec in WIDTHS.items()]
+    earlier = earlier_points(args.resume_from) if args.resume_from else {}
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
         made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
-                   **{k: results["machine"].get(k) for k in ("torch", "vllm", "transformers", "aten_isa")}}
+                   **{k: results["machine"].get(k) for k in VERSIONS}}
         path = kept / f"{name}.json"
         if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
             log(f"[{i + 1}/{len(points)}] {name}: measured already ({path})")
             results["shapes"][name] = stored["entry"]
+            continue
+        if name in earlier and earlier[name]["made_by"] == made_by:
+            log(f"[{i + 1}/{len(points)}] {name}: measured already ({args.resume_from})")
+            results["shapes"][name] = earlier[name]["entry"]
+            results.setdefault("resumed_from", {}).setdefault(str(args.resume_from), []).append(name)
             continue
         log(f"[{i + 1}/{len(points)}] {name}")
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:

@@ -270,9 +270,10 @@ STUDY_SETTINGS = {
     "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
     "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
     # options of `python -m studies run depth`: its ladder (2-28 layers at hidden 256, 2 architectures x 3
-    # seeds x 32 sequences; ~1 h on 2 idle cores). The paper models' widths at 28 layers (`--widths`) are
-    # points to add: the measurement resumes from the points it kept
-    "depth": [],
+    # seeds x 32 sequences; ~1 h on 2 idle cores) and the paper models' widths at 28 layers (8 sequences,
+    # seed 0). The measurement resumes from the points it kept; `--resume-from` a published depth.json
+    # adds points to it without measuring its old ones again
+    "depth": ["--widths"],
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
     "engine_tables": [],  # options of `python -m studies run engine_tables` (default: both configs, both shapes)
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
