@@ -58,11 +58,12 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     published, elsewhere = tmp_path / "published.json", tmp_path / "fresh" / "depth.json"
     measure.main(args)
     out.replace(published)
+    (tmp_path / "provenance.json").write_text(json.dumps({"commit": "0123abc"}))  # as publishing writes it
     measured.clear()
     more = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "2", "--widths", "--out", str(elsewhere)]
     assert measure.main(more + ["--resume-from", str(published)]) == 0
     assert measured == [(1, 2, 32), (2, 2, 32), (28, 0, 8), (28, 0, 8)]
-    assert json.loads(elsewhere.read_text())["resumed_from"] == {str(published): [
+    assert json.loads(elsewhere.read_text())["resumed_from"] == {"file": str(published), "commit": "0123abc", "points": [
         "qwen2-256x1-s0", "qwen2-256x2-s0", "qwen2-256x1-s1", "qwen2-256x2-s1"]}
     for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4)):
         measured.clear()

@@ -17,8 +17,8 @@ log-ratio's mean and variance with intervals.
 Each point is kept as it is measured, in `FILE.json.points/` (with the options that made it): a stopped
 run resumes at the first point it has not measured, and the points of other options are never mixed in.
 `--resume-from` takes the points of an earlier measurement's JSON (a published `depth.json`) whose options
-match as measured, and names them under `resumed_from`: adding points to a published study does not
-measure its old ones again.
+match as measured, and names them under `resumed_from` (with the commit that published them): adding
+points to a published study does not measure its old ones again.
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
@@ -71,6 +71,12 @@ def earlier_points(path: Path) -> dict[str, dict]:
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(entry["sequences"]["hf"][0]),
         "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
         for name, entry in earlier["shapes"].items()}
+
+
+def published_commit(path: Path) -> str | None:
+    """The commit that made a published file, from the provenance.json beside it (None: not published)."""
+    provenance = path.parent / "provenance.json"
+    return json.loads(provenance.read_text())["commit"] if provenance.exists() else None
 
 
 def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, log) -> dict:
@@ -144,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if name in earlier and earlier[name]["made_by"] == made_by:
             log(f"[{i + 1}/{len(points)}] {name}: measured already ({args.resume_from})")
             results["shapes"][name] = earlier[name]["entry"]
-            results.setdefault("resumed_from", {}).setdefault(str(args.resume_from), []).append(name)
+            resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": [],
+                                                          "commit": published_commit(args.resume_from)})
+            resumed["points"].append(name)
             continue
         log(f"[{i + 1}/{len(points)}] {name}")
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
