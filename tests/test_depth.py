@@ -63,8 +63,17 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     more = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "2", "--widths", "--out", str(elsewhere)]
     assert measure.main(more + ["--resume-from", str(published)]) == 0
     assert measured == [(1, 2, 32), (2, 2, 32), (28, 0, 8), (28, 0, 8)]
-    assert json.loads(elsewhere.read_text())["resumed_from"] == {"file": str(published), "commit": "0123abc", "points": [
-        "qwen2-256x1-s0", "qwen2-256x2-s0", "qwen2-256x1-s1", "qwen2-256x2-s1"]}
+    earlier = ["qwen2-256x1-s0", "qwen2-256x2-s0", "qwen2-256x1-s1", "qwen2-256x2-s1"]
+    assert json.loads(elsewhere.read_text())["resumed_from"] == {"file": str(published),
+                                                                 "points": dict.fromkeys(earlier, "0123abc")}
+    # resumed again from that file as published by a later commit: each point keeps the commit that measured it
+    (elsewhere.parent / "provenance.json").write_text(json.dumps({"commit": "4567def"}))
+    measured.clear()
+    again = tmp_path / "again" / "depth.json"
+    assert measure.main(more[:-1] + [str(again), "--resume-from", str(elsewhere)]) == 0 and measured == []
+    assert json.loads(again.read_text())["resumed_from"]["points"] == {
+        **dict.fromkeys(earlier, "0123abc"), **dict.fromkeys(["qwen2-256x1-s2", "qwen2-256x2-s2", "qwen2-1536x28",
+                                                             "qwen3-2048x28"], "4567def")}
     for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4)):
         measured.clear()
         assert measure.main(args[:-1] + [str(tmp_path / "other.json"), *other, "--resume-from", str(published)]) == 0

@@ -17,8 +17,8 @@ log-ratio's mean and variance with intervals.
 Each point is kept as it is measured, in `FILE.json.points/` (with the options that made it): a stopped
 run resumes at the first point it has not measured, and the points of other options are never mixed in.
 `--resume-from` takes the points of an earlier measurement's JSON (a published `depth.json`) whose options
-match as measured, and names them under `resumed_from` (with the commit that published them): adding
-points to a published study does not measure its old ones again.
+match as measured, and names them under `resumed_from` with the commit that measured each: adding points
+to a published study does not measure its old ones again.
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
@@ -64,10 +64,14 @@ VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with
 
 
 def earlier_points(path: Path) -> dict[str, dict]:
-    """An earlier measurement's points, each with the options that made it (as the kept points hold them)."""
+    """An earlier measurement's points, each with the options that made it (as the kept points hold them)
+    and the commit that measured it: the one that published the file, or, for a point that file had itself
+    taken from an earlier one, the commit it names."""
     earlier = json.loads(path.read_text())
     versions = {k: earlier["machine"].get(k) for k in VERSIONS}
-    return {name: {"entry": entry, "made_by": {
+    measured_at = {name: published_commit(path) for name in earlier["shapes"]}
+    measured_at.update(earlier.get("resumed_from", {}).get("points", {}))
+    return {name: {"entry": entry, "measured_at": measured_at[name], "made_by": {
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(entry["sequences"]["hf"][0]),
         "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
         for name, entry in earlier["shapes"].items()}
@@ -150,9 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         if name in earlier and earlier[name]["made_by"] == made_by:
             log(f"[{i + 1}/{len(points)}] {name}: measured already ({args.resume_from})")
             results["shapes"][name] = earlier[name]["entry"]
-            resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": [],
-                                                          "commit": published_commit(args.resume_from)})
-            resumed["points"].append(name)
+            resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": {}})
+            resumed["points"][name] = earlier[name]["measured_at"]
             continue
         log(f"[{i + 1}/{len(points)}] {name}")
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
