@@ -183,6 +183,13 @@ class Record:
     def keys(self):
         return list(self.data)
 
+    def values(self):
+        return [self[key] for key in (self.data if isinstance(self.data, dict) else range(len(self.data)))]
+
+    def size(self) -> Num:
+        """How many entries it holds, as a number read from it."""
+        return Num(len(self.data), f"len({self.source})")
+
 
 class Published:
     """What one study published (`studies/NAME/published/[SUB/]FILE`), as a template sees it."""
