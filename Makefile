@@ -10,6 +10,9 @@ export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 # target="auto"'s tables read off vLLM's graph (patches/engine_table.py), once per engine config
 export RLA_TABLE_CACHE ?= $(CURDIR)/.cache/tables
+# vLLM-CPU's samples for the studies, kept under what makes them (studies/vllm_alignment/measure.py
+# sample_in_child): studies sampling the same checkpoint share one engine start
+export RLA_SAMPLE_CACHE ?= $(CURDIR)/.cache/samples
 
 .PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies docs clean test-slurm check-env
 
@@ -41,10 +44,10 @@ test: $(STAMP)
 test-long: $(STAMP)
 	$(PY) -m pytest -q -m long -n $(CORES) --dist loadgroup $(PYTEST_ARGS)
 
-# The checks of minutes each that CI leaves out (the `extended` marker; by hand): every study's target on
-# its micro configuration (experiments/micro-studies.yaml), the micro grid end to end, the rounding map
-# of the three engines' graphs at real widths, the probe against vLLM, the CPU dry runs of the GPU check
-# and the GPU stress script, and verl's README rerun command (it trains test-verl's grid first).
+# The checks of minutes each that CI leaves out (the `extended` marker; by hand): the micro grid end to
+# end, the rounding map of the three engines' graphs at real widths, the probe against vLLM, the CPU dry
+# runs of the GPU check and the GPU stress script, and verl's README rerun command (it trains
+# test-verl's grid first).
 test-extended: $(STAMP)
 	RLA_TEST_VERL=1 RLA_TEST_VERL_ABLATIONS=$(VERL_ABLATIONS) $(PY) -m pytest -q -m extended -n $(CORES) --dist load $(PYTEST_ARGS)
 

