@@ -6,7 +6,7 @@ Steps, in this order, so that the first minutes give the most:
   fused         check_fused.py: the fused region kernels and eager-aligned against the engine's
                 formulations compiled by Inductor (Triton), forward and backward, Qwen2.5-7B / Qwen3-8B
                 shapes: share of elements differing, max ulp, verdict, per region
-  model         check_model.py: target `vllm` against the local engine compiled to Triton (vLLM's
+  model         studies/scaling/check_model.py: target `vllm` against the local engine compiled to Triton (vLLM's
                 layout, native formulas and split at attention), at the paper models' shapes, full depth,
                 both sides on one attention kernel: k3, mean |d logprob|, bit-equal share per setting;
                 and the rounding map of those Triton graphs (studies.roundmap.measure) against the `vllm` table
@@ -152,7 +152,7 @@ STEPS = [
                     *(["--quick", "--regions", ",".join(QUICK_REGIONS)] if r.quick else [])],
          read_fused),
     Step("model", ("torch", "transformers", "pandas"), 140,
-         lambda r: ["benchmarks/check_model.py", "--device", r.device, *_quick(r), "--out", str(r.json("model"))],
+         lambda r: ["studies/scaling/check_model.py", "--device", r.device, *_quick(r), "--out", str(r.json("model"))],
          read_model),
     Step("epilogue", ("torch",), 15,
          lambda r: ["benchmarks/check_epilogue.py", "--device", r.device, "--out", str(r.json("epilogue"))],

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import check_model, gpu_check
+from benchmarks import gpu_check
+from studies.scaling import check_model
 from tests.test_gpu_stress import without_absent_packages
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from studies import STUDIES
 from studies.provenance import PROVENANCE, publish
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("analysis", "localrl", "patches", "rla", "studies", "verlrun")
+PACKAGES = ("analysis", "benchmarks", "localrl", "patches", "rla", "studies", "verlrun")
 REQUIRED = {"probe", "scaling", "gradprobe", "geo_rs", "calibration", "stress", "treatments", "vllm_alignment"}
 
 

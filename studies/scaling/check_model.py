@@ -17,8 +17,8 @@ bit-equal. And the rounding map of the engine's graphs as compiled here (`patche
 values Inductor stores as bf16) against target `vllm`'s table. Imports torch, transformers, pandas and
 this repository only (no vLLM, verl or orjson).
 
-    python3 benchmarks/check_model.py --device cuda --out $OUT/model.json      # qwen3-8b, qwen2.5-math-7b
-    .venv/bin/python benchmarks/check_model.py --device cpu --quick            # a dry run, tiny shapes
+    python3 studies/scaling/check_model.py --device cuda --out $OUT/model.json      # qwen3-8b, qwen2.5-math-7b
+    .venv/bin/python studies/scaling/check_model.py --device cpu --quick            # a dry run, tiny shapes
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # run as a script by benchmarks/gpu_check.py
 sys.path.insert(0, str(ROOT))
 
 import patches  # noqa: E402
