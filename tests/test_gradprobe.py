@@ -216,3 +216,51 @@ def test_the_report_judges_each_prediction_and_can_find_it_false(tmp_path, capsy
     assert report(["--plan", str(plan), "--out", str(tmp_path)]) == 0
     got = pd.read_csv(tmp_path / "hypotheses.csv").set_index(["point", "check"])["holds"]
     assert not got["good", "HA1 e(all)/e(none) <= 0.01"]
+
+
+def test_the_rope_lead_is_judged_over_seeds_from_the_plan(tmp_path):
+    """A plan's `seeds` make each point one per seed; `preregistration: lead:` holds at a pair only where the
+    first point's HA4 ratio is below its bound at every seed and the second's at none, and the lead
+    reproduces at `pairs_min` pairs (made-up point tables; one seed moved flips the verdict)."""
+    import yaml
+
+    from rla.config import ConfigError
+    from studies.gradprobe.judge import judge, preregistration, seeded
+
+    def table(ratio):  # HA4's ratio: (e(rope) / e(none)) / (mean|d|(rope) / mean|d|(none)) = (e_rope / 0.03) / 0.8
+        rest = {"noise": 1.0, "max_abs_log_ratio": 0.3, "mnr": 0.01, "is_size": 0.02, "sqrt_2k3L": 0.02}
+        return pd.DataFrame([{"setting": "none", "e": 0.03, "mean_abs_d_ref": 0.005, **rest},
+                             {"setting": "rope", "e": 0.024 * ratio, "mean_abs_d_ref": 0.004, **rest},
+                             {"setting": "all", "e": 1e-3, "mean_abs_d_ref": 1e-5, **rest}])
+
+    prereg = yaml.safe_load((REPO / "experiments/gradprobe.yaml").read_text())["preregistration"]
+    lead = {"pairs": {"a": ["q3", "q2"], "b": ["r3", "r2"]}, "below": 0.75, "pairs_min": 2}
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"gradprobe": {"seeds": [0, 1], "points": {n: {"model": "m"} for n in ("q3", "q2", "r3", "r2")}},
+                                    "preregistration": {**prereg, "lead": lead}}))
+    ratios = {"q3": (0.5, 0.6), "q2": (1.0, 0.9), "r3": (0.4, 0.7), "r2": (1.1, 0.8)}
+
+    def verdict():
+        for name, by_seed in ratios.items():
+            for seed, ratio in enumerate(by_seed):
+                (tmp_path / f"{name}-s{seed}").mkdir(exist_ok=True)
+                table(ratio).to_csv(tmp_path / f"{name}-s{seed}" / "gradprobe.csv", index=False)
+        frame, missing = judge(plan, tmp_path)
+        assert not missing and len(frame[frame["check"].str.startswith("HA4")]) == 8
+        return frame.set_index("point")["holds"]
+
+    got = verdict()
+    assert got["q3+q2"] and got["r3+r2"] and got["a+b"]
+    ratios["r3"] = (0.4, 0.8)  # one seed of one Qwen3 point at the bound's other side
+    got = verdict()
+    assert got["q3+q2"] and not got["r3+r2"] and not got["a+b"]
+    ratios["r3"], ratios["q2"] = (0.4, 0.7), (1.0, 0.7)  # a counterpart below the bound at one seed
+    assert not verdict()["q3+q2"]
+    no_seeds = {"gradprobe": {"points": {"q3": {"model": "m"}}}, "preregistration": {**prereg, "lead": lead}}
+    plan.write_text(yaml.safe_dump(no_seeds))
+    with pytest.raises(ConfigError, match="needs `gradprobe: seeds:`"):
+        preregistration(plan)
+    with pytest.raises(ConfigError, match=r"points \['p'\] give a seed and the plan gives seeds"):
+        seeded(plan, {"seeds": [0]}, {"p": {"model": "m", "seed": 1}})
+    with pytest.raises(ConfigError, match="gradprobe.seeds '0': a list of integers"):
+        seeded(plan, {"seeds": "0"}, {})

@@ -26,7 +26,24 @@ def preregistration(plan_file: str | Path) -> tuple[dict, dict]:
     if missing or not plan.get("points"):
         raise ConfigError(f"{plan_file}: needs `gradprobe: points:` and `preregistration:` with "
                           f"{', '.join(THRESHOLD_KEYS)}; missing: {missing or ['gradprobe.points']}")
+    if "lead" in prereg and "seeds" not in plan:
+        raise ConfigError(f"{plan_file}: `preregistration: lead:` reads each point at each seed: the plan needs "
+                          "`gradprobe: seeds:`")
     return plan, prereg
+
+
+def seeded(plan_file: str | Path, plan: dict, points: dict[str, dict]) -> dict[str, dict]:
+    """The plan's points, each at each of its `seeds` (named POINT-sSEED: the batches drawn anew, the model
+    the same) where it gives seeds; else as they are."""
+    if "seeds" not in plan:
+        return points
+    seeds = plan["seeds"]
+    if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+        raise ConfigError(f"{plan_file}: gradprobe.seeds {seeds!r}: a list of integers")
+    if fixed := [name for name, point in points.items() if "seed" in point]:
+        raise ConfigError(f"{plan_file}: gradprobe points {fixed} give a seed and the plan gives seeds; one or the other")
+    # seeds outermost: a run stopped early has every point at its first seeds
+    return {f"{name}-s{seed}": {**point, "seed": seed} for seed in seeds for name, point in points.items()}
 
 
 def point_checks(rows: pd.DataFrame, t: dict) -> dict[str, tuple[float, bool]]:
@@ -66,19 +83,37 @@ def points_table(points: dict[str, dict], out: Path) -> str:
     return "\n".join(rows)
 
 
+def lead_checks(frame: pd.DataFrame, lead: dict, seeds: list[int]) -> list[dict]:
+    """The RoPE lead (a plan's `preregistration: lead:`) on the points' HA4 ratios: at each pair, the Qwen3
+    point's ratio is below `below` at every seed and its Qwen2 counterpart's is not, at any seed; the lead
+    reproduces where that holds at `pairs_min` pairs or more. A pair with a point not measured does not hold."""
+    ha4 = frame[frame["check"].str.startswith("HA4")].set_index("point")["value"]
+    below, rows = lead["below"], []
+    for qwen3, qwen2 in lead["pairs"].values():
+        ratios = {name: [ha4.get(f"{name}-s{seed}", float("nan")) for seed in seeds] for name in (qwen3, qwen2)}
+        holds = max(ratios[qwen3]) < below and min(ratios[qwen2]) >= below  # NaN compares false: a missing point fails
+        rows.append({"point": f"{qwen3}+{qwen2}", "check": f"lead: HA4 ratio of the first < {below:g} at every seed, "
+                     f"of the second >= {below:g} at every seed", "value": max(ratios[qwen3]), "holds": holds})
+    held = sum(r["holds"] for r in rows)
+    rows.append({"point": "+".join(lead["pairs"]), "check": f"lead reproduces: holds at >= {lead['pairs_min']} of "
+                 f"{len(lead['pairs'])} pairs", "value": float(held), "holds": held >= lead["pairs_min"]})
+    return rows
+
+
 def judge(plan_file: str | Path, out: str | Path) -> tuple[pd.DataFrame, list[str]]:
     """(each pre-registered check at each measured point, the points not measured and why)."""
     plan, prereg = preregistration(plan_file)
     out = Path(out)
     rows, missing = [], []
-    for name in plan["points"]:
+    names = seeded(plan_file, plan, plan["points"])
+    for name in names:
         table = out / name / "gradprobe.csv"
         if not table.exists():
             missing.append(f"{name} ({'no learning signal' if (out / name / 'no_signal.txt').exists() else 'not run'})")
             continue
         for check, (value, holds) in point_checks(pd.read_csv(table), prereg).items():
             rows.append({"point": name, "check": check, "value": float(value), "holds": bool(holds)})
-    if len(missing) == len(plan["points"]) and not any("no learning signal" in m for m in missing):
+    if len(missing) == len(names) and not any("no learning signal" in m for m in missing):
         raise ConfigError(f"no point of the plan under {out}: run the plan first "
                           f"(python -m studies run gradprobe --plan {plan_file} --out {out})")
     frame = pd.DataFrame(rows, columns=["point", "check", "value", "holds"])
@@ -89,6 +124,8 @@ def judge(plan_file: str | Path, out: str | Path) -> tuple[pd.DataFrame, list[st
         frame = pd.concat([frame, pd.DataFrame([{"point": "+".join(ladder),
                                                  "check": f"HA2 flat in length (max/min <= {limit:g})",
                                                  "value": spread, "holds": spread <= limit}])], ignore_index=True)
+    if "lead" in prereg:
+        frame = pd.concat([frame, pd.DataFrame(lead_checks(frame, prereg["lead"], plan["seeds"]))], ignore_index=True)
     return frame, missing
 
 
@@ -104,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     frame, missing = judge(args.plan, args.out)
     write_csv(frame, Path(args.out) / "hypotheses.csv")
-    print(points_table(load(args.plan)["gradprobe"]["points"], Path(args.out)) + "\n")
+    plan = load(args.plan)["gradprobe"]
+    print(points_table(seeded(args.plan, plan, plan["points"]), Path(args.out)) + "\n")
     print("| check | holds at | values (min - max) |\n| --- | --- | --- |")
     for check, group in frame.groupby("check", sort=False):
         print(f"| {check.replace('|', chr(92) + '|')} | {int(group['holds'].sum())} of {len(group)} points | "

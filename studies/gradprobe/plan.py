@@ -7,6 +7,7 @@ experiments/gradprobe.yaml), run one after the other.
       step30-qwen2: {model: qwen2-s, rl_step: 30}                   # an RL checkpoint, made with the rig
       long-qwen2: {config: experiments/long.yaml, model: qwen2-l}   # another config's task and model
       w256-qwen2: {model: qwen2-w256, settings: [none, rope, all]}  # fewer settings than the plan's
+    seeds: [0, 1, 2]      # optional: every point at each seed, named POINT-sSEED (the batches drawn anew)
 
 A point's model is its config's warm start (`{results_dir}/models/{model}`, made with its data on
 first use, as the workflow makes them); `rl_step: N` is that
@@ -19,11 +20,13 @@ engine), trained here on first use: the cell runs to N steps, its checkpoint is 
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 from pathlib import Path
 
 from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, PointSpec, run_point, write
 from rla.config import ConfigError, load
+from studies.gradprobe.judge import seeded
 
 POINT_KEYS = {"config", "model", "temperature", "rl_step", "rl_ablation", "batches", "max_new_tokens", "seed",
               "settings"}
@@ -42,6 +45,7 @@ def plan_points(plan_file: str | Path) -> tuple[dict, dict[str, dict]]:
             raise ConfigError(f"{plan_file}: gradprobe point {name!r}: unknown keys {unknown} or no model; "
                               f"allowed: {', '.join(sorted(POINT_KEYS))}")
         points[name] = {"config": str(plan_file), **point}
+    points = seeded(plan_file, plan, points)
     bad = [s for p in [plan, *points.values()] for s in p.get("settings", ()) if s not in SETTINGS]
     if bad:
         raise ConfigError(f"{plan_file}: gradprobe.settings {bad} unknown; allowed: {', '.join(SETTINGS)}")
@@ -59,13 +63,16 @@ def ensure_warm_start(point: dict, log=print) -> None:
     cfg = load(point["config"])
     model_spec(cfg, point["model"], "local")
     data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, point["model"])
-    if not (data_dir / "train.parquet").exists():
-        log(f"data: {data_dir}")
-        write_splits(TaskSettings.from_config(cfg.get("task") or {}), data_dir)
-    if not (model_dir / "model.safetensors").exists():
-        log(f"warm start: {point['model']} of {point['config']} in {model_dir}")
-        warmstart_settings(cfg)
-        warmstart(cfg, point["model"], data_dir, model_dir)
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(model_dir.parent / f".{point['model']}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two plans of one config's models (two studies' jobs) make them once
+        if not (data_dir / "train.parquet").exists():
+            log(f"data: {data_dir}")
+            write_splits(TaskSettings.from_config(cfg.get("task") or {}), data_dir)
+        if not (model_dir / "model.safetensors").exists():
+            log(f"warm start: {point['model']} of {point['config']} in {model_dir}")
+            warmstart_settings(cfg)
+            warmstart(cfg, point["model"], data_dir, model_dir)
 
 
 def checkpoint_of(point: dict, out: Path, log=print) -> str | None:
