@@ -265,6 +265,7 @@ STUDY_SETTINGS = {
     # (46 points, ~15 min on one core), then their expensive end and the real shapes (~1.5 h, ~8 GiB)
     "scaling": [[], ["--factors", "shape,depth,length,vocab", "--big", "--real"]],
     "gradprobe": "experiments/gradprobe.yaml",  # the pre-registered plan
+    "rope_lead": "experiments/gradprobe-rope.yaml",  # its HA4 again, pre-registered (~40 min on one core)
     "treatments_cost": [],  # options of `python -m studies run treatments`
     # options of `python -m studies run vllm_alignment`: the two smallest grid shapes, hidden 256, and YaRN
     "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],

@@ -395,6 +395,49 @@ rule gradprobe:
                       ["*.csv", "*.json", "*.md", "*/no_signal.txt"])
 
 
+# --- the gradient probe's HA4 again (studies/rope_lead): its plan through the gradient probe's steps
+
+
+use rule gradprobe_measure as rope_lead_measure with:
+    input:
+        STUDY_SETTINGS["rope_lead"],
+    output:
+        done=touch(f"{STUDY_OUT}/rope_lead/points/plan.done"),
+        machine=study_machine("rope_lead"),
+    log:
+        study_log("rope_lead", "measure"),
+    benchmark:
+        study_benchmark("rope_lead", "measure")
+
+
+use rule gradprobe_report as rope_lead_report with:
+    input:
+        plan=STUDY_SETTINGS["rope_lead"],
+        done=rules.rope_lead_measure.output.done,
+    output:
+        table=f"{STUDY_OUT}/rope_lead/points/hypotheses.csv",
+        report=f"{STUDY_OUT}/rope_lead/points/report.md",
+    log:
+        study_log("rope_lead", "report"),
+    benchmark:
+        study_benchmark("rope_lead", "report")
+
+
+rule rope_lead:
+    input:
+        table=rules.rope_lead_report.output.table,
+        machine=study_machine("rope_lead"),
+        benchmarks=[study_benchmark("rope_lead", s) for s in ("measure", "report")],
+    output:
+        report(published("rope_lead"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("rope_lead", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("rope_lead", [f"{STUDY_OUT}/rope_lead/points"], ["*.csv", "*.json", "*.md", "*/no_signal.txt"])
+
+
 rule vllm_alignment_measure:
     output:
         result=f"{STUDY_OUT}/vllm_alignment/vllm_alignment.json",
