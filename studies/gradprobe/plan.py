@@ -63,9 +63,10 @@ def ensure_warm_start(point: dict, log=print) -> None:
     cfg = load(point["config"])
     model_spec(cfg, point["model"], "local")
     data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, point["model"])
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(model_dir.parent / f".{point['model']}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # two plans of one config's models (two studies' jobs) make them once
+    lock_path = layout.results_dir(cfg) / ".warmstart.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two plans on one config's data and models (two studies' jobs) make them once
         if not (data_dir / "train.parquet").exists():
             log(f"data: {data_dir}")
             write_splits(TaskSettings.from_config(cfg.get("task") or {}), data_dir)
