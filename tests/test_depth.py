@@ -28,7 +28,7 @@ def test_a_rung_is_the_deepest_checkpoints_first_layers(tmp_path):
     assert all(torch.equal(full[k], rung[k]) for k in rung)  # embedding, layers 0-1, final norm, LM head
 
 
-def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, monkeypatch):
+def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, monkeypatch, capsys):
     """Each point is kept as measured; a rerun with the same options measures none again, other options
     measure theirs (the engine and the checkpoints are faked: the ladder's bookkeeping alone)."""
     import localrl.vllm_support
@@ -74,6 +74,10 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     assert json.loads(again.read_text())["resumed_from"]["points"] == {
         **dict.fromkeys(earlier, "0123abc"), **dict.fromkeys(["qwen2-256x1-s2", "qwen2-256x2-s2", "qwen2-1536x28",
                                                              "qwen3-2048x28"], "4567def")}
+    measured.clear()
+    with pytest.raises(SystemExit):  # a path that is not a file is named, and nothing is measured
+        measure.main(more + ["--resume-from", str(tmp_path / "nowhere.json")])
+    assert "nowhere.json is not a file" in capsys.readouterr().err and measured == []
     for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4)):
         measured.clear()
         assert measure.main(args[:-1] + [str(tmp_path / "other.json"), *other, "--resume-from", str(published)]) == 0

@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if bad := [n for n in args.layers if n < 1]:
         p.error(f"--layers: {bad} is not a layer count; allowed: positive integers")
+    if args.resume_from and not args.resume_from.is_file():
+        p.error(f"--resume-from: {args.resume_from} is not a file; allowed: an earlier run's depth.json")
     from localrl.vllm_support import unavailable_reason
     from rla.machine import describe
 
