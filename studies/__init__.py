@@ -84,6 +84,13 @@ STUDIES = {s.name: s for s in (
           "experiments/depth.yaml",
           "vLLM's CPU build 0.32 (its default compiled graph)", BOTH_ATTENTIONS,
           per_machine=True),
+    Study("leftover", "what `all` leaves at 28 layers against vLLM-CPU, by component: vLLM-CPU's own attention "
+                      "kernel and GEMMs swapped into the training side's forward one at a time, in both summation "
+                      "orders", "studies.depth.measure", "studies.leftover.report", "experiments/depth.yaml",
+          "vLLM's CPU build 0.32 (its default compiled graph)",
+          "each row's own: transformers' SDPA (`hf`), FP32 attention rounded once (`attention`), vLLM-CPU's "
+          "attention kernel (`engine_attention`, `engine`); GEMMs torch's or vLLM-CPU's (`engine_gemm`, `engine`)",
+          per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
                      "fused, against stock transformers", "studies.kernels.measure", None, None,
           "none: no engine (the training side's region kernels against stock transformers' formulas)",

@@ -39,8 +39,9 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
     monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
-    monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, log: measured.append(
-        (spec["num_hidden_layers"], seed, prompts)) or {"shape": spec, "seed": seed, "sequences": {"hf": [[0.0] * prompts]}})
+    monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
+        (spec["num_hidden_layers"], seed, prompts)) or {"shape": spec, "seed": seed,
+                                                         "sequences": {k: [[0.0] * prompts] for k in kernels}})
     out = tmp_path / "depth.json"
     args = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "--out", str(out)]
     assert measure.main(args) == 0 and measured == [(1, 0, 32), (2, 0, 32), (1, 1, 32), (2, 1, 32)]
@@ -78,7 +79,8 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     with pytest.raises(SystemExit):  # a path that is not a file is named, and nothing is measured
         measure.main(more + ["--resume-from", str(tmp_path / "nowhere.json")])
     assert "nowhere.json is not a file" in capsys.readouterr().err and measured == []
-    for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4)):
+    for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4),
+                          (["--kernels", "hf", "engine"], 4)):
         measured.clear()
         assert measure.main(args[:-1] + [str(tmp_path / "other.json"), *other, "--resume-from", str(published)]) == 0
         assert len(measured) == points, other

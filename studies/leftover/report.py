@@ -1,0 +1,100 @@
+"""What `all` leaves at depth, by component: its tables and figure from the measurement's JSON (no torch).
+
+    python -m studies report leftover --result depth.json --out DIR
+
+The measurement is the depth study's (`python -m studies run depth`) at the goal depth with more training
+kernels: each of vLLM-CPU's own kernels (attention, GEMMs, both) swapped into the training side's forward
+alone, so what each removes from the mismatch is its share.
+
+- `points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv` (per point x kernels x
+  setting; over seeds, with the sequence log-ratio's intervals).
+- `shares.csv`: per point x training kernels x summation order, for `all` at target `vllm-cpu`: k3 and
+  the bit-equal fraction (mean over seeds), and `left`: this k3 over k3 under the goal's condition
+  (rounded-once attention, torch's GEMMs, the engine's order) on the same samples (mean, min and max of
+  the per-seed ratios). Where one engine kernel is swapped in, `1 - left` is the share it removes.
+- `leftover.png` / `.pdf`: `all`'s k3 per training kernels set and summation order, against stock's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from rla.files import write_csv
+from studies.depth.report import ladder, points
+
+BASELINE = ("attention", "inductor_cpu")  # the depth goal's condition
+# the training kernels a share is measured with, and what each swaps in (studies/vllm_alignment TRAINING_KERNELS)
+SWAPS = {
+    "engine_attention": "vLLM-CPU's attention kernel",
+    "engine_gemm": "vLLM-CPU's GEMMs",
+    "engine": "both",
+}
+ORDERS = {"eager": "eager order", "inductor_cpu": "engine order"}
+
+
+def shares(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per point x kernels x order (for `all` at target vllm-cpu): k3 and the bit-equal fraction over
+    seeds, and `left`, this k3 over the baseline's on the same samples (mean, min and max over seeds)."""
+    aligned = frame[(frame["spec"] == "all") & (frame["target"] == "vllm-cpu")]
+    point = ["arch", "width", "layers"]
+    baseline = aligned[(aligned["kernels"] == BASELINE[0]) & (aligned["reduction"] == BASELINE[1])]
+    k3_of = baseline.set_index(["point"])["k3"]
+    rows = aligned.assign(left=aligned["k3"] / aligned["point"].map(k3_of))
+    table = rows.groupby([*point, "kernels", "reduction"]).agg(
+        seeds=("seed", "size"), k3=("k3", "mean"), bit_equal=("bit_equal", "mean"), left=("left", "mean"),
+        left_min=("left", "min"), left_max=("left", "max"))
+    return table.reset_index()
+
+
+def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from analysis import figures
+    from analysis.style import apply_theme
+
+    apply_theme()
+    rows = summary[(summary["target"] == "vllm-cpu") & (summary["spec"] == "all")].copy()
+    rows["point"] = rows["arch"] + ", " + rows["width"].where(rows["width"] != "ladder", "hidden 256")
+    rows["order"] = rows["reduction"].map(ORDERS)
+    order = [k for k in ("hf", "attention", *SWAPS) if k in set(rows["kernels"])]
+    grid = sns.catplot(rows, kind="bar", x="kernels", y="k3", hue="order", col="point", order=order,
+                       palette="colorblind", height=3, aspect=1.1, sharey=False)
+    stock = summary[(summary["spec"] == "none") & (summary["kernels"] == "hf") & (summary["reduction"] == "eager")]
+    for (point_name, ax) in grid.axes_dict.items():
+        arch, width = point_name.split(", ")
+        level = stock[(stock["arch"] == arch) & (stock["width"] == ("ladder" if width == "hidden 256" else width))]
+        if len(level):
+            ax.axhline(level["k3"].iloc[0], color="0.3", ls="--", lw=1, label="stock, SDPA")
+        ax.set_yscale("log")
+        ax.tick_params(axis="x", rotation=30, labelsize=7)
+    grid.set_titles("{col_name}")
+    grid.set_axis_labels("training kernels", "k3 per token under all")
+    return figures.save_figure(grid.figure, out_dir, "leftover")
+
+
+def run(result: str | Path, out_dir: str | Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    frame, sums = points(json.loads(Path(result).read_text()))
+    summary = ladder(frame, sums)
+    write_csv(frame.drop(columns=["index"]), out_dir / "points.csv")
+    write_csv(summary, out_dir / "summary.csv")
+    write_csv(shares(frame), out_dir / "shares.csv")
+    return [out_dir / name for name in ("points.csv", "summary.csv", "shares.csv")] + plot(summary, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies report leftover", description=__doc__.split("\n")[0])
+    p.add_argument("--result", required=True, help="the measurement's JSON (python -m studies run depth ...)")
+    p.add_argument("--out", required=True, help="where the tables and leftover.{png,pdf} go")
+    args = p.parse_args(argv)
+    for path in run(args.result, args.out):
+        print(f"wrote {path}")
+    return 0

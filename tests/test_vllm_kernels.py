@@ -1,0 +1,132 @@
+"""vLLM-CPU's own kernels on the training side (localrl/vllm_kernels.py): the teacher-forced prefill
+reproduces the engine's decode, and where the attention kernel rounds."""
+
+import math
+
+import pytest
+import torch
+
+from localrl.vllm_support import unavailable_reason
+
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM-CPU: {unavailable_reason()}")
+
+HEADS, KV_HEADS, HEAD_DIM, TOKENS = 4, 2, 64, 70
+
+
+class _Attention:  # what the transformers attention interface reads off its module
+    scaling = HEAD_DIM ** -0.5
+
+
+def _qkv(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(1, HEADS, TOKENS, HEAD_DIM, generator=g) * 2).bfloat16()
+    k = (torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=g) * 2).bfloat16()
+    v = torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=g).bfloat16()
+    return q, k, v
+
+
+def _decode(q, k, v, position):
+    """The engine's decode step at `position`: one query against the cached keys 0..position."""
+    from vllm import _custom_ops as ops
+    from vllm import envs
+
+    from localrl.vllm_kernels import BLOCK_SIZE, attention_isa
+
+    isa, length = attention_isa(), position + 1
+    blocks = math.ceil(length / BLOCK_SIZE)
+    cache = torch.zeros(blocks, KV_HEADS, 2 * BLOCK_SIZE, HEAD_DIM, dtype=torch.bfloat16)
+    key_cache, value_cache = cache.chunk(2, dim=2)
+    keys, values = (t[0, :, :length].transpose(0, 1).contiguous() for t in (k, v))
+    ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, torch.arange(length), isa)
+    starts, lengths = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([length], dtype=torch.int32)
+    schedule = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=1, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, seq_lens=lengths,
+        dtype=torch.bfloat16, query_start_loc=starts, causal=True, sliding_window_size=-1, isa=isa,
+        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
+    out = torch.empty(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    ops.cpu_attention_with_kv_cache(
+        query=q[0, :, position:length].transpose(0, 1).contiguous(), key_cache=key_cache, value_cache=value_cache,
+        output=out, query_start_loc=starts, seq_lens=lengths, scale=_Attention.scaling, causal=True,
+        alibi_slopes=None, sliding_window=-1, block_table=torch.arange(blocks, dtype=torch.int32)[None], softcap=0.0,
+        scheduler_metadata=schedule, s_aux=None)
+    return out[0]
+
+
+def _reference(q, k, v, round_probabilities: bool, normalise_first: bool = False):
+    """Causal attention in FP32 from the BF16 q/k/v, the output rounded once; with `round_probabilities`
+    the softmax's unnormalised probabilities are rounded to BF16 before they multiply V and the sum divides
+    after (`normalise_first`: the normalised probabilities are rounded)."""
+    rep = HEADS // KV_HEADS
+    qf, kf, vf = q[0].float(), k[0].float().repeat_interleave(rep, 0), v[0].float().repeat_interleave(rep, 0)
+    scores = (qf @ kf.transpose(-1, -2)) * _Attention.scaling
+    scores = scores.masked_fill(torch.ones(TOKENS, TOKENS, dtype=torch.bool).triu(1), -math.inf)
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    if normalise_first:
+        return ((p / p.sum(-1, keepdim=True)).bfloat16().float() @ vf).transpose(0, 1).bfloat16()
+    weights = p.bfloat16().float() if round_probabilities else p
+    return ((weights @ vf) / p.sum(-1, keepdim=True)).transpose(0, 1).bfloat16()
+
+
+def test_a_teacher_forced_prefill_gives_the_engines_decode_bit_for_bit():
+    from localrl.vllm_kernels import engine_attention
+
+    q, k, v = _qkv()
+    prefill, _ = engine_attention(_Attention(), q, k, v, None)
+    assert prefill.shape == (1, TOKENS, HEADS, HEAD_DIM) and (prefill.abs().amax(-1) > 0).all()  # no zero rows
+    rows = [_decode(q, k, v, t) for t in range(TOKENS)]
+    assert all(torch.equal(prefill[0, t], row) for t, row in enumerate(rows))
+    other, _ = engine_attention(_Attention(), *_qkv(seed=1), None)
+    assert not torch.equal(other[0, -1], rows[-1])  # the comparison can fail
+
+
+def test_the_attention_kernel_rounds_where_its_isa_says():
+    """On AMX the probabilities x V product multiplies BF16 tiles: an FP32 attention rounded once misses
+    that rounding, one that rounds the unnormalised probabilities to BF16 and divides after comes within a
+    few elements in ten thousand (its online softmax rescales per block, this reference once); rounding the
+    normalised ones is another place. Elsewhere (`vec`) it stays FP32 inside."""
+    from localrl.vllm_kernels import attention_isa, engine_attention
+
+    q, k, v = _qkv()
+    out = engine_attention(_Attention(), q, k, v, None)[0][0]
+    once, rounded = _reference(q, k, v, False), _reference(q, k, v, True)
+    equal_once, equal_rounded = (float((out == ref).float().mean()) for ref in (once, rounded))
+    if attention_isa() == "amx":
+        equal_first = float((out == _reference(q, k, v, True, normalise_first=True)).float().mean())
+        assert equal_rounded > 0.99 and equal_once < 0.95 and equal_first < 0.95, (equal_rounded, equal_once, equal_first)
+    else:
+        assert equal_once > 0.99 and equal_rounded < 0.95, (equal_once, equal_rounded)
+
+
+def test_a_padded_batch_is_refused():
+    from localrl.vllm_kernels import engine_attention
+
+    q, k, v = _qkv()
+    mask = torch.ones(1, 1, TOKENS, TOKENS, dtype=torch.bool).tril()
+    mask[..., :3] = False  # three padding positions
+    with pytest.raises(ValueError, match="padded or packed"):
+        engine_attention(_Attention(), q, k, v, mask)
+    assert engine_attention(_Attention(), q, k, v, torch.ones(1, 1, TOKENS, TOKENS, dtype=torch.bool).tril())[0].shape[1] == TOKENS
+
+
+def test_merged_projections_compute_one_gemm_and_hand_out_its_slices():
+    """q/k/v (and gate/up) run as one engine GEMM per input, as vLLM's merged layers do; each projection's
+    output is its slice of that product."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from localrl.vllm_kernels import use_engine_gemms
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(1, 5, 64).bfloat16()
+    separate = [torch.nn.functional.linear(x, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    use_engine_gemms(model)
+    merged = [attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)]
+    assert [m.shape for m in merged] == [s.shape for s in separate]
+    assert all((m.float() - s.float()).abs().max() <= 0.02 * s.float().abs().max() for m, s in zip(merged, separate))
+    assert attn.k_proj(x).data_ptr() == merged[1].data_ptr()  # the same product, not a second GEMM
+    assert attn.k_proj(x.clone()).data_ptr() != merged[1].data_ptr()  # a new input gets its own
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
