@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from localrl.kernels import use_local_kernels
+from localrl.vllm_kernels import use_engine_attention, use_engine_gemms
 from rla.names import REGIONS
 
 
@@ -192,39 +194,16 @@ def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
     return {"prompts": ps, "responses": responses, "logprobs": prefill, "decode_vs_prefill": gap}
 
 
-def _engine_attention(model):
-    from localrl.vllm_kernels import use_engine_attention
-
-    return use_engine_attention(model)
-
-
-def _engine_gemms(model):
-    from localrl.vllm_kernels import use_engine_gemms
-
-    return use_engine_gemms(model)
-
-
-def _rounded_once_attention(model):
-    from localrl.kernels import use_local_kernels
-
-    return use_local_kernels(model, linear=False)
-
-
-def _local_kernels(model):
-    from localrl.kernels import use_local_kernels
-
-    return use_local_kernels(model)
-
-
 # The training side's kernels a score can run on: what each computes, and how a model gets them.
 TRAINING_KERNELS = {
     "hf": ("transformers' SDPA and torch's bf16 F.linear", lambda model: model),
-    "attention": ("FP32 attention rounded once (the rig's kernel) and torch's bf16 F.linear", _rounded_once_attention),
-    "local": ("the local rig's shared GEMM and attention kernels", _local_kernels),
-    "engine_attention": ("vLLM-CPU's own attention kernel and torch's bf16 F.linear", _engine_attention),
+    "attention": ("FP32 attention rounded once (the rig's kernel) and torch's bf16 F.linear",
+                  lambda model: use_local_kernels(model, linear=False)),
+    "local": ("the local rig's shared GEMM and attention kernels", use_local_kernels),
+    "engine_attention": ("vLLM-CPU's own attention kernel and torch's bf16 F.linear", use_engine_attention),
     "engine_gemm": ("FP32 attention rounded once and vLLM-CPU's own GEMMs",
-                    lambda model: _engine_gemms(_rounded_once_attention(model))),
-    "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: _engine_gemms(_engine_attention(model))),
+                    lambda model: use_engine_gemms(use_local_kernels(model, linear=False))),
+    "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: use_engine_gemms(use_engine_attention(model))),
 }
 
 
