@@ -34,7 +34,7 @@ def attention_isa() -> str:
     """The ISA vLLM-CPU's attention backend picks here for BF16 and head sizes that are multiples of 32
     (its `_get_attn_isa`, x86 only: on ARM it picks other kernels, not reproduced here)."""
     if platform.machine() != "x86_64":
-        raise NotImplementedError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; "
+        raise RuntimeError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; "
                                   "allowed: x86_64")
     # AMX tiles need the process's permission (Linux arch_prctl) before the first tile instruction;
     # vLLM's engine gets it from oneDNN's first AMX GEMM, a bare attention call would not have it.
