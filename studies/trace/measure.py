@@ -1,7 +1,7 @@
 """Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows.
 
     python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
-                                [--prompts 32] [--batches 32 8 4 1] [--training-batches 32]
+                                [--prompts 32] [--batches 32 8 4 1] [--training-batches 32] [--settings ...]
 
 Per architecture and seed: the depth study's random checkpoint (hidden 256, `--layers` layers;
 `studies.vllm_alignment.measure.make_checkpoint`) and its prompts. In a child process vLLM-CPU (its
@@ -201,8 +201,9 @@ def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -
                        for i in range(layers) for n in VALUES]}
 
 
-def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, training: bool, log) -> dict:
-    """The engine's decode at `batch` against its prefill, and with `training` against every setting."""
+def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, settings: list[str], log) -> dict:
+    """The engine's decode at `batch` against its prefill and against each training-side setting in
+    `settings`, and each pair whose two settings are measured."""
     from studies.vllm_alignment.measure import sample_in_child, training_model
 
     start = time.perf_counter()
@@ -218,11 +219,13 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, tr
             f"logprobs bit-equal {check['logprobs_bit_equal']:.1%}")
     compared = {ENGINE_PREFILL: compare([s["prefill"] for s in sequences], sequences, [s["prefill_logprobs"] for s in sequences])}
     traced = {}
-    for name, (kernels, spec, reduction, impl) in (SETTINGS.items() if training else ()):
+    for name in settings:
+        kernels, spec, reduction, impl = SETTINGS[name]
         model, calls = recording(training_model(model_dir, kernels))
         traced[name] = training_side(model, calls, sequences, spec, reduction, impl)
         compared[name] = compare([t["values"] for t in traced[name]], sequences, [t["logprobs"] for t in traced[name]])
-    for name, (setting, reference) in (PAIRS.items() if training else ()):  # the reference side in the engine's place
+    pairs = {name: pair for name, pair in PAIRS.items() if set(pair) <= set(settings)}
+    for name, (setting, reference) in pairs.items():  # the reference side in the engine's place
         as_engine = [{"prompt": s["prompt"], "decode": t["values"], "decode_logprobs": t["logprobs"]}
                      for s, t in zip(sequences, traced[reference])]
         compared[name] = compare([t["values"] for t in traced[setting]], as_engine,
@@ -247,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--training-batches", nargs="+", type=int,
                    help="the batches at which the training side is traced too (default: the largest; the others: "
                         "the engine alone)")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
+                   help="the training side's settings to trace (default: all; a pair needs both of its own)")
     p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=PROMPTS, help=argparse.SUPPRESS)  # the child's
     p.add_argument("--engine", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)  # the child's work
@@ -282,8 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
                "command": " ".join(["python -m studies run trace", *(argv if argv is not None else sys.argv[1:])]),
                "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
-               "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), s)) for n, s in SETTINGS.items()},
-               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items()},
+               "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n])) for n in args.settings},
+               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},
                "batches": args.batches, "training_batches": args.training_batches,
                "engine_attention_isa": attention_isa(), "points": {}}
     out = Path(args.out)
@@ -308,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as model_dir:
             make_checkpoint(spec, model_dir, seed=seed)
             entry = {"arch": arch, "seed": seed, "batch": batch, "shape": spec,
-                     **measure_point(model_dir, args.prompts, args.prompt_seed + seed, batch, training, print)}
+                     **measure_point(model_dir, args.prompts, args.prompt_seed + seed, batch,
+                                     args.settings if training else [], print)}
         results["points"][name] = entry
         path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": entry}))
         path.with_suffix(".part").replace(path)  # whole or absent
