@@ -41,6 +41,19 @@ def test_a_reordered_batch_stops_the_assignment():
         per_request([call(0, [0, 3], [3], torch.ones(3, 1, 2))], 2)
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--batches", "64"], "--batches: [64] outside 1..32"),
+    (["--batches", "8", "--training-batches", "4"], "--training-batches: [4] not among --batches [8]"),
+    (["--layers", "0"], "--layers: 0 is not a layer count"),
+])
+def test_bad_options_are_named_before_anything_is_written(tmp_path, argv, named, capsys):
+    from studies.trace.measure import main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "trace.json"), *argv])
+    assert named in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 def engine_record(values: dict[str, torch.Tensor], prompt: int) -> dict:
     positions = values["q"].shape[1]
     return {"decode": values, "prompt": list(range(prompt)), "decode_logprobs": [-1.5] * (positions - prompt + 1)}

@@ -54,7 +54,6 @@ SETTINGS = {
 PAIRS = {"fused_vs_eager": ("all_engine_kernels_fused", "all_engine_kernels")}
 LAYERS, PROMPTS = 28, 32
 BATCHES = (32, 8, 4, 1)  # the engine's decode batch sizes (32: all prompts at once, as the other studies sample)
-VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with others a point is measured again
 
 
 def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batch: int) -> None:
@@ -278,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
     import vllm
 
-    from studies.depth.measure import HIDDEN_256
+    from rla.files import atomic_path
+    from studies.depth.measure import HIDDEN_256, VERSIONS  # a point measured with other versions is measured again
     from studies.vllm_alignment.measure import NEW_TOKENS, make_checkpoint
 
     transformers.utils.logging.disable_progress_bar()
@@ -316,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                      **measure_point(model_dir, args.prompts, args.prompt_seed + seed, batch,
                                      args.settings if training else [], print)}
         results["points"][name] = entry
-        path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": entry}))
-        path.with_suffix(".part").replace(path)  # whole or absent
+        with atomic_path(path) as part:  # whole or absent
+            part.write_text(json.dumps({"made_by": made_by, "entry": entry}))
     out.write_text(json.dumps(results) + "\n")
     print(f"wrote {out}")
     return 0
