@@ -12,9 +12,10 @@ autograd differentiates it:
 
 Where it is not the kernel: the kernel's online softmax takes the max per KV tile and rescales, so a few
 elements in ten thousand differ in their last bit (tests/test_amx_attention.py). The rounding of p is a
-cast, whose gradient autograd passes through unchanged; the backward is FP32 throughout. It materialises
-the FP32 scores and probabilities (batch x heads x T x T) as transformers' eager attention does: that is
-what it costs (the `kernels` study times it).
+cast, whose gradient autograd passes through unchanged; the backward is FP32 throughout. Each call
+materialises the FP32 scores and probabilities (batch x heads x T x T), as transformers' eager attention
+does, but keeps only q, k and v for the backward, which computes them again: what that costs in time and
+memory against SDPA, the `kernels` study measures.
 """
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ from torch import Tensor, nn
 ATTENTION_NAME = "amx_rounding"
 
 
-def amx_rounding_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
-    """q: (B, H, T, D); k, v: (B, Hkv, S, D), BF16; allowed: bool (B|1, 1, T, S), True = attend, or None
-    for causal. The BF16 output, (B, H, T, D)."""
+def _attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
     rep = q.shape[1] // k.shape[1]
     kf, vf = (t.float().repeat_interleave(rep, dim=1) for t in (k, v))
     scores = (q.float() @ kf.transpose(-1, -2)) * scale
@@ -38,6 +37,33 @@ def amx_rounding_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | No
     # taken as 0 and its sum as 1; every other row's sum is at least 1 (its max's own term), left unchanged.
     p = torch.exp(scores - scores.amax(-1, keepdim=True).detach().nan_to_num(neginf=0.0))
     return ((p.to(torch.bfloat16).float() @ vf) / p.sum(-1, keepdim=True).clamp_min(1.0)).to(q.dtype)
+
+
+class _Recomputed(torch.autograd.Function):
+    """Saves q, k, v alone and computes the forward again in the backward, as flash attention does: the
+    T x T intermediates never outlive one call (autograd of `_attention` itself would keep four of them)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, allowed, scale):
+        ctx.save_for_backward(q, k, v, allowed)
+        ctx.scale = scale
+        return _attention(q, k, v, allowed, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, allowed = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            grads = torch.autograd.grad(_attention(*leaves, allowed, ctx.scale), leaves, grad)
+        return (*grads, None, None)
+
+
+def amx_rounding_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: float) -> Tensor:
+    """q: (B, H, T, D); k, v: (B, Hkv, S, D), BF16; allowed: bool (B|1, 1, T, S), True = attend, or None
+    for causal. The BF16 output, (B, H, T, D)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return _Recomputed.apply(q, k, v, allowed, scale)
+    return _attention(q, k, v, allowed, scale)
 
 
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

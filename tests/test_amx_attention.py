@@ -64,6 +64,22 @@ def test_its_backward_is_the_fp32_attentions_with_the_rounding_passed_through():
         assert b.abs().amax() > 0 and 0 < rel < 2 ** -6, (name, rel)
 
 
+def test_its_backward_recomputes_what_autograd_of_the_formula_gives_and_saves_only_q_k_v():
+    from localrl import amx_attention
+
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(7)).bfloat16()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = amx_rounding_attention(q, k, v, None, SCALE)
+    ours = torch.autograd.grad(out, (q, k, v), grad_out)
+    plain = torch.autograd.grad(amx_attention._attention(q, k, v, None, SCALE), (q, k, v), grad_out)
+    assert all(torch.equal(a, b) and a.abs().amax() > 0 for a, b in zip(ours, plain))
+    assert sum(t.numel() for t in saved) == sum(t.numel() for t in (q, k, v))  # nothing T x T kept
+    with torch.no_grad():
+        assert torch.equal(amx_rounding_attention(q, k, v, None, SCALE), out)
+
+
 def test_a_row_with_nothing_to_attend_gives_zeros_and_the_others_are_unchanged():
     q, k, v = _qkv()
     allowed = torch.ones(TOKENS, TOKENS, dtype=torch.bool).tril()[None, None].clone()
