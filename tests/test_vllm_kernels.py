@@ -82,7 +82,7 @@ def test_a_teacher_forced_prefill_gives_the_engines_decode_bit_for_bit():
 def test_the_attention_kernel_rounds_where_its_isa_says():
     """On AMX the probabilities x V product multiplies BF16 tiles: an FP32 attention rounded once misses
     that rounding, one that rounds the unnormalised probabilities to BF16 and divides after comes within a
-    few elements in ten thousand (its online softmax rescales per block, this reference once); rounding the
+    few elements in ten thousand (the last bits of its FP32 arithmetic against torch's); rounding the
     normalised ones is another place. Elsewhere (`vec`) it stays FP32 inside."""
     from localrl.vllm_kernels import attention_isa, engine_attention
 

@@ -68,8 +68,8 @@ def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     rows["point"] = rows["arch"] + ", " + rows["width"].where(rows["width"] != "ladder", "hidden 256")
     rows["order"] = rows["reduction"].map(ORDERS)
     order = [k for k in ("hf", "attention", *SWAPS) if k in set(rows["kernels"])]
-    grid = sns.catplot(rows, kind="bar", x="kernels", y="k3", hue="order", col="point", order=order,
-                       palette="colorblind", height=3, aspect=1.1, sharey=False)
+    grid = sns.catplot(rows, kind="bar", x="kernels", y="k3", hue="order", col="point", col_wrap=2, order=order,
+                       palette="colorblind", height=3.2, aspect=1.4, sharey=False)
     stock = summary[(summary["spec"] == "none") & (summary["kernels"] == "hf") & (summary["reduction"] == "eager")]
     for (point_name, ax) in grid.axes_dict.items():
         arch, width = point_name.split(", ")
@@ -77,9 +77,10 @@ def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
         if len(level):
             ax.axhline(level["k3"].iloc[0], color="0.3", ls="--", lw=1, label="stock, SDPA")
         ax.set_yscale("log")
-        ax.tick_params(axis="x", rotation=30, labelsize=7)
+        plt.setp(ax.get_xticklabels(), rotation=35, ha="right", fontsize=7)
     grid.set_titles("{col_name}")
     grid.set_axis_labels("training kernels", "k3 per token under all")
+    grid.figure.tight_layout()  # the rotated kernel names below the lower panels
     return figures.save_figure(grid.figure, out_dir, "leftover")
 
 
