@@ -58,7 +58,7 @@ NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test
             tests/test_patches_backward.py tests/test_patches_stream.py tests/test_patches_transformers.py \
             tests/test_roundmap.py tests/test_patches_vllm.py tests/test_probe.py tests/test_scaling.py \
             tests/test_treatments.py tests/test_gradprobe.py tests/test_localrl_rl.py tests/test_vllm_rig.py \
-            tests/test_vllm_kernels.py
+            tests/test_vllm_kernels.py tests/test_amx_attention.py
 ISA_ARGS := -q -m "not long and not extended" -n $(CORES) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) $(NUMERICS)
 test-isa: $(STAMP)
 	$(PY) -m pytest $(ISA_ARGS)

@@ -166,10 +166,13 @@ class Trainer:
 
     def _numerics(self, model):
         """The shared GEMM/attention kernels, and the decoder layers compiled under `compile`."""
+        from localrl.amx_attention import use_amx_rounding_attention
         from localrl.kernels import use_local_kernels
         from patches.compile import compile_layers
 
         use_local_kernels(model, linear=self.gemm == "fp32", attention=self.rl["trainer_attention"] == "rounded_once")
+        if self.rl["trainer_attention"] == "amx_rounding":
+            use_amx_rounding_attention(model)
         if self.compiled:
             compile_layers(model)
         return model

@@ -166,9 +166,11 @@ RL: dict[str, Key] = {
                       ("trainer.test_freq", "trainer.val_before_train")),
     "test_size": Key(100, "count", "test problems scored (the first ones), greedily", backends=("local",)),
     "trainer_attention": Key("rounded_once", "text", "the training side's attention: rounded_once (FP32 inside, "
-                             "rounded to BF16 once: what the local engine and vLLM-CPU's AVX-512 attention compute) "
-                             "or sdpa (transformers' SDPA, what a CPU training side runs unless told otherwise)",
-                             backends=("local",), choices=("rounded_once", "sdpa")),
+                             "rounded to BF16 once: what the local engine and vLLM-CPU's AVX-512 attention compute), "
+                             "sdpa (transformers' SDPA, what a CPU training side runs unless told otherwise) or "
+                             "amx_rounding (the probabilities rounded to BF16 before they multiply V, as vLLM-CPU's "
+                             "AMX attention does: localrl/amx_attention.py)",
+                             backends=("local",), choices=("rounded_once", "sdpa", "amx_rounding")),
     "test_temperature": Key(0.0, "nonnegative", "test sampling temperature; 0 = greedy",
                             (A + "rollout.val_kwargs.temperature",), backends=("verl",)),
     "test_n": Key(1, "count", "test samples per problem", (A + "rollout.val_kwargs.n",), backends=("verl",)),

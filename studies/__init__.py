@@ -68,6 +68,11 @@ STUDIES = {s.name: s for s in (
                        "side's attention: the mismatch its RL loop logs", None, "studies.tiny.report",
           "experiments/tiny-sdpa.yaml",
           AUTO_ENGINE, "transformers' SDPA (rl.trainer_attention: sdpa)", per_machine=True),
+    Study("tiny_amx", "the embedded default grid's none / rope / all with an attention rounding as vLLM-CPU's AMX "
+                      "kernel does on the training side: the mismatch its RL loop logs", None, "studies.tiny.report",
+          "experiments/tiny-amx.yaml", AUTO_ENGINE,
+          "the probabilities rounded to BF16 before they multiply V (rl.trainer_attention: amx_rounding)",
+          per_machine=True),
     Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
           "experiments/stress.yaml"),
     Study("treatments", "the fixes side by side: alignment, compile, FP16, TIS/MIS: mismatch, cost, stability",

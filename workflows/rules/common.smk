@@ -260,6 +260,7 @@ STUDY_SETTINGS = {
         "calibration": ["experiments/calibration.yaml"],
         "treatments": ["experiments/tiny.yaml", "experiments/treatments.yaml"],
         "tiny_sdpa": ["experiments/tiny.yaml", "experiments/tiny-sdpa.yaml"],
+        "tiny_amx": ["experiments/tiny.yaml", "experiments/tiny-amx.yaml"],
     },
     # runs of `python -m studies run scaling`, one after the other into the same tables: the ladders
     # (46 points, ~15 min on one core), then their expensive end and the real shapes (~1.5 h, ~8 GiB)

@@ -119,37 +119,46 @@ rule stress:
                       ["summary.*", "stability.csv", "probe_*", "*.png"])
 
 
-rule tiny_sdpa_report:
-    input:
-        f"{grid_tables('tiny_sdpa')}/summary.csv",
-    output:
-        f"{STUDY_OUT}/tiny_sdpa/report/headline.csv",
-    log:
-        study_log("tiny_sdpa", "report"),
-    benchmark:
-        study_benchmark("tiny_sdpa", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report tiny_sdpa --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
+# The embedded default grid with another attention on the training side (rl.trainer_attention), one study
+# each: its grid, the tiny grid's headline of it, published.
+for attention_grid in ("tiny_sdpa", "tiny_amx"):
 
+    rule:
+        name:
+            f"{attention_grid}_report"
+        input:
+            f"{grid_tables(attention_grid)}/summary.csv",
+        output:
+            f"{STUDY_OUT}/{attention_grid}/report/headline.csv",
+        log:
+            study_log(attention_grid, "report"),
+        benchmark:
+            study_benchmark(attention_grid, "report")
+        conda:
+            CPU_ENV
+        params:
+            name=attention_grid,
+        shell:
+            "python -m studies report {params.name} --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
 
-rule tiny_sdpa:
-    input:
-        tables=f"{grid_tables('tiny_sdpa')}/summary.csv",
-        headline=rules.tiny_sdpa_report.output[0],
-        machine=f"{GRID_RESULTS['tiny_sdpa']}/machine.json",
-        benchmarks=[f"{GRID_RESULTS['tiny_sdpa']}/logs/study_grid.tsv", study_benchmark("tiny_sdpa", "report")],
-    output:
-        report(published("tiny_sdpa"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("tiny_sdpa", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("tiny_sdpa", [grid_tables("tiny_sdpa"), GRID_FIGURES["tiny_sdpa"],
-                                    f"{STUDY_OUT}/tiny_sdpa/report"],
-                      ["summary.*", "stability.csv", "metrics.parquet", "headline.*", "*.png"])
+    rule:
+        name:
+            attention_grid
+        input:
+            tables=f"{grid_tables(attention_grid)}/summary.csv",
+            headline=f"{STUDY_OUT}/{attention_grid}/report/headline.csv",
+            machine=f"{GRID_RESULTS[attention_grid]}/machine.json",
+            benchmarks=[f"{GRID_RESULTS[attention_grid]}/logs/study_grid.tsv", study_benchmark(attention_grid, "report")],
+        output:
+            report(published(attention_grid), caption="../report/published.rst", category="Published"),
+        log:
+            study_log(attention_grid, "publish"),
+        conda:
+            CPU_ENV
+        shell:
+            publish_shell(attention_grid, [grid_tables(attention_grid), GRID_FIGURES[attention_grid],
+                                           f"{STUDY_OUT}/{attention_grid}/report"],
+                          ["summary.*", "stability.csv", "metrics.parquet", "headline.*", "*.png"])
 
 
 rule geo_rs_report:
