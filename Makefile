@@ -53,7 +53,8 @@ test-extended: $(STAMP)
 
 # The numerics tests with this CPU's own vector ISA, then with AVX2 code forced (ATen and Inductor):
 # what another x86-64 machine would run. Without the `long` checks (the rounding map at real shapes counts
-# stored casts, which no ISA changes; `make test-long` runs it).
+# stored casts, which no ISA changes; `make test-long` runs it). On a CPU with AMX tiles torch's BF16 SDPA
+# refuses the forced AVX2 (its operands are packed for AMX): a test that needs it skips, saying so.
 NUMERICS := tests/test_patches_regions.py tests/test_patches_fused.py tests/test_patches_model.py \
             tests/test_patches_backward.py tests/test_patches_stream.py tests/test_patches_transformers.py \
             tests/test_roundmap.py tests/test_patches_vllm.py tests/test_probe.py tests/test_scaling.py \

@@ -25,3 +25,13 @@ def tiny_model(arch: str, seed: int = 0, **overrides):
             if name.endswith("norm.weight"):
                 p.add_(0.2 * torch.randn_like(p))
     return model.eval()
+
+
+def bf16_sdpa_unavailable() -> str | None:
+    """Why torch's CPU SDPA cannot run BF16 here, or None. On a CPU with AMX tiles it packs its operands for
+    them, and refuses when ATen's vector ISA is forced below AVX-512 (`make test-isa`'s second pass)."""
+    try:
+        torch.nn.functional.scaled_dot_product_attention(*[torch.ones(1, 1, 64, 32, dtype=torch.bfloat16)] * 3)
+    except RuntimeError as err:
+        return f"torch's BF16 SDPA does not run with this ISA: {err}"
+    return None
