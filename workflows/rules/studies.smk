@@ -120,7 +120,8 @@ rule stress:
 
 
 # The embedded default grid with another attention on the training side (rl.trainer_attention), one study
-# each: its grid, the tiny grid's headline of it, published.
+# each: its grid, the tiny grid's headline of it, published. A shell command is formatted when its job
+# runs, after the loop: what it needs of the loop's variable comes through params.
 for attention_grid in ("tiny_sdpa", "tiny_amx"):
 
     rule:
@@ -155,9 +156,12 @@ for attention_grid in ("tiny_sdpa", "tiny_amx"):
             study_log(attention_grid, "publish"),
         conda:
             CPU_ENV
+        params:
+            name=attention_grid,
+            sources=" ".join([grid_tables(attention_grid), GRID_FIGURES[attention_grid],
+                              f"{STUDY_OUT}/{attention_grid}/report"]),
         shell:
-            publish_shell(attention_grid, [grid_tables(attention_grid), GRID_FIGURES[attention_grid],
-                                           f"{STUDY_OUT}/{attention_grid}/report"],
+            publish_shell("{params.name}", ["{params.sources}"],
                           ["summary.*", "stability.csv", "metrics.parquet", "headline.*", "*.png"])
 
 
