@@ -35,3 +35,13 @@ def bf16_sdpa_unavailable() -> str | None:
     except RuntimeError as err:
         return f"torch's BF16 SDPA does not run with this ISA: {err}"
     return None
+
+
+def attention_inputs(seed: int = 0, heads: int = 4, kv_heads: int = 2, tokens: int = 70, head_dim: int = 64):
+    """Random BF16 q, k, v for one sequence, (1, heads, T, D) and (1, kv_heads, T, D): scores spread wide
+    enough that the softmax is far from uniform."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(1, heads, tokens, head_dim, generator=g) * 2).bfloat16()
+    k = (torch.randn(1, kv_heads, tokens, head_dim, generator=g) * 2).bfloat16()
+    v = torch.randn(1, kv_heads, tokens, head_dim, generator=g).bfloat16()
+    return q, k, v

@@ -5,17 +5,14 @@ import pytest
 import torch
 
 from localrl.amx_attention import amx_rounding_attention, use_amx_rounding_attention
+from tests.model_factory import attention_inputs
 
 HEADS, KV_HEADS, HEAD_DIM, TOKENS = 4, 2, 64, 70
 SCALE = HEAD_DIM ** -0.5
 
 
 def _qkv(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = (torch.randn(1, HEADS, TOKENS, HEAD_DIM, generator=g) * 2).bfloat16()
-    k = (torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=g) * 2).bfloat16()
-    v = torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=g).bfloat16()
-    return q, k, v
+    return attention_inputs(seed, HEADS, KV_HEADS, TOKENS, HEAD_DIM)
 
 
 def _engine_isa():

