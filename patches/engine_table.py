@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -452,15 +453,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _cached_stores(family: str, config: EngineConfig, version: str, log) -> dict[str, bool]:
-    key = hashlib.sha256(json.dumps([version, config.to_json(), family, config.device]).encode()).hexdigest()[:16]
-    path = cache_dir() / f"{family}-{key}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # verl's processes start together: one reads, the others wait for it
-        if not path.exists():
-            read_family(path, family, config, version, log)
-    return json.loads(path.read_text())["stores"]
+def _cached_tables(config: EngineConfig, version: str, log) -> dict[str, dict[str, bool]]:
+    """family -> its table, from the cache or read off the graph. The missing families are read side by
+    side: each read is mostly a compile on one core."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    paths = {family: cache_dir() / "{}-{}.json".format(family, hashlib.sha256(
+        json.dumps([version, config.to_json(), family, config.device]).encode()).hexdigest()[:16])
+        for family in FAMILY_VALUES}
+    with contextlib.ExitStack() as held:
+        for path in paths.values():  # verl's processes start together: one reads, the others wait for it
+            fcntl.flock(held.enter_context(open(f"{path}.lock", "w")), fcntl.LOCK_EX)  # one order: no deadlock
+        missing = [family for family, path in paths.items() if not path.exists()]
+        with ThreadPoolExecutor(max(len(missing), 1)) as pool:
+            list(pool.map(lambda family: read_family(paths[family], family, config, version, log), missing))
+    return {family: json.loads(path.read_text())["stores"] for family, path in paths.items()}
 
 
 def read_family(path: Path, family: str, config: EngineConfig, version: str, log) -> None:
@@ -485,7 +491,7 @@ def auto_target(config: EngineConfig | None = None, log=lambda msg: print(msg, f
     why = refusal(config)
     if why:
         raise EngineNotReadable(why)
-    read = {family: _cached_stores(family, config, version, log) for family in FAMILY_VALUES}
+    read = _cached_tables(config, version, log)
     disagree = [v for v in read["qwen2"] if read["qwen2"][v] != read["qwen3"][v]]
     if disagree:
         raise EngineNotReadable(f"Qwen2's and Qwen3's graphs store {', '.join(disagree)} differently: one table "

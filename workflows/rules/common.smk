@@ -288,10 +288,14 @@ STUDY_SETTINGS = {
     "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
     "engine_tables": [],  # options of `python -m studies run engine_tables` (default: both configs, both shapes)
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
+    # the timing and engine studies' measuring jobs take every core, so that nothing runs beside them (off
+    # where the numbers mean nothing: the micro configuration runs them side by side)
+    "exclusive": True,
     **config.get("studies", {}),
 }
 
 
+EXCLUSIVE_THREADS = workflow.cores if STUDY_SETTINGS["exclusive"] else 1
 GRID_CONFIGS = STUDY_SETTINGS["grids"]
 GRID_RESULTS = {name: str(layout.results_dir(settings.load_all(files))) for name, files in GRID_CONFIGS.items()}
 GRID_FIGURES = {name: str(Path(cfg.get("figures_dir", "figures")) / cfg["profile"])

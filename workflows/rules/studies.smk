@@ -461,7 +461,7 @@ rule vllm_alignment_measure:
         study_benchmark("vllm_alignment", "measure")
     params:
         options=shlex.join(STUDY_SETTINGS["vllm_alignment"]),
-    threads: 2
+    threads: min(2, EXCLUSIVE_THREADS)
     conda:
         CPU_ENV
     shell:
@@ -550,7 +550,7 @@ rule kernels_measure:
         study_benchmark("kernels", "measure")
     params:
         options=shlex.join(STUDY_SETTINGS["kernels"]),
-    threads: workflow.cores  # the timings want the machine to themselves
+    threads: EXCLUSIVE_THREADS  # the timings want the machine to themselves
     conda:
         CPU_ENV
     shell:
@@ -586,7 +586,7 @@ rule depth_measure:
         study_benchmark("depth", "measure")
     params:
         options=shlex.join(STUDY_SETTINGS["depth"]),
-    threads: workflow.cores
+    threads: EXCLUSIVE_THREADS  # the engine and the scoring share the machine with nothing else
     conda:
         CPU_ENV
     shell:
@@ -685,7 +685,7 @@ rule trace_measure:
         study_benchmark("trace", "measure")
     params:
         options=shlex.join(STUDY_SETTINGS["trace"]),
-    threads: workflow.cores
+    threads: EXCLUSIVE_THREADS  # the engine and the scoring share the machine with nothing else
     conda:
         CPU_ENV
     shell:
@@ -737,7 +737,7 @@ rule engine_tables_measure:
         study_benchmark("engine_tables", "measure")
     params:
         options=shlex.join(STUDY_SETTINGS["engine_tables"]),
-    threads: workflow.cores  # the engine's throughput wants the machine to itself
+    threads: EXCLUSIVE_THREADS  # the engine's throughput wants the machine to itself
     conda:
         CPU_ENV
     shell:
