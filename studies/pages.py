@@ -325,6 +325,8 @@ def formatters(ledger: Ledger) -> dict:
     def between(low, high, how: str = "sig", *digits):
         text, unit = TEXTS[how]
         low, high = _number(low), _number(high)
+        if text(low.value, *digits) == text(high.value, *digits):  # "0", not "0-0"
+            return ledger.printed(text(low.value, *digits) + unit, low)
         return ledger.printed(text(low.value, *digits), low) + "-" + ledger.printed(text(high.value, *digits) + unit, high)
 
     return {**{how: filter_for(how) for how in TEXTS}, "between": between}

@@ -103,6 +103,13 @@ def test_formats():
     assert [sig(7.46e-5), sig(2.0), sig(36.3), fold(4.0), pct(0.5759)] == ["7.5e-5", "2.0", "36", "4.0", "58"]
 
 
+def test_a_range_whose_ends_print_alike_prints_one_number():
+    between = pages.formatters(pages.Ledger(marking=False))["between"]
+    assert between(pages.Num(0.0, "a"), pages.Num(0.0, "b"), "count") == "0"
+    assert between(pages.Num(3.12, "a"), pages.Num(3.14, "b"), "fold") == "3.1x"
+    assert between(pages.Num(3.12, "a"), pages.Num(3.2, "b"), "fold") == "3.1-3.2x"
+
+
 def test_the_command_names_an_unknown_page_and_checks_without_writing(capsys):
     from studies.__main__ import main
 
