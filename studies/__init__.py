@@ -101,8 +101,8 @@ STUDIES = {s.name: s for s in (
                    "the engine's own prefill of its samples", "studies.trace.measure", "studies.trace.report", None,
           "vLLM's CPU build 0.32 (its default compiled graph), its attention op's inputs and output read by a tap",
           "each setting's own: transformers' SDPA (`stock`), FP32 attention rounded once (`all`), an attention "
-          "in torch ops rounding where vLLM-CPU's AMX kernel does (`all_amx_rounding`), vLLM-CPU's attention "
-          "kernel and GEMMs (`all_engine_kernels`)",
+          "in torch ops rounding where vLLM-CPU's AMX kernel does (`all_amx_rounding`; with vLLM-CPU's GEMMs: "
+          "`all_amx_rounding_engine_gemm`), vLLM-CPU's attention kernel and GEMMs (`all_engine_kernels`)",
           per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
                      "fused, against stock transformers", "studies.kernels.measure", None, None,

