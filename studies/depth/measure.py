@@ -23,7 +23,9 @@ run resumes at the first point it has not measured, and the points of other opti
 match as measured, and names them under `resumed_from` with the commit that measured each: adding points
 to a published study does not measure its old ones again. Both are per training kernels set: a point
 measured on some of `--kernels` is measured on the others alone, on the same samples (the sample store's,
-or the engine's again: its samples are seeded), and `resumed_from["kernels"]` names the sets taken.
+or the engine's again: its samples are seeded). `resumed_from["kernels"]` names the sets taken per point,
+`resumed_from["points"]` the commit that measured each (point -> set -> commit), and
+`resumed_from["commits"]` the sets per commit.
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
@@ -72,13 +74,19 @@ VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with
 
 def earlier_points(path: Path) -> dict[str, dict]:
     """An earlier measurement's points, each with the options that made it (as the kept points hold them)
-    and the commit that measured it: the one that published the file, or, for a point that file had itself
-    taken from an earlier one, the commit it names."""
+    and, per training kernels set, the commit that measured it: the one that published the file, or, for
+    a set that file had itself taken from an earlier one, the commit it names."""
     earlier = json.loads(path.read_text())
     versions = {k: earlier["machine"].get(k) for k in VERSIONS}
-    measured_at = {name: published_commit(path) for name in earlier["shapes"]}
-    measured_at.update(earlier.get("resumed_from", {}).get("points", {}))
-    return {name: {"entry": entry, "measured_at": measured_at[name], "made_by": {
+    resumed = earlier.get("resumed_from", {})
+
+    def measured_at(name: str, kernels: str) -> str | None:
+        if kernels not in resumed.get("kernels", {}).get(name, []):
+            return published_commit(path)
+        at = resumed["points"][name]
+        return at[kernels] if isinstance(at, dict) else at  # files written before per-set commits: one per point
+
+    return {name: {"entry": entry, "measured_at": {k: measured_at(name, k) for k in entry["sequences"]}, "made_by": {
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(next(iter(entry["sequences"].values()))[0]),
         "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
         for name, entry in earlier["shapes"].items()}
@@ -191,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         taken = [k for k in args.kernels if k not in missing and (mine is None or k not in mine["sequences"])]
         if taken:
             resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": {}, "kernels": {}})
-            resumed["points"][name], resumed["kernels"][name] = earlier[name]["measured_at"], taken
+            resumed["points"][name] = {k: earlier[name]["measured_at"][k] for k in taken}
+            resumed["kernels"][name] = taken
+            for k in taken:  # commit -> the sets taken as it measured them, for the pages
+                sets = resumed.setdefault("commits", {}).setdefault(resumed["points"][name][k], [])
+                sets += [k] if k not in sets else []
         if not missing:
             log(f"[{i + 1}/{len(points)}] {name}: measured already ({path if not taken else args.resume_from})")
             results["shapes"][name] = merged(entries, args.kernels)

@@ -33,6 +33,7 @@ SWAPS = {
     "engine_attention": "vLLM-CPU's attention kernel",
     "engine_gemm": "vLLM-CPU's GEMMs",
     "engine": "both",
+    "engine_steps": "both, each GEMM row in a product of its engine step's rows",
     "amx_rounding": "a trainable attention rounding where the AMX kernel does",
     "amx_rounding_engine_gemm": "that attention and vLLM-CPU's GEMMs",
 }

@@ -37,7 +37,7 @@ import torch
 
 from localrl.amx_attention import use_amx_rounding_attention
 from localrl.kernels import use_local_kernels
-from localrl.vllm_kernels import use_engine_attention, use_engine_gemms
+from localrl.vllm_kernels import EngineSteps, fed_as, stepwise, use_engine_attention, use_engine_gemms
 from rla.names import REGIONS
 
 
@@ -138,6 +138,24 @@ def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compila
                                      "startup_s": startup, "generate_s": generate}))
 
 
+# vLLM-CPU's scheduler: at most this many tokens per step for the LLM class (vllm/engine/arg_utils.py
+# `default_max_num_batched_tokens` on CPU, 0.32.0), and at most `engine`'s max_num_seqs requests
+STEP_TOKENS, STEP_REQUESTS = 4096, 64
+
+
+def engine_steps(samples: dict) -> list[EngineSteps]:
+    """Per sampled sequence, how `sample_with_vllm`'s engine fed its rows to the GEMMs (EngineSteps): it
+    submits every prompt at once, so its first step prefills them all, one product of every prompt's
+    rows, and each later step decodes one token of every request (each runs to NEW_TOKENS: ignore_eos).
+    Checked against the engine's own steps in tests/test_engine_steps.py."""
+    prompts = samples["prompts"]
+    prefill = sum(map(len, prompts))
+    if prefill > STEP_TOKENS or len(prompts) > STEP_REQUESTS:
+        raise ValueError(f"{len(prompts)} prompts of {prefill} tokens do not fit one engine step (at most "
+                         f"{STEP_REQUESTS} requests, {STEP_TOKENS} tokens): the engine's steps are not these")
+    return [EngineSteps(len(p), prefill, len(prompts)) for p in prompts]
+
+
 def sample_in_child(model_dir: str, out: str | Path, n_prompts: int, compilation_config: dict | None = None,
                     prompt_seed: int = 1234) -> dict:
     """`sample_with_vllm` in a child process (its engine state never reaches this one); its record.
@@ -219,6 +237,8 @@ TRAINING_KERNELS = {
     "engine_gemm": ("FP32 attention rounded once and vLLM-CPU's own GEMMs",
                     lambda model: use_engine_gemms(use_local_kernels(model, linear=False))),
     "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: use_engine_gemms(use_engine_attention(model))),
+    "engine_steps": ("vLLM-CPU's own attention kernel and GEMMs, each GEMM row in a product of its engine step's rows",
+                     lambda model: use_engine_gemms(use_engine_attention(model), steps=True)),
     # what a training side can run: trainable, rounding where the AMX kernel rounds (localrl/amx_attention.py)
     "amx_rounding": ("an attention in torch ops rounding where vLLM-CPU's AMX kernel does (trainable) and torch's "
                      "bf16 F.linear", use_amx_rounding_attention),
@@ -248,9 +268,11 @@ def score_sequences(model, samples: dict, spec: str, target: str, reduction: str
 
     ref = torch.tensor([x for row in samples["logprobs"] for x in row], dtype=torch.float64)
     got = []
+    steps = engine_steps(samples) if stepwise(model) else [None] * len(samples["prompts"])
     with patches.aligned(spec, target=target, reduction=reduction):
-        for p, r in zip(samples["prompts"], samples["responses"]):
-            logits = model(torch.tensor([p + r])).logits[0].float()
+        for p, r, step in zip(samples["prompts"], samples["responses"], steps):
+            with fed_as(step):
+                logits = model(torch.tensor([p + r])).logits[0].float()
             lp = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)]
             got.append(lp)
     d = torch.cat(got).double() - ref  # log(train / engine) per token

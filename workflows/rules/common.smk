@@ -277,10 +277,11 @@ STUDY_SETTINGS = {
     # adds points to it without measuring its old ones again
     "depth": ["--widths"],
     # options of `python -m studies run depth` for what `all` leaves at the goal depth (studies/leftover): 28
-    # layers, the engine's kernels and the trainable attention rounding as its AMX kernel does, and the paper
-    # widths (~1.5 h on 2 idle cores; a kernels set added later is measured alone on the kept points)
+    # layers, the engine's kernels (with its GEMMs also fed as its steps fed them) and the trainable attention
+    # rounding as its AMX kernel does, and the paper widths (~1.5 h on 2 idle cores; a kernels set added
+    # later is measured alone on the kept points)
     "leftover": ["--layers", "28", "--kernels", "hf", "attention", "engine_attention", "engine_gemm", "engine",
-                 "amx_rounding", "amx_rounding_engine_gemm", "--widths"],
+                 "engine_steps", "amx_rounding", "amx_rounding_engine_gemm", "--widths"],
     # options of `python -m studies run trace`: 28 layers at hidden 256, 2 architectures x 3 seeds x 32
     # sequences, every layer's attention op on both sides at decode batch 32, the engine alone at batches
     # 8, 4 and 1 (~30 min on 2 idle cores)
