@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -206,3 +207,22 @@ def test_unpaired_noise_widens_the_ratio_interval():
     frame, seqs = report.points(_result(sums, k3))
     aligned = report.ladder(frame, seqs).set_index("spec").loc["all"]
     assert aligned["seq_var_vs_none_high"] / aligned["seq_var_vs_none_low"] > 1.5
+
+
+def test_a_rows_interval_does_not_move_when_the_table_gains_rows():
+    """Each row's bootstrap is seeded by its own key: adding a training kernels set to a published
+    measurement leaves every earlier row's interval as it was."""
+    rng = np.random.default_rng(3)
+    sums = {(spec, s): rng.normal(0, 0.3, 40).tolist() for spec in ("none", "all") for s in (0, 1)}
+    k3 = {(spec, s): 1e-4 for spec in ("none", "all") for s in (0, 1)}
+    result = _result(sums, k3)
+    alone = report.ladder(*report.points(result))
+    for entry in result["shapes"].values():  # another set, sorted before "hf", scored on the same sequences
+        entry["vllm"]["rows"]["attention"] = entry["vllm"]["rows"]["hf"]
+        entry["sequences"]["attention"] = [[x + 0.5 for x in seq] for seq in entry["sequences"]["hf"]]
+    more = report.ladder(*report.points(result))
+    assert len(more) == 2 * len(alone)
+    pd.testing.assert_frame_equal(more[more["kernels"] == "hf"].reset_index(drop=True), alone)
+    # the seeds differ between rows: two rows of equal sequences but other keys get other intervals
+    shifted = more[more["kernels"] == "attention"].reset_index(drop=True)
+    assert not np.allclose(shifted["seq_var_low"], alone["seq_var_low"])

@@ -9,7 +9,8 @@
   (mean, min, max over seeds); `k3_vs_none`, stock's k3 over this setting's (mean over seeds of the
   per-seed ratio); the sequence log-ratio (the sum over a sequence's tokens of log(train / engine)) pooled
   over seeds: its mean and variance with LEVEL bootstrap intervals (sequences resampled within each seed,
-  BOOTSTRAP resamples, seeded), and its variance over stock's with a paired interval (both settings
+  BOOTSTRAP resamples, seeded by the row's own key: a row's interval does not move when the table gains
+  other rows), and its variance over stock's with a paired interval (both settings
   score the same sampled sequences, so a resample draws the same sequences for both).
 - `depth.png` / `.pdf`: k3 and the sequence log-ratio variance against depth.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -58,7 +60,6 @@ def _intervals(pairs: list[np.ndarray], rng: np.random.Generator) -> dict[str, t
 
 
 def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
-    rng = np.random.default_rng(0)
     out = []
     stock_rows = frame[(frame["spec"] == "none") & (frame["target"] == "vllm-cpu")]
     stock_of = {(r.point, r.kernels, r.reduction): r for r in stock_rows.itertuples()}
@@ -77,6 +78,7 @@ def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
                    seq_mean=float(pooled[:, 0].mean()), seq_var=float(pooled[:, 0].var(ddof=1)),
                    seq_var_none=float(pooled[:, 1].var(ddof=1)))
         row["seq_var_vs_none"] = row["seq_var"] / row["seq_var_none"]
+        rng = np.random.default_rng(zlib.crc32(json.dumps([str(k) for k in key]).encode()))
         for name, (low, high) in _intervals(pairs, rng).items():
             row[f"{name}_low"], row[f"{name}_high"] = low, high
         out.append(row)
