@@ -15,8 +15,8 @@ not a way to train.
   (`dispatch_cpu_unquantized_gemm`: SGL's packed-weight kernel for small weights on AMX CPUs, oneDNN
   otherwise), with q/k/v and gate/up as one GEMM each, as vLLM's merged layers compute them. These
   kernels are not batch-invariant: a row's product can differ in its last bits with the number of rows
-  in the product (at the paper models' widths on AMX CPUs, for products of up to 32 rows against 64),
-  though not with the other rows' values or its place among them. With `steps=True`, inside `fed_as`,
+  in the product (on AMX CPUs at the paper models' widths, `tests/test_vllm_kernels.py`), though not
+  with the other rows' values or its place among them. With `steps=True`, inside `fed_as`,
   each row is computed in a product of as many rows as the engine's step that computed it had
   (`EngineSteps`), the others zeros: what the engine's GEMMs gave that row, not what one product over
   the teacher-forced sequence gives.
