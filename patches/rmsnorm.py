@@ -152,9 +152,25 @@ def norm_forward(self, hidden_states: Tensor) -> Tensor:
     FP32; plain inputs stay stock, which keeps Qwen3's q_norm/k_norm (the RoPE region's) untouched."""
     width = self.weight.shape[-1]
     if stream.is_packed(hidden_states, width):
-        s = _norm_input(stream.unpack(hidden_states, width), hidden_states.dtype)
+        s = stream.unpack(hidden_states, width)
+        if (added := _graph_addends(hidden_states, s)) is not None:
+            return add_rms_norm(*added, self.weight, self.variance_epsilon, hidden_states.dtype)[0]
+        s = _norm_input(s, hidden_states.dtype)
         return rms_norm(s, self.weight, self.variance_epsilon, hidden_states.dtype)
     return type(self)._rla_stock_forward(self, hidden_states)
+
+
+def _graph_addends(packed: Tensor, s: Tensor) -> tuple[Tensor, Tensor] | None:
+    """With reduction="vllm_cpu_graph", the (previous layer's output, stream before it) a norm sums from,
+    as the engine's add + norm kernel does; None where the norm reads the stream itself (another order,
+    a first layer, a table that rounds the stream the norm reads, addends outside autograd)."""
+    from patches import _precision
+
+    if not _precision.sums_as_the_graph() or _norm_input(s, packed.dtype) is not s:
+        return None
+    added = stream.parts(packed)
+    # addends made outside autograd (a reentrant checkpoint's forward) would cut the norm's gradient path
+    return added if added and all(a.requires_grad == s.requires_grad for a in added) else None
 
 
 def _norm_input(s: Tensor, dtype: torch.dtype) -> Tensor:
@@ -171,7 +187,11 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
     width = self.input_layernorm.weight.shape[-1]
     dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
     s = stream.unpack(hidden_states, width)
-    h = rms_norm(_norm_input(s, dtype), self.input_layernorm.weight, self.input_layernorm.variance_epsilon, dtype)
+    norm = self.input_layernorm
+    if (added := _graph_addends(hidden_states, s)) is not None:
+        h = add_rms_norm(*added, norm.weight, norm.variance_epsilon, dtype)[0]
+    else:
+        h = rms_norm(_norm_input(s, dtype), norm.weight, norm.variance_epsilon, dtype)
     residual = s.to(dtype) if _precision.target().rounds_layer_output else s  # residual.layer_output
     if past_key_values is not None:  # the KV cache by the release's name (`cache` from 5.24: then in kwargs)
         kwargs[self._rla_cache_arg] = past_key_values
@@ -183,10 +203,12 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
         position_embeddings=position_embeddings,
         **kwargs,
     )
+    if _precision.sums_as_the_graph() and self.self_attn.layer_idx % 2:
+        h = wide(h)  # the kernel that stores the stream: its FP32 store sets the FP32 tiling (same values)
     h, s = add_rms_norm(h, residual, self.post_attention_layernorm.weight,
                         self.post_attention_layernorm.variance_epsilon, dtype)  # residual.post_attention: FP32
-    s = s + wide(self.mlp(h))
-    return stream.pack(s, dtype)
+    out = self.mlp(h)
+    return stream.keep_parts(stream.pack(s + wide(out), dtype), out, s)
 
 
 def model_forward(self, *args, **kwargs):

@@ -70,6 +70,19 @@ def unpack(t: Tensor, width: int) -> Tensor:
     return view
 
 
+def keep_parts(packed: Tensor, output: Tensor, before: Tensor) -> Tensor:
+    """`packed` (a layer's output stream, `before + output`), remembering its two addends: the next norm
+    can then sum from them as an engine kernel that adds and normalises in one does."""
+    if not torch.compiler.is_compiling():  # Dynamo cannot trace attributes set on tensors
+        packed._rla_parts = (output, before)
+    return packed
+
+
+def parts(t: Tensor) -> tuple[Tensor, Tensor] | None:
+    """The (layer output, stream before it) a packed stream was made of (`keep_parts`), or None."""
+    return getattr(t, "_rla_parts", None)
+
+
 def hidden_state(t: Tensor, width: int) -> Tensor:
     """What `output_hidden_states` reports for a layer output: the residual stream at the layer's
     output, rounded to the activation dtype, width `width` - the value a stock layer's output holds."""

@@ -52,7 +52,7 @@ def test_bad_spec_names_value_and_allowed(spec):
 
 
 def test_bad_reduction():
-    with pytest.raises(ValueError, match="^unknown reduction order 'fast'; allowed: eager, inductor_cpu$"):
+    with pytest.raises(ValueError, match="^unknown reduction order 'fast'; allowed: eager, inductor_cpu, vllm_cpu_graph$"):
         patches.apply("all", reduction="fast")
 
 

@@ -241,7 +241,7 @@ def test_bad_impl_names_value_and_allowed():
 
 def test_using_refuses_a_bad_value_and_changes_nothing():
     with _precision.using("fused", "inductor_cpu"):
-        for impl, reduction, refusal in (("eager", "fast", "reduction order 'fast'; allowed: eager, inductor_cpu"),
+        for impl, reduction, refusal in (("eager", "fast", "reduction order 'fast'; allowed: eager, inductor_cpu, vllm_cpu_graph"),
                                          ("triton", "eager", "implementation 'triton'; allowed: auto, eager, fused")):
             with pytest.raises(ValueError, match=f"^unknown {refusal}$"):
                 with _precision.using(impl, reduction):

@@ -181,3 +181,29 @@ def test_a_target_is_its_table_not_its_name(pair, named):
     mine = replace(TARGETS[named], name="my-engine", engine="an engine of mine")
     assert torch.equal(logits(mine), logits(named))
     assert not torch.equal(logits(replace(TARGETS[other], name="my-engine")), logits(named))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_graphs_order_sums_from_a_layers_addends_and_keeps_the_gradients(arch):
+    """reduction="vllm_cpu_graph" sums each input norm from the previous layer's output and the stream before
+    it (kept on the packed stream), and every other post-attention norm at the FP32 tiling: other sums of the
+    same values, so logits and gradients stay within summation-order distance of "inductor_cpu"'s, and
+    they do differ somewhere (the other order is in use)."""
+    model = to_bf16_fsdp_style(tiny_model(arch))
+    ids = torch.randint(0, 256, (2, 48), generator=torch.Generator().manual_seed(5))
+
+    def step(reduction):
+        model.zero_grad(set_to_none=True)
+        with patches.aligned("all", target="vllm-cpu", reduction=reduction):
+            logits = model(ids).logits
+        torch.log_softmax(logits.float(), -1).mean().backward()
+        return logits.detach().float(), {n: p.grad.float() for n, p in model.named_parameters()}
+
+    alone_logits, alone_grads = step("inductor_cpu")
+    graph_logits, graph_grads = step("vllm_cpu_graph")
+    assert (graph_logits - alone_logits).norm() <= 1e-2 * alone_logits.norm()
+    for name, grad in alone_grads.items():
+        assert (graph_grads[name] - grad).norm() <= 2e-2 * grad.norm() + 1e-6, name
+    differs = not torch.equal(graph_logits, alone_logits) or any(
+        not torch.equal(graph_grads[n], g) for n, g in alone_grads.items())
+    assert differs

@@ -67,3 +67,19 @@ def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
         hf_attention = bench.score(bench.training_model(model_dir, "hf"), samples, "all", "vllm-cpu", REDUCTION)
         assert rows["all"]["k3"] < hf_attention["k3"]  # SDPA in bf16 is a mismatch of its own
         assert rows["all"]["bit_equal"] > 0.5
+
+
+def test_with_the_engines_kernels_and_its_graphs_order_the_training_side_is_the_engine(sampled):
+    """vLLM-CPU's own attention and GEMMs on the training side (its GEMMs fed as its steps fed them) and the
+    norms summed as its compiled graph tiles them (reduction="vllm_cpu_graph"): `all` gives the engine's
+    logprobs bit for bit. Each norm's sums compiled on their own ("inductor_cpu") do not: the comparison can
+    fail."""
+    name, model_dir, samples = sampled
+    model = bench.training_model(model_dir, "engine_steps")
+    graph = bench.score(model, samples, "all", "vllm-cpu", "vllm_cpu_graph")
+    alone = bench.score(model, samples, "all", "vllm-cpu", "inductor_cpu")
+    print(f"{name} engine kernels: bit-equal {graph['bit_equal']:.2%} in the graph's order, "
+          f"{alone['bit_equal']:.2%} with each norm's sums on their own")
+    assert graph["tokens"] == PROMPTS * bench.NEW_TOKENS
+    assert graph["bit_equal"] == 1.0 and graph["k3"] == 0.0 and graph["max_abs"] == 0.0
+    assert alone["bit_equal"] < 1.0
