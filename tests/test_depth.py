@@ -151,6 +151,15 @@ def test_a_training_kernels_set_is_added_to_measured_points_on_the_same_samples(
     assert resumed["points"]["qwen2-256x1-s0"] == {"hf": "0123abc", "attention": "0123abc", "engine": "4567def"}
     assert resumed["commits"] == {"0123abc": ["hf", "attention"], "4567def": ["engine"]}
 
+    # a set remeasured (its rows now hold another summation order): measured anew, the others taken
+    measured.clear()
+    assert measure.main(fresh("again") + ["--remeasure", "attention"]) == 0
+    assert measured == [(1, ("attention", "engine")), (2, ("attention", "engine"))]
+    assert json.loads((tmp_path / "again/depth.json").read_text())["resumed_from"]["kernels"] == {
+        "qwen2-256x1-s0": ["hf"], "qwen2-256x2-s0": ["hf"]}
+    with pytest.raises(SystemExit):  # a set it does not measure is named
+        measure.main(fresh("again") + ["--remeasure", "local"])
+
     # the engine's samples changed: the point is named and nothing of its kept file is lost
     samples[0] = "other"
     kept = tmp_path / "depth.json.points/qwen2-256x1-s0.json"

