@@ -243,3 +243,13 @@ def test_a_rows_interval_does_not_move_when_the_table_gains_rows():
     # the seeds differ between rows: two rows of equal sequences but other keys get other intervals
     shifted = more[more["kernels"] == "attention"].reset_index(drop=True)
     assert not np.allclose(shifted["seq_var_low"], alone["seq_var_low"])
+
+
+def test_a_setting_with_every_logprob_equal_is_infinitely_below_stock():
+    """k3 0 (the engine's own logprobs): its ratio to stock's is infinite, not a division error."""
+    rng = np.random.default_rng(4)
+    sums = {("none", s): rng.normal(0, 0.3, 40).tolist() for s in (0, 1)}
+    sums.update({("all", s): [0.0] * 40 for s in (0, 1)})
+    k3 = {("none", 0): 4e-4, ("none", 1): 2e-4, ("all", 0): 0.0, ("all", 1): 0.0}
+    aligned = report.ladder(*report.points(_result(sums, k3))).set_index("spec").loc["all"]
+    assert aligned["k3"] == 0.0 and aligned["k3_vs_none"] == np.inf and aligned["seq_var"] == 0.0

@@ -7,8 +7,8 @@
   the sequence log-ratio's mean and variance.
 - `ladder.csv`: per architecture x layers x attention x setting, over seeds: k3 and bit-equal fraction
   (mean, min, max over seeds); `k3_vs_none`, stock's k3 over this setting's (mean over seeds of the
-  per-seed ratio); the sequence log-ratio (the sum over a sequence's tokens of log(train / engine)) pooled
-  over seeds: its mean and variance with LEVEL bootstrap intervals (sequences resampled within each seed,
+  per-seed ratio; infinite where this setting's k3 is 0); the sequence log-ratio (the sum over a
+  sequence's tokens of log(train / engine)) pooled over seeds: its mean and variance with LEVEL bootstrap intervals (sequences resampled within each seed,
   BOOTSTRAP resamples, seeded by the row's own key: a row's interval does not move when the table gains
   other rows), and its variance over stock's with a paired interval (both settings
   score the same sampled sequences, so a resample draws the same sequences for both).
@@ -71,7 +71,7 @@ def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
         row = dict(zip(KEYS, key))
         row.update(seeds=len(group), sequences=len(pooled), interval_level=LEVEL,
                    k3=group["k3"].mean(), k3_min=group["k3"].min(), k3_max=group["k3"].max(),
-                   k3_vs_none=float(np.mean([s.k3 / k for s, k in zip(stocks, group["k3"])])),
+                   k3_vs_none=float(np.mean([s.k3 / k if k else np.inf for s, k in zip(stocks, group["k3"])])),
                    bit_equal=group["bit_equal"].mean(), bit_equal_min=group["bit_equal"].min(),
                    bit_equal_max=group["bit_equal"].max(), mean_abs=group["mean_abs"].mean(),
                    max_abs=group["max_abs"].max(),
