@@ -272,14 +272,14 @@ STUDY_SETTINGS = {
     "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
     "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
     # options of `python -m studies run depth`: its ladder (2-28 layers at hidden 256, 2 architectures x 3
-    # seeds x 32 sequences; ~1 h on 2 idle cores) and the paper models' widths at 28 layers (8 sequences,
-    # seed 0). The measurement resumes from the points it kept; `--resume-from` a published depth.json
-    # adds points to it without measuring its old ones again
+    # seeds x 32 sequences; ~1.5 h on 2 idle cores with three summation orders) and the paper models' widths
+    # at 28 layers (8 sequences, seed 0). The measurement resumes from the points it kept; `--resume-from` a
+    # published depth.json adds points to it without measuring its old ones again
     "depth": ["--widths"],
     # options of `python -m studies run depth` for what `all` leaves at the goal depth (studies/leftover): 28
     # layers, the engine's kernels (with its GEMMs also fed as its steps fed them) and the trainable attention
-    # rounding as its AMX kernel does, and the paper widths (~1.5 h on 2 idle cores; a kernels set added
-    # later is measured alone on the kept points)
+    # rounding as its AMX kernel does, and the paper widths (~2 h on 2 idle cores with three summation
+    # orders; a kernels set added later is measured alone on the kept points, `--remeasure` measures one anew)
     "leftover": ["--layers", "28", "--kernels", "hf", "attention", "engine_attention", "engine_gemm", "engine",
                  "engine_steps", "amx_rounding", "amx_rounding_engine_gemm", "--widths"],
     # options of `python -m studies run trace`: 28 layers at hidden 256, 2 architectures x 3 seeds x 32
