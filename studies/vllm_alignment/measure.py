@@ -291,12 +291,15 @@ def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
 def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
          sequences: list[list[float]] | None = None) -> list[dict]:
     """Every region subset at `main_target` and `all` at each other target, in every summation order
-    (patches.REDUCTIONS); `sequences`, if given, gets each row's per-sequence log-ratio sums, in row order."""
-    from patches import REDUCTIONS
+    (patches.REDUCTIONS; the graph's order only where it differs, with the rmsnorm region, and stock
+    beside them); `sequences`, if given, gets each row's per-sequence log-ratio sums, in row order."""
+    from patches import REDUCTIONS, resolve
 
     rows = []
     for reduction in REDUCTIONS:
         settings = [(spec, main_target) for spec in SUBSETS] + [("all", other) for other in target_of_all]
+        if reduction == "vllm_cpu_graph":  # it changes the decoder layers' norms alone: elsewhere inductor_cpu's rows
+            settings = [(spec, target) for spec, target in settings if spec == "none" or "rmsnorm" in resolve(spec)]
         for spec, target in settings:
             summary, sums = score_sequences(model, samples, spec, target, reduction)
             rows.append({"spec": spec, "target": target, "reduction": reduction, **summary})
