@@ -18,7 +18,7 @@ tiling), not from the FP32 stream alone (the FP32 tiling); and the post-attentio
 layer (odd indices) is the kernel where Inductor stores the stream it has been recomputing (its
 `realize_reads_threshold`), whose FP32 store sets the FP32 tiling. Where the tilings differ, a sum can
 differ in its last bit. With the engine's own kernels on the training side this order gives vLLM-CPU's
-logprobs bit for bit at 28 layers (tests/test_patches_vllm.py; the leftover study).
+logprobs bit for bit at 28 layers on a CPU with AMX (tests/test_patches_vllm.py; the leftover study).
 
 Target: which engine build the regions round like (patches/targets.py); it decides whether the
 residual stream is rounded between layers.
