@@ -458,12 +458,15 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     shapes = QUICK_SHAPES if args.quick else GPU_SHAPES if device.type == "cuda" else CPU_SHAPES
     out = args.out or ROOT / "results" / "benchmarks" / f"regions-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
-    report = {"environment": environment(device), "shapes": [vars(s) for s in shapes],
-              "settings": {"repeats": args.repeats, "min_run_time_s": args.min_run_time, "quick": args.quick},
-              "copy_GBps": copy_bandwidth(device, args), "rows": [], "notes": []}
-    print(f"copy bandwidth: {report['copy_GBps']:.1f} GB/s", file=sys.stderr)
-    seen = set()
     start = time.perf_counter()
+    print(f"imports: {time.process_time():.0f} s of CPU time", file=sys.stderr)  # long work shows progress
+    report = {"environment": environment(device), "shapes": [vars(s) for s in shapes],
+              "settings": {"repeats": args.repeats, "min_run_time_s": args.min_run_time, "quick": args.quick}}
+    print(f"[{time.perf_counter() - start:6.0f} s] environment read (liger_kernel: "
+          f"{report['environment']['liger_kernel']})", file=sys.stderr)
+    report |= {"copy_GBps": copy_bandwidth(device, args), "rows": [], "notes": []}
+    print(f"[{time.perf_counter() - start:6.0f} s] copy bandwidth: {report['copy_GBps']:.1f} GB/s", file=sys.stderr)
+    seen = set()
     for shape in shapes:
         cases = [c for c in region_cases(shape, device) if c.name in args.cases]
         if "decoder_layer" in args.cases:

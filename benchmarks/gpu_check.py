@@ -85,7 +85,8 @@ class Step:
 
 def _cmp(rows: list[dict]) -> str:
     return ", ".join(c["verdict"] + ("" if c["verdict"] == "bit-equal" else
-                                     f" ({c['differing'] / c['of']:.2%}, max {c['max_ulp']} ulp)") for c in rows)
+                                     f" ({c['differing']} of {c['of']}, max {c['max_ulp']} ulp, "
+                                     f"{c.get('max_row_ulp', float('nan')):.2g} of its row)") for c in rows)
 
 
 def read_fused(report: dict, run: Run) -> Rows:
@@ -154,7 +155,7 @@ STEPS = [
     Step("model", ("torch", "transformers", "pandas"), 140,
          lambda r: ["studies/scaling/check_model.py", "--device", r.device, *_quick(r), "--out", str(r.json("model"))],
          read_model),
-    Step("epilogue", ("torch",), 15,
+    Step("epilogue", ("torch",), 60,
          lambda r: ["benchmarks/check_epilogue.py", "--device", r.device, "--out", str(r.json("epilogue"))],
          read_epilogue, cuda_only="Inductor's pass that could move the bias out of the GEMM runs for GPUs only"),
     Step("cuda-tests", ("torch", "transformers", "pytest", "yaml"), 60,
@@ -310,7 +311,21 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks/results/gpu-check"))
     p.add_argument("--wheels", type=Path, default=ROOT / "benchmarks/wheels",
                    help="a folder of extra wheels to install for the steps, e.g. Liger-Kernel's (default: %(default)s)")
+    p.add_argument("--steps", default=",".join(s.name for s in STEPS),
+                   help="comma-separated steps to run, in their fixed order (default: all)")
+    p.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS",
+                   help="a step's own time limit on a GPU instead of its default; repeatable")
     args = p.parse_args(argv)
+    names = [s.name for s in STEPS]
+    args.steps = args.steps.split(",")
+    if bad := [n for n in args.steps if n not in names]:
+        p.error(f"--steps: unknown {', '.join(bad)}; allowed: {', '.join(names)}")
+    limits = {}
+    for item in args.limit:
+        name, _, seconds = item.partition("=")
+        if name not in names or not seconds.replace(".", "", 1).isdigit() or float(seconds) <= 0:
+            p.error(f"--limit {item}: want STEP=SECONDS with STEP one of {', '.join(names)} and SECONDS > 0")
+        limits[name] = float(seconds)
     if args.budget_s is None:
         args.budget_s = BUDGET_S if args.device == "cuda" else CPU_BUDGET_S
     if args.budget_s <= 0:
@@ -334,12 +349,14 @@ def main(argv=None) -> int:
         results = {}
         for step in STEPS:
             left = args.budget_s - (time.perf_counter() - start)
-            if steps[step.name]:
+            if step.name not in args.steps:
+                problem, seconds = "skipped: not in --steps", 0.0
+            elif steps[step.name]:
                 problem, seconds = steps[step.name], 0.0
             elif left < 5:
                 problem, seconds = f"skipped: the budget of {args.budget_s:.0f} s was spent", 0.0
             else:
-                limit = min(step.limit_s, left) if args.device == "cuda" else left
+                limit = min(limits.get(step.name, step.limit_s), left) if args.device == "cuda" else left
                 print(f"[{time.perf_counter() - start:4.0f} s] {step.name} (limit {limit:.0f} s)")
                 problem, seconds = run_step(step, run, limit)
             results[step.name] = {"status": problem or "done", "seconds": seconds,
@@ -350,7 +367,8 @@ def main(argv=None) -> int:
         summary, archive = args.out / f"gpu-check-{run.tag}.md", args.out / f"gpu-check-{run.tag}.tar.gz"
         summary.write_text(text)
         with tarfile.open(archive, "w:gz") as tar:
-            tar.add(run.work, arcname=run.work.name)
+            tar.add(run.work, arcname=run.work.name,  # not the installed wheels
+                    filter=lambda info: None if info.name.startswith(f"{run.work.name}/site") else info)
     print(text)
     print(f"gpu_check: {time.perf_counter() - start:.0f} s; wrote {summary} and {archive}")
     failed = [n for n, r in results.items() if r["status"] != "done" and not r["status"].startswith("skipped")]

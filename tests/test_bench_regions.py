@@ -52,8 +52,20 @@ def test_fused_check_tells_a_last_bit_from_a_moved_rounding():
     assert check_fused.compare(want.clone(), want)["verdict"] == "bit-equal"
     last = want.clone().view(torch.int16)
     last[7] += 1
-    assert check_fused.compare(last.view(torch.bfloat16), want) | {"of": 0} == \
-        {"differing": 1, "of": 0, "max_ulp": 1, "verdict": "last-bit"}
+    assert check_fused.compare(last.view(torch.bfloat16), want) | {"of": 0, "max_row_ulp": 0} == \
+        {"differing": 1, "of": 0, "max_ulp": 1, "max_row_ulp": 0, "verdict": "last-bit"}
+    # a result near zero (a cancelling difference) many of its own ulps off, a fraction of an ulp of its row's
+    # scale: an order of operations; the same many-ulp difference on the row's largest value is not
+    near_zero = want.clone().float()
+    near_zero[3] = 1e-6
+    near_zero = near_zero.to(torch.bfloat16)
+    off = near_zero.clone().float()
+    off[3] = -1e-6
+    row = check_fused.compare(off.to(torch.bfloat16), near_zero)
+    assert row["max_ulp"] > 1000 and row["max_row_ulp"] < 1 and row["verdict"] == "order"
+    big = want.clone().view(torch.int16)
+    big[want.float().abs().argmax()] += 8
+    assert check_fused.compare(big.view(torch.bfloat16), want)["verdict"] == "rounding"
     gen = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(4096, generator=gen).to(torch.bfloat16).float() for _ in range(3))
     engine = (a * b + c).to(torch.bfloat16)

@@ -21,12 +21,22 @@ from tests.test_gpu_stress import without_absent_packages
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.parametrize("argv, names", [(["--steps", "fused,nope"], "--steps: unknown nope; allowed: fused"),
+                                         (["--limit", "regions=0"], "--limit regions=0: want STEP=SECONDS"),
+                                         (["--limit", "nope=5"], "--limit nope=5: want STEP=SECONDS")])
+def test_bad_steps_and_limits_are_named(argv, names, capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--device", "cpu", *argv])
+    assert names in capsys.readouterr().err
+
+
 @pytest.mark.extended  # 1.5-3.5 min on 2 cores: `make test-extended`
 def test_dry_run_without_vllm_verl_ray_orjson_snakemake(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
            "PYTHONPATH": str(without_absent_packages(tmp_path / "blocked"))}
-    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--device", "cpu", "--quick"], cwd=ROOT, env=env,
+    done = subprocess.run(["bash", "benchmarks/gpu_check.sh", "--device", "cpu", "--quick",  # the bare image:
+                           "--wheels", str(tmp_path / "no-wheels")], cwd=ROOT, env=env,  # no extra wheels
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     files = [p for p in out.rglob("*") if p.is_file()]
