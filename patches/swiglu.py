@@ -31,7 +31,7 @@ def swiglu_backward(grad: Tensor, gate: Tensor, up: Tensor) -> tuple[Tensor, Ten
     return d_gate.to(gate.dtype), d_up.to(up.dtype)
 
 
-CHUNK_ELEMENTS = 1 << 18  # eager: fp32 temporaries of ~1 MiB stay in cache instead of streaming memory
+CHUNK_ELEMENTS = 1 << 18  # eager on a CPU: fp32 temporaries of ~1 MiB stay in cache instead of streaming memory
 
 
 def _in_row_blocks(fn, *tensors):
@@ -49,7 +49,11 @@ def _in_row_blocks(fn, *tensors):
 
 def _run(fn, *tensors):
     compiled = kernel(fn, tensors[0])
-    return compiled(*tensors) if compiled is not fn else _in_row_blocks(fn, *tensors)
+    if compiled is not fn:
+        return compiled(*tensors)
+    # Blocks help a CPU's cache only: on a GPU each block is a dozen kernel launches, and a Qwen2.5-7B MLP's
+    # 630 blocks made the eager region 90x slower than stock on an H200 (benchmarks/results/gpu-check).
+    return _in_row_blocks(fn, *tensors) if tensors[0].device.type == "cpu" else fn(*tensors)
 
 
 class SwiGLU(torch.autograd.Function):

@@ -115,6 +115,12 @@ STUDIES = {s.name: s for s in (
           "studies.engine_tables.measure", None, None,
           "vLLM's CPU build 0.32 under each configuration (its compiled graph; the table read off it)",
           BOTH_ATTENTIONS, per_machine=True),
+    Study("gpu_check", "the regions, the `vllm` target and the suite's CUDA paths on a GPU: what "
+                       "benchmarks/gpu_check.sh measured on an H200 (its runs: studies/gpu_check/runs/)", None,
+          "studies.gpu_check.report", None,
+          "the local engine compiled by Inductor to Triton on the GPU (vLLM's GPU graph as read from vLLM's source; "
+          "vLLM itself did not run there); measured on the GPU machine, each run's machine and versions in runs.csv",
+          "one pinned attention kernel for both sides (torch's efficient SDPA kernel)"),
     Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
           "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
           "none: no training side (the graphs' stored values against patches/targets.py)"),

@@ -145,6 +145,18 @@ def test_engine_rope_table_in_fp32_on_the_device_asked_for():
     assert (cache.device.type, cache.dtype, cache.shape) == ("meta", torch.bfloat16, (16, 64))
 
 
+def test_eager_swiglu_runs_whole_off_the_cpu(monkeypatch):
+    """Only a CPU gets the row blocks (they keep its cache warm); elsewhere one pass over the whole tensor."""
+    def blocked(fn, *tensors):
+        raise AssertionError("row blocks off the CPU")
+    monkeypatch.setattr(swiglu, "_in_row_blocks", blocked)
+    gate = torch.empty(600, 512, dtype=torch.bfloat16, device="meta")
+    with patches.aligned("swiglu", impl="eager"):
+        assert swiglu.swiglu(gate, gate).shape == gate.shape
+        with pytest.raises(AssertionError, match="row blocks"):  # the check can fail: a CPU tensor takes them
+            swiglu.swiglu(torch.zeros_like(gate, device="cpu"), torch.zeros_like(gate, device="cpu"))
+
+
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("tokens", TOKENS)
 def test_rope_bitwise(shape, tokens):

@@ -537,6 +537,47 @@ rule roundmap:
         publish_shell("roundmap", [f"{STUDY_OUT}/roundmap/maps"])
 
 
+# --- the GPU check: measured on a GPU machine by benchmarks/gpu_check.sh (no Snakemake there), its runs
+# committed in studies/gpu_check/runs/; the DAG turns them into tables and publishes them
+
+
+GPU_CHECK_RUNS = Path(sys.modules["studies"].__file__).parent / "gpu_check" / "runs"  # beside the code that reads them
+
+
+rule gpu_check_report:
+    input:
+        sorted(GPU_CHECK_RUNS.glob("*/summary.json")),
+    output:
+        tables=[f"{STUDY_OUT}/gpu_check/report/{t}.csv" for t in ("runs", "fused", "model", "checks", "regions")],
+        machine=study_machine("gpu_check"),
+    log:
+        study_log("gpu_check", "report"),
+    benchmark:
+        study_benchmark("gpu_check", "report")
+    params:
+        runs=GPU_CHECK_RUNS,
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output.machine}; "
+        "python -m studies report gpu_check --runs {params.runs} --out $(dirname {output.tables[0]}) > {log} 2>&1"
+
+
+rule gpu_check:
+    input:
+        tables=rules.gpu_check_report.output.tables,
+        machine=rules.gpu_check_report.output.machine,
+        benchmarks=[study_benchmark("gpu_check", "report")],
+    output:
+        report(published("gpu_check"), caption="../report/published.rst", category="Published"),
+    log:
+        study_log("gpu_check", "publish"),
+    conda:
+        CPU_ENV
+    shell:
+        publish_shell("gpu_check", [f"{STUDY_OUT}/gpu_check/report"])
+
+
 # --- the aligned regions' cost (benchmarks/bench_regions.py): a timing, so run it on an otherwise idle machine
 
 

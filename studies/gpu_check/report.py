@@ -1,0 +1,152 @@
+"""The GPU check's runs as tables: what `benchmarks/gpu_check.sh` measured on a GPU machine.
+
+The measurement runs on the GPU machine with its own Python (no Snakemake there): each run's folder in
+`studies/gpu_check/runs/` is what one call returned (`summary.json` with the machine, versions, commit and
+command; every step's JSON and log). This report reads those folders and writes one table per step, each
+row naming its run; `runs.csv` holds each run's provenance. Torch-free.
+
+    python -m studies report gpu_check --runs studies/gpu_check/runs --out results/studies/gpu_check/report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.output import to_markdown
+from rla import files
+
+RUNS = "studies/gpu_check/runs"
+TABLES = ("runs.csv", "fused.csv", "model.csv", "checks.csv", "regions.csv")  # what main writes, with *.md views
+VERDICTS = ("bit-equal", "last-bit", "order", "rounding")  # best to worst (benchmarks/check_fused.py)
+
+
+def _read(folder: Path, step: str) -> dict | None:
+    path = folder / f"{step}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def run_row(name: str, summary: dict) -> dict:
+    env = summary["environment"]
+    row = {"run": name, **{k: env.get(k) for k in ("commit", "command", "date_utc", "device_name", "nvidia_smi", "cuda",
+                                                    "torch", "triton", "transformers", "liger_kernel", "python")}}
+    for step, result in summary["steps"].items():
+        row[f"{step}_status"], row[f"{step}_s"] = result["status"], round(result["seconds"], 1)
+    return row
+
+
+def fused_rows(name: str, report: dict) -> list[dict]:
+    out = []
+    for r in report["rows"]:
+        for comparison in ("fused_vs_engine", "eager_vs_engine", "stock_vs_engine", "fused_vs_eager_grads"):
+            for output, c in enumerate(r[comparison]):
+                out.append({"run": name, "model": r["model"], "region": r["region"], "comparison": comparison,
+                            "output": output, "differing": c["differing"], "of": c["of"],
+                            "share": c["differing"] / c["of"], "max_ulp": c["max_ulp"],
+                            "max_row_ulp": c.get("max_row_ulp"), "verdict": c["verdict"], "passed": r["passed"]})
+    return out
+
+
+def model_rows(name: str, report: dict) -> list[dict]:
+    keep = ("model", "layers", "hidden", "vocab", "n_seq", "prompt_len", "response_len", "target", "attention",
+            "regions", "impl", "reference", "n_tokens", "k3", "mean_abs_dlogprob", "bit_equal")
+    rows = [{"run": name, **{k: r[k] for k in keep}} for r in report["rows"]]
+    stock = {(r["model"], r["reference"]): r["k3"] for r in rows if r["regions"] == "none"}
+    return [{**r, "stock k3 / k3": stock[(r["model"], r["reference"])] / r["k3"]} for r in rows]
+
+
+def check_rows(name: str, folder: Path) -> list[dict]:
+    rows = []
+    if epilogue := _read(folder, "epilogue"):
+        for graph in ("vllm_graph", "every_user_pointwise"):
+            rows.append({"run": name, "check": f"epilogue: qkv bias, {graph}", "result": epilogue[graph]["bias"]})
+    if model := _read(folder, "model"):
+        for m in model["roundmaps"]:
+            rows.append({"run": name, "check": f"rounding map of {m['model']}'s {m['graphs']} Triton graphs",
+                         "result": f"as target {model['target']}" if m["matches"] else f"differs from {model['target']}"})
+    if tests := _read(folder, "cuda-tests"):
+        rows += [{"run": name, "check": t["nodeid"], "result": t["outcome"]} for t in tests["tests"]]
+    return rows
+
+
+def region_rows(name: str, report: dict) -> list[dict]:
+    keep = ("model", "arch", "case", "impl", "time_ms", "time_x_stock", "saved_bytes", "saved_x_stock", "peak_bytes",
+            "peak_x_stock", "GBps")
+    return [{"run": name, **{k: r.get(k) for k in keep}, "copy_GBps": report["copy_GBps"]} for r in report["rows"]]
+
+
+def tables(runs: Path) -> dict[str, pd.DataFrame]:
+    folders = sorted(p for p in runs.iterdir() if (p / "summary.json").is_file())
+    if not folders:
+        raise SystemExit(f"--runs {runs}: no run folder with a summary.json (what benchmarks/gpu_check.sh returns)")
+    found = {t: [] for t in TABLES}
+    for folder in folders:
+        name = folder.name
+        found["runs.csv"].append(run_row(name, json.loads((folder / "summary.json").read_text())))
+        if fused := _read(folder, "fused"):
+            found["fused.csv"] += fused_rows(name, fused)
+        if model := _read(folder, "model"):
+            found["model.csv"] += model_rows(name, model)
+        found["checks.csv"] += check_rows(name, folder)
+        if regions := _read(folder, "regions"):
+            found["regions.csv"] += region_rows(name, regions)
+    return {t: pd.DataFrame(rows) for t, rows in found.items()}
+
+
+def fused_view(fused: pd.DataFrame) -> pd.DataFrame:
+    """One row per run, model and region; per comparison its worst output: verdict, share differing, and the
+    largest difference in ulps of its row's scale (absent before the check measured it)."""
+    def cell(rows: pd.DataFrame) -> str:
+        worst = rows.loc[rows["verdict"].map(VERDICTS.index).idxmax()]
+        if worst["verdict"] == "bit-equal":
+            return "bit-equal"
+        row_ulp = rows["max_row_ulp"].max()
+        return (f"{worst['verdict']}: {rows['share'].max():.4%} differ, max {rows['max_ulp'].max()} ulp"
+                + ("" if pd.isna(row_ulp) else f" ({row_ulp:.2g} ulp at its row's scale)"))
+
+    keys = ["run", "model", "region"]
+    view = fused.groupby(keys + ["comparison"], sort=False).apply(cell, include_groups=False).unstack("comparison")
+    view = view[["fused_vs_engine", "eager_vs_engine", "stock_vs_engine", "fused_vs_eager_grads"]].reset_index()
+    return view.merge(fused.groupby(keys, sort=False)["passed"].first().reset_index(), on=keys)
+
+
+def model_view(model: pd.DataFrame) -> pd.DataFrame:
+    """Against the engine's forward: k3, |d logprob|, bit-equal share, and stock's k3 over each setting's."""
+    rows = model[model["reference"] == "engine_forward"]
+    return rows[["run", "model", "layers", "regions", "impl", "n_tokens", "k3", "mean_abs_dlogprob", "bit_equal",
+                 "stock k3 / k3"]]
+
+
+def regions_view(regions: pd.DataFrame) -> pd.DataFrame:
+    view = regions[["run", "model", "case", "impl", "time_ms", "time_x_stock", "saved_x_stock", "peak_x_stock"]].copy()
+    view.insert(4, "saved_MiB", regions["saved_bytes"] / 2**20)
+    return view
+
+
+def runs_view(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[["run", "commit", "command", "date_utc", "nvidia_smi", "cuda", "torch", "triton", "transformers",
+                 "liger_kernel"]].astype(str)
+
+
+VIEWS = {"runs.csv": runs_view, "fused.csv": fused_view, "model.csv": model_view, "checks.csv": lambda frame: frame,
+         "regions.csv": regions_view}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=Path, default=Path(RUNS), help="folder of run folders (default: %(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="folder for the tables")
+    args = p.parse_args(argv)
+    for table, frame in tables(args.runs).items():
+        files.write_text(args.out / table, frame.to_csv(index=False))
+        if table in VIEWS and not frame.empty:
+            files.write_text(args.out / table.replace(".csv", ".md"), to_markdown(VIEWS[table](frame)) + "\n")
+        print(f"{table}: {len(frame)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
