@@ -6,6 +6,10 @@ command; every step's JSON and log). This report reads those folders and writes 
 row naming its run; `runs.csv` holds each run's provenance. Torch-free.
 
     python -m studies report gpu_check --runs studies/gpu_check/runs --out results/studies/gpu_check/report
+
+A new run: `benchmarks/gpu_check.sh` on the GPU machine returns gpu-check-gpu.tar.gz; unpack it here
+(`tar xzf gpu-check-gpu.tar.gz && mv gpu-check-gpu studies/gpu_check/runs/<gpu>-<commit>`) and
+`snakemake --cores 2 gpu_check` makes the tables anew (a new run folder is a new input).
 """
 
 from __future__ import annotations
