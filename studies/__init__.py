@@ -35,6 +35,7 @@ class Study:
     engine: str = RIG_ENGINE  # the inference side its numbers are measured against
     attention: str = RIG_ATTENTION  # the training side's attention (a condition of every mismatch number)
     per_machine: bool = False  # its numbers depend on the machine's kind: published per kind, side by side
+    measured_by: str | None = None  # where `measure` is None and no grid measures it: what does
 
     @property
     def target(self) -> str:
@@ -120,7 +121,8 @@ STUDIES = {s.name: s for s in (
           "studies.gpu_check.report", None,
           "the local engine compiled by Inductor to Triton on the GPU (vLLM's GPU graph as read from vLLM's source; "
           "vLLM itself did not run there); measured on the GPU machine, each run's machine and versions in runs.csv",
-          "one pinned attention kernel for both sides (torch's efficient SDPA kernel)"),
+          "one pinned attention kernel for both sides (torch's efficient SDPA kernel)",
+          measured_by="benchmarks/gpu_check.sh, on a GPU machine (its runs: studies/gpu_check/runs/)"),
     Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
           "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
           "none: no training side (the graphs' stored values against patches/targets.py)"),

@@ -24,6 +24,9 @@ def _step(kind: str, name: str, argv: list[str]) -> int:
     entry = study(name)
     module = getattr(entry, kind)
     if module is None:
+        if kind == "measure" and entry.measured_by:
+            raise ConfigError(f"study {name!r} has no run step here: it is measured by {entry.measured_by}; "
+                              f"snakemake --cores N {entry.target} makes its tables")
         how = "its grid's Snakemake DAG" if kind == "measure" else "its grid's own tables and figures"
         raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
                           f"{how} (snakemake --cores N {entry.target})")

@@ -41,6 +41,15 @@ def test_a_bad_study_name_is_named():
     assert done.returncode == 2 and "scalling" in done.stderr and "scaling" in done.stderr
 
 
+@pytest.mark.parametrize("name, says", [("gpu_check", "measured by benchmarks/gpu_check.sh"),
+                                        ("stress", "its grid's Snakemake DAG")])
+def test_a_study_without_a_run_step_says_what_measures_it(name, says, capsys):
+    from studies.__main__ import main
+
+    assert main(["run", name]) == 2
+    assert says in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", sorted(STUDIES))
 def test_published_outputs_carry_their_provenance(name):
     folder = ROOT / STUDIES[name].published
