@@ -91,7 +91,7 @@ class Step:
 def _cmp(rows: list[dict]) -> str:
     return ", ".join(c["verdict"] + ("" if c["verdict"] == "bit-equal" else
                                      f" ({c['differing']} of {c['of']}, max {c['max_ulp']} ulp, "
-                                     f"{c.get('max_row_ulp', float('nan')):.2g} of its row)") for c in rows)
+                                     f"{c.get('max_row_ulp', float('nan')):.2g} ulp at its row's scale)") for c in rows)
 
 
 def read_fused(report: dict, run: Run) -> Rows:
