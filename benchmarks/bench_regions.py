@@ -342,9 +342,32 @@ def measure(case: Case, impls: list[str], args, device) -> tuple[list[dict], lis
     for impl, runs in time_interleaved(steps, args).items():
         row = rows[impl]
         row["time_ms"], row["time_ms_runs"] = statistics.median(runs), runs
+        if device.type == "cuda":
+            select(impl)
+            row.update(device_time(steps[impl]))
+            select("stock")
         if "interface_bytes" in row:
             row["GBps"] = row["interface_bytes"] / (row["time_ms"] * 1e-3) / 1e9
     return list(rows.values()), failures
+
+
+def device_time(step: Callable[[], None], steps: int = 5) -> dict:
+    """Per step, the GPU's busy time (kernels, copies and fills, from torch.profiler) and how many of them
+    ran. Beside the wall-clock time it says whether a case waits on the GPU or on the host launching it: a
+    region whose device time is a small part of its wall time is bound by launches and Python, not memory."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    on_device = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    if not on_device:
+        return {"device_note": "the profiler saw no device activity"}
+    busy_us = sum(e.time_range.elapsed_us() for e in on_device)
+    return {"device_ms": busy_us / steps / 1e3, "device_ops": len(on_device) / steps}
 
 
 def cuda_memory(fn, inputs, upstream, params) -> dict:
@@ -399,7 +422,7 @@ def markdown(rows: list[dict], copy_gbps: float) -> str:
     cuda = any("peak_bytes" in r for r in rows)
     head = ["model", "case", "impl", "time ms", "x stock", "saved MiB", "x stock"]
     if cuda:
-        head += ["peak MiB", "x stock"]
+        head += ["peak MiB", "x stock", "device ms", "device ops"]
     head += ["GB/s", "% copy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -407,7 +430,9 @@ def markdown(rows: list[dict], copy_gbps: float) -> str:
                  f"{r.get('time_x_stock', float('nan')):.2f}", f"{r['saved_bytes'] / 2**20:.1f}",
                  f"{r.get('saved_x_stock', float('nan')):.2f}"]
         if cuda:
-            cells += [f"{r['peak_bytes'] / 2**20:.1f}", f"{r.get('peak_x_stock', float('nan')):.2f}"]
+            cells += [f"{r['peak_bytes'] / 2**20:.1f}", f"{r.get('peak_x_stock', float('nan')):.2f}",
+                      f"{r['device_ms']:.3f}" if "device_ms" in r else "",
+                      f"{r['device_ops']:.0f}" if "device_ops" in r else ""]
         cells += [f"{r['GBps']:.1f}" if "GBps" in r else "", f"{100 * r['GBps'] / copy_gbps:.0f}" if "GBps" in r else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -132,6 +132,8 @@ def read_regions(report: dict, run: Run) -> Rows:
             text += f", peak {r['peak_bytes'] / 2**20:.1f} MiB ({r.get('peak_x_stock', float('nan')):.2f}x)"
         if "GBps" in r:
             text += f", {100 * r['GBps'] / report['copy_GBps']:.0f}% of copy"
+        if "device_ms" in r:
+            text += f", GPU busy {r['device_ms']:.3f} ms in {r['device_ops']:.0f} device ops"
         rows[f"{r['model']}/{r['arch']}/{r['case']}/{r['impl']}"] = text
     if not report["environment"].get("liger_kernel"):
         why = "liger_kernel not installed" if run.device == "cuda" else "Liger's kernels are Triton: CUDA only"

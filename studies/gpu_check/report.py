@@ -78,7 +78,7 @@ def check_rows(name: str, folder: Path) -> list[dict]:
 
 def region_rows(name: str, report: dict) -> list[dict]:
     keep = ("model", "arch", "case", "impl", "time_ms", "time_x_stock", "saved_bytes", "saved_x_stock", "peak_bytes",
-            "peak_x_stock", "GBps")
+            "peak_x_stock", "GBps", "device_ms", "device_ops")
     return [{"run": name, **{k: r.get(k) for k in keep}, "copy_GBps": report["copy_GBps"]} for r in report["rows"]]
 
 
@@ -125,7 +125,11 @@ def model_view(model: pd.DataFrame) -> pd.DataFrame:
 
 
 def regions_view(regions: pd.DataFrame) -> pd.DataFrame:
-    view = regions[["run", "model", "case", "impl", "time_ms", "time_x_stock", "saved_x_stock", "peak_x_stock"]].copy()
+    """Wall time per forward+backward step, and (where the run measured it) the GPU's busy time in it: a case
+    whose busy time is a small part of its wall time waits on its host launching kernels."""
+    columns = ["run", "model", "case", "impl", "time_ms", "time_x_stock", "device_ms", "device_ops", "saved_x_stock",
+               "peak_x_stock"]
+    view = regions.reindex(columns=columns)
     view.insert(4, "saved_MiB", regions["saved_bytes"] / 2**20)
     return view
 
