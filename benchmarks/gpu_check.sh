@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check in one call, with the machine's own Python (python3, or $PYTHON): torch with Triton and
-# transformers; no vLLM, verl, ray or orjson needed. A budget of 460 s on one H200, compilation
+# transformers; no vLLM, verl, ray or orjson needed. A budget of 480 s on one H200, compilation
 # included; what it measures, and in which order: benchmarks/gpu_check.py. Writes one summary
 # (gpu-check-<tag>.md) and one archive (gpu-check-<tag>.tar.gz) to $OUT, else benchmarks/results/gpu-check.
 #
