@@ -20,7 +20,7 @@ def _list(_args) -> int:
     return 0
 
 
-def _step(kind: str, name: str, argv: list[str]) -> int:
+def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None) -> int:
     entry = study(name)
     module = getattr(entry, kind)
     if module is None:
@@ -30,7 +30,13 @@ def _step(kind: str, name: str, argv: list[str]) -> int:
         how = "its grid's Snakemake DAG" if kind == "measure" else "its grid's own tables and figures"
         raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
                           f"{how} (snakemake --cores N {entry.target})")
-    return importlib.import_module(module).main(argv)
+    status = importlib.import_module(module).main(argv)
+    if machine_file:  # described by the process that measured, after it ran: the ISA its Inductor used
+        from rla import files
+        from studies.provenance import machine
+
+        files.write_text(machine_file, json.dumps(machine(), indent=1) + "\n")
+    return status
 
 
 def _machine(_args) -> int:
@@ -90,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(command, help=f"a study's {kind} step; its own options follow the name (NAME --help)",
                            add_help=False)
         s.add_argument("name", choices=list(STUDIES), metavar="NAME", help=", ".join(STUDIES))
+        s.add_argument("--machine", metavar="FILE", help="also write this machine's JSON (as `machine` prints it) "
+                       "here, from the same process")
         s.set_defaults(kind=kind)
     sub.add_parser("machine", help="this machine as JSON (CPU, vector ISA, versions)").set_defaults(func=_machine)
     pub = sub.add_parser("publish", help="copy a study's outputs into studies/NAME/published with provenance.json")
@@ -114,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     try:
         if hasattr(args, "kind"):  # run / report: the study's own options follow its name
-            return _step(args.kind, args.name, rest)
+            return _step(args.kind, args.name, rest, args.machine)
         if rest:
             parser().error(f"unrecognized arguments: {' '.join(rest)}")
         return args.func(args)

@@ -6,6 +6,7 @@ import ast
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,24 @@ def test_a_study_without_a_run_step_says_what_measures_it(name, says, capsys):
 
     assert main(["run", name]) == 2
     assert says in capsys.readouterr().err
+
+
+def test_run_describes_the_machine_from_the_measuring_process_after_it_ran(tmp_path, monkeypatch):
+    """`run NAME --machine FILE`: the study gets its own options alone, and FILE is written once it returned
+    (the workflow's measure rules use this instead of a second process)."""
+    import studies.__main__ as cli
+
+    seen = []
+
+    def measure(argv):
+        seen.append((list(argv), (tmp_path / "machine.json").exists()))
+        return 3
+
+    monkeypatch.setitem(sys.modules, STUDIES["depth"].measure, types.SimpleNamespace(main=measure))
+    status = cli.main(["run", "depth", "--layers", "4", "--machine", str(tmp_path / "machine.json"), "--out", "x"])
+    assert status == 3 and seen == [(["--layers", "4", "--out", "x"], False)]
+    record = json.loads((tmp_path / "machine.json").read_text())
+    assert record["aten_isa"] and record["inductor_isa"] and record["versions"]["torch"]
 
 
 @pytest.mark.parametrize("name", sorted(STUDIES))

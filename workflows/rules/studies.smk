@@ -314,13 +314,14 @@ rule scaling_measure:
     params:
         # one run per entry of the settings, each adding its points to the tables of the ones before
         runs=lambda wildcards, output: " && ".join(
-            f"python -m studies run scaling {shlex.join(options)} --out {output.measured}" + (" --append" if i else "")
+            f"python -m studies run scaling {shlex.join(options)} --out {output.measured}"
+            + (" --append" if i else f" --machine {output.machine}")
             for i, options in enumerate(STUDY_SETTINGS["scaling"])),
     threads: 1
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; ({params.runs}) > {log} 2>&1"
+        "({params.runs}) > {log} 2>&1"
 
 
 rule scaling_report:
@@ -370,8 +371,7 @@ rule gradprobe_measure:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run gradprobe --plan {input} --out $(dirname {output.done}) > {log} 2>&1"
+        "python -m studies run gradprobe --machine {output.machine} --plan {input} --out $(dirname {output.done}) > {log} 2>&1"
 
 
 rule gradprobe_report:
@@ -465,8 +465,7 @@ rule vllm_alignment_measure:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run vllm_alignment {params.options} --out {output.result} > {log} 2>&1"
+        "python -m studies run vllm_alignment --machine {output.machine} {params.options} --out {output.result} > {log} 2>&1"
 
 
 rule vllm_alignment:
@@ -559,8 +558,7 @@ rule gpu_check_report:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies report gpu_check --runs {params.runs} --out $(dirname {output.tables[0]}) > {log} 2>&1"
+        "python -m studies report gpu_check --machine {output.machine} --runs {params.runs} --out $(dirname {output.tables[0]}) > {log} 2>&1"
 
 
 rule gpu_check:
@@ -595,8 +593,7 @@ rule kernels_measure:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run kernels {params.options} --out {output.record} > {log} 2>&1"
+        "python -m studies run kernels --machine {output.machine} {params.options} --out {output.record} > {log} 2>&1"
 
 
 rule kernels:
@@ -631,8 +628,7 @@ rule depth_measure:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run depth {params.options} --out {output.result} > {log} 2>&1"
+        "python -m studies run depth --machine {output.machine} {params.options} --out {output.result} > {log} 2>&1"
 
 
 rule depth_report:
@@ -730,8 +726,7 @@ rule trace_measure:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run trace {params.options} --out {output.result} > {log} 2>&1"
+        "python -m studies run trace --machine {output.machine} {params.options} --out {output.result} > {log} 2>&1"
 
 
 rule trace_report:
@@ -782,8 +777,7 @@ rule engine_tables_measure:
     conda:
         CPU_ENV
     shell:
-        "python -m studies machine > {output.machine}; "
-        "python -m studies run engine_tables {params.options} --out {output.measured} > {log} 2>&1"
+        "python -m studies run engine_tables --machine {output.machine} {params.options} --out {output.measured} > {log} 2>&1"
 
 
 rule engine_tables:
