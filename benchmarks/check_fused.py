@@ -28,6 +28,7 @@ Exit status 1 when the check fails.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -98,6 +99,13 @@ def summary(rows: list[dict]) -> str:
     """One line per comparison: share differing, max ulp, verdict."""
     return ", ".join(f"{r['differing'] / r['of']:.4%} {r['max_ulp']} ulp ({r['max_row_ulp']:.2g} of the row) "
                      f"{r['verdict']}" for r in rows)
+
+
+def digest(tensors) -> list[str]:
+    """Per output, a hash of its bytes: two runs' outputs are bit-equal when their digests are (the GPU
+    check's repeats compare runs in fresh processes, each compiling anew)."""
+    return [hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
+            for t in tensors]
 
 
 def with_impl(impl: str, fn, *args):
@@ -178,7 +186,8 @@ def main(argv=None) -> int:
     tokens = 48 if args.quick else args.tokens
     out = args.out or ROOT / "benchmarks" / "results" / f"fused-check-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-              "tokens": tokens, "last_bit_share": LAST_BIT_SHARE, "regions": wanted, "rows": []}
+              "tokens": tokens, "last_bit_share": LAST_BIT_SHARE, "regions": wanted,
+              "inductor_deterministic": bool(torch._inductor.config.deterministic), "rows": []}
     ok = True
     start = time.perf_counter()
     for shape in QUICK if args.quick else SHAPES:
@@ -195,6 +204,7 @@ def main(argv=None) -> int:
                    "stock_vs_engine": [compare(g, w) for g, w in zip(stock_out, want)],
                    "fused_vs_eager_grads": [compare(g, w) for g, w in zip(
                        with_impl("fused", gradients, aligned, inputs), with_impl("eager", gradients, aligned, inputs))]}
+            row["digests"] = {"engine": digest(want), "fused": digest(fused_out), "eager": digest(eager_out)}
             row["failures"] = judge(row)
             row["passed"] = not row["failures"]
             ok &= row["passed"]

@@ -16,6 +16,9 @@ Steps, in this order, so that the first minutes give the most:
                 built on the GPU, `all` against the Triton engine), skipped on every CPU
   regions       bench_regions.py: time and activation memory per region and per decoder layer, stock /
                 aligned eager / aligned fused / Liger (where its wheel is installed), against a copy
+  repeat        by hand (--steps repeat): repeat_fused.py: whether the engine's formulation and the
+                aligned regions, compiled anew in fresh processes, give the same last bits, with and without
+                Inductor's deterministic mode
 Each step runs in its own process under its own time limit on a GPU, cut to what is left of --budget-s (a CPU
 dry run has the budget alone). A step that cannot run (a package missing, no GPU), fails or runs out of
 time is in the summary with the reason.
@@ -81,6 +84,7 @@ class Step:
     argv: Callable[[Run], list[str]]
     read: Callable[[dict, Run], Rows]  # its JSON -> rows
     cuda_only: str = ""     # why it measures nothing on a CPU, if it does not
+    by_default: bool = True  # run without --steps naming it
 
     def needs_here(self, run: Run) -> tuple[str, ...]:
         return self.needs + (("triton",) if run.device == "cuda" else ())
@@ -112,6 +116,11 @@ def read_model(report: dict, run: Run) -> Rows:
         rows[f"{m['model']}/rounding map of the engine's {m['graphs']} graphs"] = (
             f"as target `{report['target']}`" if not differ else f"DIFFERS from `{report['target']}` at {', '.join(differ)}")
     return rows
+
+
+def read_repeat(report: dict, run: Run) -> Rows:
+    return {f"{r['mode']}/{r['model']}/{r['region']}/{r['side']}[{r['output']}]":
+            f"{r['distinct']} distinct of {r['runs']} runs" for r in report.get("distinct", [])}
 
 
 def read_epilogue(report: dict, run: Run) -> Rows:
@@ -173,6 +182,10 @@ STEPS = [
                     *(["--quick", "--cases", "decoder_layer", "--min-run-time", "0.05"] if r.quick
                       else ["--min-run-time", "0.1"])],
          read_regions),
+    # by hand (--steps repeat): whether the compiled kernels' last bits repeat between fresh processes
+    Step("repeat", ("torch", "transformers"), 200,
+         lambda r: ["benchmarks/repeat_fused.py", "--device", r.device, "--out", str(r.json("repeat")), *_quick(r)],
+         read_repeat, by_default=False),
 ]
 
 
@@ -318,8 +331,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks/results/gpu-check"))
     p.add_argument("--wheels", type=Path, default=ROOT / "benchmarks/wheels",
                    help="a folder of extra wheels to install for the steps, e.g. Liger-Kernel's (default: %(default)s)")
-    p.add_argument("--steps", default=",".join(s.name for s in STEPS),
-                   help="comma-separated steps to run, in their fixed order (default: all)")
+    p.add_argument("--steps", default=",".join(s.name for s in STEPS if s.by_default),
+                   help="comma-separated steps to run, in their fixed order (default: %(default)s)")
     p.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS",
                    help="a step's own time limit on a GPU instead of its default; repeatable")
     args = p.parse_args(argv)

@@ -547,7 +547,8 @@ rule gpu_check_report:
     input:
         sorted(GPU_CHECK_RUNS.glob("*/summary.json")),
     output:
-        tables=[f"{STUDY_OUT}/gpu_check/report/{t}.csv" for t in ("runs", "fused", "model", "checks", "regions")],
+        tables=[f"{STUDY_OUT}/gpu_check/report/{t}.csv" for t in ("runs", "fused", "model", "checks", "regions",
+                                                                   "repeats")],
         machine=study_machine("gpu_check"),
     log:
         study_log("gpu_check", "report"),
