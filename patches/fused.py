@@ -52,8 +52,8 @@ def compiled(fn: Callable) -> Callable:
             RUNS[fn.__name__] += 1
             if torch.compiler.is_compiling():  # inlined into an enclosing graph: compiles nothing of its own
                 return graph(*args)
-            # set and restored by hand: `config.patch` costs ~3x as much per call (20 us a call on a CPU
-            # host), and a region runs four times per layer and step (q and k, forward and backward)
+            # set and restored by hand: `config.patch` costs ~3x as much (20 us more a call on a CPU host),
+            # and every call pays it (RoPE alone runs four per layer and step: q and k, forward and backward)
             config = torch._dynamo.config
             saved = config.recompile_limit, config.fail_on_recompile_limit_hit
             config.recompile_limit, config.fail_on_recompile_limit_hit = max(RECOMPILE_LIMIT, saved[0]), True
