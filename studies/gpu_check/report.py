@@ -57,7 +57,8 @@ def fused_rows(name: str, report: dict) -> list[dict]:
 def model_rows(name: str, report: dict) -> list[dict]:
     keep = ("model", "layers", "hidden", "vocab", "n_seq", "prompt_len", "response_len", "target", "attention",
             "regions", "impl", "reference", "n_tokens", "k3", "mean_abs_dlogprob", "bit_equal")
-    rows = [{"run": name, **{k: r[k] for k in keep}} for r in report["rows"]]
+    digests = ("responses_digest", "engine_logprobs_digest")  # absent from the runs made before they were kept
+    rows = [{"run": name, **{k: r[k] for k in keep}, **{k: r.get(k) for k in digests}} for r in report["rows"]]
     stock = {(r["model"], r["reference"]): r["k3"] for r in rows if r["regions"] == "none"}
     return [{**r, "stock k3 / k3": stock[(r["model"], r["reference"])] / r["k3"]} for r in rows]
 
