@@ -28,7 +28,6 @@ Exit status 1 when the check fails.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -45,6 +44,7 @@ from benchmarks.stock import stock_rms_norm  # noqa: E402
 from localrl.engine import ops  # noqa: E402
 from localrl.engine.model import compile_piece  # noqa: E402
 from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
+from rla.digest import tensor_digest  # noqa: E402
 
 BF16 = torch.bfloat16
 EPS, THETA, MAX_POS = 1e-6, 1e6, 32768
@@ -104,8 +104,7 @@ def summary(rows: list[dict]) -> str:
 def digest(tensors) -> list[str]:
     """Per output, a hash of its bytes: two runs' outputs are bit-equal when their digests are (the GPU
     check's repeats compare runs in fresh processes, each compiling anew)."""
-    return [hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()[:16]
-            for t in tensors]
+    return [tensor_digest(t) for t in tensors]
 
 
 def with_impl(impl: str, fn, *args):

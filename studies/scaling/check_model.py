@@ -24,7 +24,6 @@ this repository only (no vLLM, verl or orjson).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
@@ -42,6 +41,7 @@ from patches import engine_table  # noqa: E402
 from studies.scaling import measure as scaling  # noqa: E402
 from localrl.engine.engine import Engine  # noqa: E402
 from localrl.kernels import CUDA_ATTENTION  # noqa: E402
+from rla.digest import tensor_digest  # noqa: E402
 
 TARGET = "vllm"
 # (regions, implementation): stock has no region to implement
@@ -59,11 +59,6 @@ def token_mismatch(train_lp: torch.Tensor, ref_lp: torch.Tensor, selected: torch
     d = (train_lp.double() - ref_lp.double())[selected.to(train_lp.device)]
     return {"n_tokens": int(d.numel()), "k3": (torch.expm1(d) - d).mean().item(),
             "mean_abs_dlogprob": d.abs().mean().item(), "bit_equal": (d == 0).double().mean().item()}
-
-
-def digest(t: torch.Tensor) -> str:
-    """A hash of a tensor's bytes: two runs sampled the same tokens (or logprobs) when their digests agree."""
-    return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()[:16]
 
 
 def random_model(shape: scaling.Shape, max_positions: int, logit_scale: float, device: torch.device, seed: int):
@@ -111,7 +106,7 @@ def measure(name: str, shape: scaling.Shape, args, device: torch.device, log=pri
             "n_seq": point.n_seq, "prompt_len": point.prompt_len, "response_len": point.response_len,
             "target": TARGET, "attention": CUDA_ATTENTION if device.type == "cuda" else "fp32 SDPA, rounded once",
             # what another run compares: the same sampled tokens, the same engine logprobs
-            "responses_digest": digest(layout.ids), "engine_logprobs_digest": digest(ref)}
+            "responses_digest": tensor_digest(layout.ids), "engine_logprobs_digest": tensor_digest(ref)}
     rows = []
     for regions, impl in SETTINGS:
         with patches.aligned(regions, target=TARGET, impl="eager" if impl == "-" else impl):
