@@ -180,10 +180,19 @@ def _rounds_inline(node, dtype: torch.dtype) -> bool:
     return _op_name(node.target) == "convert_element_type" or bool(node.meta.get("low_precision_pointwise_barrier"))
 
 
+class _WholeModelCaptured(Exception):
+    """Raised by `capture`'s hook once the graph of the whole model is recorded (see `vllm_graphs`)."""
+
+
+ATTENTION_OP = "vllm.unified_attention_with_output"  # one per layer, opaque in vLLM's graphs
+
+
 @contextlib.contextmanager
-def capture():
+def capture(whole_model_layers: int | None = None):
     """Within the block, every graph Inductor compiles is recorded (Inductor's caches are off, so that
-    it really compiles). Yields the list the graphs are appended to."""
+    it really compiles). Yields the list the graphs are appended to. With `whole_model_layers`, a graph
+    holding that many layers' attention ops ends the compile there (the hook raises
+    `_WholeModelCaptured`): nothing after it - the kernels' build, the engine's warm-up - moves a store."""
     import torch._inductor.config as inductor_config
     import torch._inductor.scheduler as scheduler
     from torch._inductor.virtualized import V
@@ -206,6 +215,8 @@ def capture():
             graph.nodes.append(Node(n.name, _op_name(n.target), val.dtype, _frames(n.meta.get("stack_trace", "")),
                                     stored.get(n.name), emulated and _rounds_inline(n, val.dtype)))
         graphs.append(graph)
+        if whole_model_layers and graph.opaque.count(ATTENTION_OP) == whole_model_layers:
+            raise _WholeModelCaptured()
 
     scheduler.Scheduler.__init__ = init
     try:
@@ -306,11 +317,13 @@ def gpu_split_on_cpu():
 
 
 def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = True,
-                compilation_config: dict | None = None, enforce_eager: bool = False) -> list[Graph]:
+                compilation_config: dict | None = None, enforce_eager: bool = False,
+                stop_at_whole_model: bool = True) -> list[Graph]:
     """vLLM's own graphs for the checkpoint (or config) in `model_dir`, compiled with `compilation_config`
     (vLLM's; None: its defaults): its CPU build's one graph, or, with `gpu_split`, the pieces of its GPU
     path. Weights need not be real (`load_format="dummy"`): where Inductor stores does not depend on their
-    values. Run it in a fresh process (`python -m patches.engine_table --read` does)."""
+    values. Run it in a fresh process (`python -m patches.engine_table --read` does). The compile stops
+    at a graph of the whole model unless `stop_at_whole_model` is False (then the engine starts)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # compile in this process, under the hook
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -320,13 +333,30 @@ def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = T
     compilation = dict(compilation_config or {})
     if gpu_split:
         compilation.update(compile_sizes=[], mode=3)
-    with capture() as graphs, (gpu_split_on_cpu() if gpu_split else contextlib.nullcontext()):
-        # max_num_batched_tokens: vLLM's warm-up runs a batch of this many tokens (CPU default 4096: minutes
-        # at real widths on an AVX2 CPU); the map needs the graph, not the run.
-        LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
-            skip_tokenizer_init=True, enable_prefix_caching=False, load_format="dummy" if dummy_weights else "auto",
-            seed=0, compilation_config=compilation, enforce_eager=enforce_eager)
+    # One graph of every layer is the whole of what vLLM compiles, unless it compiles per size or in
+    # pieces: then every graph is waited for. Stopping at it spares the kernels' build and the warm-up.
+    whole = None if gpu_split or compilation.get("compile_sizes") or not stop_at_whole_model else json.loads(
+        (Path(model_dir) / "config.json").read_text())["num_hidden_layers"]
+    with capture(whole) as graphs, (gpu_split_on_cpu() if gpu_split else contextlib.nullcontext()):
+        try:
+            # max_num_batched_tokens: vLLM's warm-up runs a batch of this many tokens (CPU default 4096:
+            # minutes at real widths on an AVX2 CPU); the map needs the graph, not the run.
+            LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
+                skip_tokenizer_init=True, enable_prefix_caching=False,
+                load_format="dummy" if dummy_weights else "auto", seed=0, compilation_config=compilation,
+                enforce_eager=enforce_eager)
+        except Exception as err:  # noqa: BLE001 - vLLM and Inductor wrap what the hook raised
+            if not _raised_by(err, _WholeModelCaptured):
+                raise
     return graphs
+
+
+def _raised_by(err: BaseException, kind: type) -> bool:
+    while err is not None:
+        if isinstance(err, kind):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 def compare(counts: dict[str, Counter], target_name: str) -> dict[str, tuple[bool | None, bool]]:
     """value -> (what the graph stores, what the named target says), for every value of the target that
     the graph computes (Qwen2 has no q/k norm)."""
@@ -495,7 +525,7 @@ def _cached_tables(config: EngineConfig, version: str, log) -> dict[str, dict[st
 def read_family(path: Path, family: str, config: EngineConfig, version: str, log) -> None:
     """Read one family's table in a child process (vLLM's state and the hook stay there) into `path`."""
     log(f"reading {family}'s rounding table off {version}'s compiled graph ({config.to_json()}): "
-        "a compile of about a minute, once per configuration")
+        "a compile up to its graph, once per configuration")
     proc = subprocess.run([sys.executable, "-m", "patches.engine_table", "--read", family,
                            "--config", config.to_json(), "--json", str(path) + ".part"],
                           capture_output=True, text=True)

