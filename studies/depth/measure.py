@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     import vllm
 
     transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
     sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
     log = print
     results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},

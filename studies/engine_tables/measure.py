@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from localrl.vllm_support import require_vllm
 
     require_vllm("the engine-tables study")
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
     sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
     rows, engines = [], []
     for config_name in args.configs:

@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     from studies.vllm_alignment.measure import NEW_TOKENS, make_checkpoint
 
     transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
     sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
     results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
                "command": " ".join(["python -m studies run trace", *(argv if argv is not None else sys.argv[1:])]),

@@ -332,7 +332,7 @@ def main(argv=None) -> int:
     from rla.machine import describe
     from localrl.vllm_support import unavailable_reason
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
     reason = unavailable_reason()
     results = {"machine": describe(), "command": " ".join(["python -m studies run vllm_alignment", *(argv if argv is not None else sys.argv[1:])]),
                "prompts": args.prompts, "new_tokens": NEW_TOKENS, "shapes": {}}
