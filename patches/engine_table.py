@@ -357,6 +357,8 @@ def _raised_by(err: BaseException, kind: type) -> bool:
             return True
         err = err.__cause__ or err.__context__
     return False
+
+
 def compare(counts: dict[str, Counter], target_name: str) -> dict[str, tuple[bool | None, bool]]:
     """value -> (what the graph stores, what the named target says), for every value of the target that
     the graph computes (Qwen2 has no q/k norm)."""
