@@ -38,22 +38,20 @@ def share_inductor_cache() -> str | None:
     if getattr(decorators._try_load_aot_compiled_fn, "shared_cache", None):
         return decorators._try_load_aot_compiled_fn.shared_cache
     shared = cache_dir()  # $TORCHINDUCTOR_CACHE_DIR, else torch's default folder
-
-    def keeping_shared(vllm_function):
-        @functools.wraps(vllm_function)
-        def call(*args, **kwargs):
-            os.environ[VARIABLE] = shared  # vLLM has just pointed it at its compile's own folder
-            return vllm_function(*args, **kwargs)
-
-        call.shared_cache = shared
-        return call
-
+    stock_load = decorators._try_load_aot_compiled_fn
     stock_initialize = compiler_interface.InductorAdaptor.initialize_cache
 
+    @functools.wraps(stock_load)
+    def load(*args, **kwargs):
+        os.environ[VARIABLE] = shared  # vLLM has just pointed it at its compile's own folder
+        return stock_load(*args, **kwargs)
+
+    @functools.wraps(stock_initialize)
     def initialize_cache(self, *args, **kwargs):
         stock_initialize(self, *args, **kwargs)
         os.environ[VARIABLE] = shared
 
-    decorators._try_load_aot_compiled_fn = keeping_shared(decorators._try_load_aot_compiled_fn)
-    compiler_interface.InductorAdaptor.initialize_cache = functools.wraps(stock_initialize)(initialize_cache)
+    load.shared_cache = shared
+    decorators._try_load_aot_compiled_fn = load
+    compiler_interface.InductorAdaptor.initialize_cache = initialize_cache
     return shared
