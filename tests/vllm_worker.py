@@ -1,7 +1,8 @@
 """A fresh process with a fresh vLLM engine: `python -m tests.vllm_worker MODEL_DIR PROMPTS_JSON OUT_PT`.
 
 Starts `localrl.vllm_engine.VllmEngine` on the checkpoint, runs `tests.vllm_setup.engine_results` on
-the prompts and saves them (tests/test_vllm_engine.py compares them with another process's)."""
+the prompts and saves them, with whether the engine loaded a compile saved before (`loaded_compile`)
+(tests/test_vllm_engine.py compares them with another process's)."""
 
 import json
 import sys
@@ -17,7 +18,8 @@ def main(model_dir: str, prompts_json: str, out: str) -> None:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     engine = VllmEngine(model_dir, tok.eos_token_id, tok.pad_token_id, log=lambda m: print(m, file=sys.stderr))
-    torch.save(engine_results(engine, json.load(open(prompts_json))), out)
+    results = engine_results(engine, json.load(open(prompts_json)))
+    torch.save({**results, "loaded_compile": engine.loaded_compile}, out)
     engine.close()
 
 

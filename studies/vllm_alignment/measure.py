@@ -106,9 +106,9 @@ def engine(model_dir: str, compilation_config: dict | None = None):
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
-    from localrl.vllm_inductor_cache import share_inductor_cache
+    from localrl.vllm_compile_cache import reuse_compiles
 
-    share_inductor_cache()
+    reuse_compiles()
     return LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
                enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
 
