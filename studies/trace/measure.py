@@ -118,11 +118,13 @@ def per_request(calls, requests: int) -> list[dict[str, torch.Tensor]]:
             for r in rows]
 
 
-def engine_in_child(model_dir: str, out: Path, n_prompts: int, prompt_seed: int, batch: int) -> list[dict]:
-    subprocess.run([sys.executable, "-m", "studies.trace.measure", "--engine", model_dir, str(out),
-                    "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed), "--batch", str(batch)],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return torch.load(out)
+def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "engine.pt"
+        subprocess.run([sys.executable, "-m", "studies.trace.measure", "--engine", model_dir, str(out),
+                        "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed), "--batch", str(batch)],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return torch.load(out)
 
 
 def recording(model):
@@ -210,10 +212,10 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, se
     from studies.vllm_alignment.measure import sample_in_child, training_model
 
     start = time.perf_counter()
-    sequences = engine_in_child(model_dir, Path(model_dir) / "engine.pt", prompts, prompt_seed, batch)
+    sequences = engine_in_child(model_dir, prompts, prompt_seed, batch)
     check = None
     if batch >= prompts:  # the untapped sampler samples all prompts at once: the same batch
-        untapped = sample_in_child(model_dir, Path(model_dir) / "untapped.json", prompts, prompt_seed=prompt_seed)
+        untapped = sample_in_child(model_dir, prompts, prompt_seed=prompt_seed)
         tapped_logprobs = [x for s in sequences for x in s["decode_logprobs"]]
         check = {"responses_equal": untapped["responses"] == [s["response"] for s in sequences],
                  "logprobs_bit_equal": sum(a == b for a, b in zip(tapped_logprobs, sum(untapped["logprobs"], [])))
@@ -283,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from rla.files import atomic_path
     from studies.depth.measure import HIDDEN_256, VERSIONS  # a point measured with other versions is measured again
-    from studies.vllm_alignment.measure import NEW_TOKENS, make_checkpoint
+    from studies.vllm_alignment.measure import NEW_TOKENS, kept_checkpoint, make_checkpoint
 
     transformers.utils.logging.disable_progress_bar()
     torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
@@ -317,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as model_dir:
             make_checkpoint(spec, model_dir, seed=seed)
             entry = {"arch": arch, "seed": seed, "batch": batch, "shape": spec,
-                     **measure_point(model_dir, args.prompts, args.prompt_seed + seed, batch,
+                     **measure_point(kept_checkpoint(model_dir), args.prompts, args.prompt_seed + seed, batch,
                                      args.settings if training else [], print)}
         results["points"][name] = entry
         with atomic_path(path) as part:  # whole or absent

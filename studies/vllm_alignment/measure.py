@@ -159,7 +159,7 @@ def engine_steps(samples: dict) -> list[EngineSteps]:
     return [EngineSteps(len(p), prefill, len(prompts)) for p in prompts]
 
 
-def sample_in_child(model_dir: str, out: str | Path, n_prompts: int, compilation_config: dict | None = None,
+def sample_in_child(model_dir: str, n_prompts: int, compilation_config: dict | None = None,
                     prompt_seed: int = 1234) -> dict:
     """`sample_with_vllm` in a child process (its engine state never reaches this one); its record.
 
@@ -168,24 +168,51 @@ def sample_in_child(model_dir: str, out: str | Path, n_prompts: int, compilation
     again: studies that sample the same checkpoint share one engine start, and a request made while
     another is sampling waits for it. A record read back says so (`"kept": true`); its times are those of
     the start that sampled it."""
-    args = [sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(model_dir), str(out),
-            "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed),
-            "--compilation-config", json.dumps(compilation_config or {})]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "samples.json"
+        args = [sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(model_dir), str(out),
+                "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed),
+                "--compilation-config", json.dumps(compilation_config or {})]
+        store = os.environ.get("RLA_SAMPLE_CACHE")
+        if not store:
+            subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return {**json.loads(out.read_text()), "kept": False}
+        kept = Path(store) / f"{sample_key(model_dir, n_prompts, compilation_config, prompt_seed)}.json"
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        with open(f"{kept}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fresh = not kept.exists()
+            if fresh:
+                subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                shutil.copyfile(out, f"{kept}.part")
+                os.replace(f"{kept}.part", kept)  # whole or absent
+    return {**json.loads(kept.read_text()), "kept": not fresh}
+
+
+def kept_checkpoint(folder: str | Path) -> str:
+    """The folder to start vLLM on for the checkpoint in `folder`. With $RLA_SAMPLE_CACHE set, a copy kept
+    in that store under a name made of the checkpoint's bytes (`checkpoints/<digest>`): every study and
+    every rerun that makes the same checkpoint starts vLLM on the same folder. vLLM's compile cache keys
+    on the model folder's path, so an engine started there loads the compile an earlier one saved
+    (localrl/vllm_compile_cache.py) instead of compiling again. Without the store: `folder` itself."""
     store = os.environ.get("RLA_SAMPLE_CACHE")
     if not store:
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return {**json.loads(Path(out).read_text()), "kept": False}
-    kept = Path(store) / f"{sample_key(model_dir, n_prompts, compilation_config, prompt_seed)}.json"
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{kept}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        fresh = not kept.exists()
-        if fresh:
-            subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            shutil.copyfile(out, f"{kept}.part")
-            os.replace(f"{kept}.part", kept)  # whole or absent
-    shutil.copyfile(kept, out)
-    return {**json.loads(kept.read_text()), "kept": not fresh}
+        return str(folder)
+    files = sorted(p for p in Path(folder).iterdir() if p.is_file())
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    kept = Path(store) / "checkpoints" / digest.hexdigest()[:24]
+    if not kept.exists():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = Path(tempfile.mkdtemp(dir=kept.parent, prefix=f".{kept.name}."))
+        for path in files:
+            shutil.copyfile(path, part / path.name)
+        try:
+            part.rename(kept)  # whole or absent
+        except OSError:  # another process kept the same checkpoint first
+            shutil.rmtree(part)
+    return str(kept)
 
 
 def sample_key(model_dir: str | Path, n_prompts: int, compilation_config: dict | None, prompt_seed: int) -> str:
@@ -345,13 +372,14 @@ def main(argv=None) -> int:
             make_checkpoint(SHAPES[name], tmp)
             entry = {"shape": SHAPES[name]}
             if reason is None:
-                out = Path(tmp) / "vllm.json"
-                samples = sample_in_child(tmp, out, args.prompts)
+                model_dir = kept_checkpoint(tmp)
+                samples = sample_in_child(model_dir, args.prompts)
                 import vllm
 
                 entry["vllm"] = {"version": vllm.__version__, "startup_s": samples["startup_s"], "rows": {}}
                 for kernels in ("hf", "attention"):
-                    entry["vllm"]["rows"][kernels] = grid(training_model(tmp, kernels), samples, ("vllm",), "vllm-cpu")
+                    entry["vllm"]["rows"][kernels] = grid(training_model(model_dir, kernels), samples, ("vllm",),
+                                                          "vllm-cpu")
                     print_rows(f"{name} vs vLLM-CPU, training attention {kernels}", entry["vllm"]["rows"][kernels])
             else:
                 entry["vllm"] = {"skipped": reason}
