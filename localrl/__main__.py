@@ -71,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     import torch
 
+    from localrl.inductor_isa_check import remember_isa_checks
+
     # One thread per process: small ops with a second thread waiting on a busy core run many
     # times slower; run cells side by side instead (snakemake --cores N).
     torch.set_num_threads(args.threads)
+    remember_isa_checks()  # before the first compile
     try:
         cfg = load(args.config)
         {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train}[args.command](args, cfg)

@@ -11,6 +11,9 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // WORKERS)))
 # Another vector ISA on this machine (`make test-isa`): ATEN_CPU_CAPABILITY=avx2 picks ATen's kernels,
 # RLA_INDUCTOR_SIMDLEN=256 Inductor's generated code (applied by `import localrl`).
 import localrl  # noqa: E402,F401
+from localrl.inductor_isa_check import remember_isa_checks  # noqa: E402
+
+remember_isa_checks()  # Inductor's ISA checks loaded once per machine, not in every worker
 # Past its recompile limit a compiled function silently runs eagerly, and a fused-vs-eager comparison
 # would compare eager with itself: make that an error.
 torch._dynamo.config.fail_on_recompile_limit_hit = True

@@ -1,0 +1,54 @@
+"""One patch of torch's Inductor: a process does not load again, in a child Python, a vector-ISA check
+library that an earlier process on this machine loaded already.
+
+Before its first CPU compile, and whenever the machine is described (rla/machine.py), Inductor checks
+each vector ISA the CPU has (torch/_inductor/cpu_vec_isa.py, `VecISA.check_build`): it builds a small
+library with that ISA's flags into its cache - once, the build is kept - and then, in every process,
+starts a child Python that loads the library (`VecISA._probe_load`). That is about ten children per
+process on a CPU with AVX-512 and AMX, and the suite's DAG runs dozens of processes that compile. The
+patch keeps each successful load as an empty marker beside the library it loaded (`<library>.loaded`);
+a process that finds the marker skips the child. The library's name holds a hash of its source, the
+compiler's version, the ISA's flags and torch's version (`_get_isa_dry_compile_fingerprint`), so a
+marker stands for that library with that torch. A failed load leaves no marker: it is checked again in
+every process, as without the patch. Which ISA Inductor picks, and so what it generates, is unchanged.
+
+Checked against torch 2.13.0 (`VecISA._probe_load(self, output_path) -> bool`, called by `check_build`
+with the library's path). On another release the patch is not applied and Inductor checks as it does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from pathlib import Path
+
+CHECKED = ("2.13.0",)
+MARKER = ".loaded"
+
+
+def remember_isa_checks() -> bool:
+    """Apply the patch in this process, before its first compile; False where torch's release is not one
+    checked here. Calling it again changes nothing."""
+    import torch
+    from torch._inductor import cpu_vec_isa
+
+    if torch.__version__.split("+")[0] not in CHECKED:
+        return False
+    stock = cpu_vec_isa.VecISA._probe_load
+    if getattr(stock, "remembers", False):
+        return True
+
+    @functools.wraps(stock)
+    def probe_load(self, output_path: str) -> bool:
+        marker = Path(f"{output_path}{MARKER}")
+        if marker.exists():
+            return True
+        loaded = stock(self, output_path)
+        if loaded:
+            with contextlib.suppress(OSError):  # a read-only cache: checked again next time
+                marker.touch()
+        return loaded
+
+    probe_load.remembers = True
+    cpu_vec_isa.VecISA._probe_load = probe_load
+    return True
