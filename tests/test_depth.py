@@ -39,6 +39,7 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     measured = []
     monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
     monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
+    monkeypatch.delenv("RLA_SAMPLE_CACHE", raising=False)  # no checkpoint to keep in the Makefile's store
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
     monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
         (spec["num_hidden_layers"], seed, prompts)) or _entry(spec, seed, prompts, kernels))
@@ -112,6 +113,7 @@ def test_a_training_kernels_set_is_added_to_measured_points_on_the_same_samples(
     measured, samples = [], ["the engine's"]
     monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
     monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
+    monkeypatch.delenv("RLA_SAMPLE_CACHE", raising=False)  # no checkpoint to keep in the Makefile's store
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
     monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
         (spec["num_hidden_layers"], tuple(kernels))) or _entry(spec, seed, prompts, kernels, samples[0]))
