@@ -11,7 +11,8 @@ export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 # target="auto"'s tables read off vLLM's graph (patches/engine_table.py), once per engine config
 export RLA_TABLE_CACHE ?= $(CURDIR)/.cache/tables
 # vLLM-CPU's samples for the studies, kept under what makes them (studies/vllm_alignment/measure.py
-# sample_in_child): studies sampling the same checkpoint share one engine start
+# sample_in_child): studies sampling the same checkpoint share one engine start; and the random checkpoints
+# they start vLLM on, kept under their bytes (kept_checkpoint): one folder, whose saved compile vLLM loads
 export RLA_SAMPLE_CACHE ?= $(CURDIR)/.cache/samples
 
 .PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies docs clean test-slurm check-env
