@@ -20,7 +20,9 @@ def _logs(work) -> str:
 
 
 # In `make test` (a `slow` file: handed out first). The four studies that sample vLLM-CPU share one engine
-# start through $RLA_SAMPLE_CACHE (the Makefile's; tests/test_sample_store.py), which this run's jobs inherit.
+# start through $RLA_SAMPLE_CACHE (the Makefile's; tests/test_sample_store.py), which this run's jobs inherit;
+# the trace study's tapped engine starts on the checkpoint folder kept there, and loads that start's compile
+# (or saves one for it).
 @pytest.mark.slow
 def test_every_study_runs_and_publishes_through_its_target(tmp_path):
     work = copy_workflow(tmp_path / "wf")
