@@ -58,3 +58,5 @@ def test_a_checkpoint_is_kept_once_under_its_bytes(tmp_path, monkeypatch):
     assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in same.iterdir())
     assert all((kept / p.name).read_bytes() == p.read_bytes() for p in same.iterdir())
     assert sorted(p.name for p in kept.parent.iterdir()) == sorted({kept.name, Path(measure.kept_checkpoint(other)).name})
+    monkeypatch.setattr(measure, "KEEP_BELOW", sum(p.stat().st_size for p in other.iterdir()))
+    assert measure.kept_checkpoint(other) == str(other)  # too big to keep: the folder itself

@@ -191,16 +191,22 @@ def sample_in_child(model_dir: str, n_prompts: int, compilation_config: dict | N
     return {**json.loads(kept.read_text()), "kept": not fresh}
 
 
+# checkpoints up to this size are kept (the 28-layer hidden-256 ones: about 50 MB); the depth study's paper
+# widths (2.6-2.8 GB each) would grow the store by gigabytes for a rerun's compile
+KEEP_BELOW = 256 * 2**20
+
+
 def kept_checkpoint(folder: str | Path) -> str:
     """The folder to start vLLM on for the checkpoint in `folder`. With $RLA_SAMPLE_CACHE set, a copy kept
     in that store under a name made of the checkpoint's bytes (`checkpoints/<digest>`): every study and
     every rerun that makes the same checkpoint starts vLLM on the same folder. vLLM's compile cache keys
     on the model folder's path, so an engine started there loads the compile an earlier one saved
-    (localrl/vllm_compile_cache.py) instead of compiling again. Without the store: `folder` itself."""
+    (localrl/vllm_compile_cache.py) instead of compiling again. Without the store, or for a checkpoint of
+    KEEP_BELOW bytes or more: `folder` itself."""
     store = os.environ.get("RLA_SAMPLE_CACHE")
-    if not store:
-        return str(folder)
     files = sorted(p for p in Path(folder).iterdir() if p.is_file())
+    if not store or sum(p.stat().st_size for p in files) >= KEEP_BELOW:
+        return str(folder)
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
