@@ -26,6 +26,7 @@ Start-up compiles the model with Inductor: 15-60 s on a CPU (less with Inductor'
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import threading
@@ -151,16 +152,17 @@ class VllmEngine:
                 # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
                 # not use offset"); without chunked prefill every prompt is prefilled in one piece.
                 kwargs["enable_chunked_prefill"] = False
-            # What this process holds before the engine (torch, transformers, vLLM's own modules) into the
-            # collector's permanent generation: vLLM's start-up and shut-down run full collections, about
-            # 1 s of a start here, which then skip it (vLLM's own helper; it collects first, so no garbage
-            # is kept).
+            # What this process holds before the engine (torch, transformers, vLLM's own modules) out of
+            # the collector's way while vLLM starts: its start-up runs full collections, about 1 s of a start
+            # here (vLLM's own helper; it collects first). Collectable again once the engine is up, so that
+            # an engine closed later is freed.
             freeze_gc_heap()
             try:
                 self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
                                max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=False,
                                logprobs_mode=LOGPROBS_MODE, enable_prefix_caching=True, **kwargs)
             finally:
+                gc.unfreeze()
                 # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it guards its own thread
                 # binding, which an in-process engine does not do); the trainer in this process keeps its
                 # threads.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import gc
 import hashlib
 import inspect
 import json
@@ -112,9 +113,12 @@ def engine(model_dir: str, compilation_config: dict | None = None):
 
     remember_isa_checks()
     reuse_compiles()
-    freeze_gc_heap()  # vLLM's start-up collections then skip what this process holds (localrl/vllm_engine.py)
-    return LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
-               enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
+    freeze_gc_heap()  # vLLM's start-up collections skip what this process holds (localrl/vllm_engine.py)
+    try:
+        return LLM(model=model_dir, dtype="bfloat16", max_model_len=512, seed=0, skip_tokenizer_init=True,
+                   enable_prefix_caching=False, max_num_seqs=64, compilation_config=compilation_config or {})
+    finally:
+        gc.unfreeze()
 
 
 def sampling():
