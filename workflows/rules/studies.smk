@@ -16,7 +16,8 @@ rule studies:
         [published(name) for name in STUDIES],
 
 
-# --- the embedded default grid's headline and its probe (the grid of `make run`, then published)
+# --- the measurements: the embedded default grid's, the studies that are grids of their own, and the
+# studies with a measurement of their own
 
 
 rule grid_machine:
@@ -30,56 +31,6 @@ rule grid_machine:
         CPU_ENV
     shell:
         "python -m studies machine > {output} 2> {log}"
-
-
-rule tiny_report:
-    input:
-        f"{TABLES}/metrics.parquet",
-    output:
-        f"{STUDY_OUT}/tiny/report/headline.csv",
-    log:
-        study_log("tiny", "report"),
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report tiny --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
-
-
-rule tiny:
-    input:
-        tables=[f"{TABLES}/summary.csv", f"{TABLES}/stability.csv", f"{TABLES}/metrics.parquet"],
-        headline=rules.tiny_report.output[0],
-        machine=f"{RESULTS}/machine.json",
-        benchmarks=train_benchmarks(),
-    output:
-        report(published("tiny"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("tiny", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("tiny", [TABLES, FIGURES, f"{STUDY_OUT}/tiny/report"],
-                      ["summary.csv", "summary.md", "stability.csv", "metrics.parquet", "headline.*"]
-                      + [f"{name}.png" for name in FIGURE_NAMES])
-
-
-rule probe:
-    input:
-        tables=probe_figure_targets(),
-        machine=f"{RESULTS}/machine.json",
-        benchmarks=[],  # the probe's jobs keep no benchmark file
-    output:
-        report(published("probe"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("probe", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("probe", [f"{RESULTS}/probe", TABLES, FIGURES],
-                      ["*/*.csv", "*/probe.json", "probe*.csv", "probe*.md", "probe_*.png"])
-
-
-# --- studies that are grids of their own
 
 
 rule study_grid:
@@ -103,204 +54,45 @@ rule study_grid:
         "snakemake --nolock --cores {threads} --configfile {input} > {log} 2>&1"
 
 
-rule stress:
-    input:
-        tables=f"{grid_tables('stress')}/summary.csv",
-        machine=f"{GRID_RESULTS['stress']}/machine.json",
-        benchmarks=[f"{GRID_RESULTS['stress']}/logs/study_grid.tsv"],
-    output:
-        report(published("stress"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("stress", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("stress", [grid_tables("stress"), GRID_FIGURES["stress"]],
-                      ["summary.*", "stability.csv", "probe_*", "*.png"])
+# One job each, `python -m studies run STUDY` with the study's options (STUDY_SETTINGS): the study whose
+# measurement it runs (leftover is the depth measurement with other kernels), the result it writes (a
+# folder where the name has no suffix), and the cores it takes - timings and the engine's throughput want
+# the machine to themselves.
+MEASURED = {
+    "vllm_alignment": ("vllm_alignment", "vllm_alignment.json", min(2, EXCLUSIVE_THREADS)),
+    "kernels": ("kernels", "measure/regions.json", EXCLUSIVE_THREADS),
+    "depth": ("depth", "depth.json", EXCLUSIVE_THREADS),
+    "leftover": ("depth", "depth.json", EXCLUSIVE_THREADS),
+    "trace": ("trace", "trace.json", EXCLUSIVE_THREADS),
+    "engine_tables": ("engine_tables", "measure", EXCLUSIVE_THREADS),
+}
 
 
-# The embedded default grid with another attention on the training side (rl.trainer_attention), one study
-# each: its grid, the tiny grid's headline of it, published. A shell command is formatted when its job
-# runs, after the loop: what it needs of the loop's variable comes through params.
-for attention_grid in ("tiny_sdpa", "tiny_amx"):
+def measured(name):
+    return f"{STUDY_OUT}/{name}/{MEASURED[name][1]}"
+
+
+for name, (study, result, cores) in MEASURED.items():
 
     rule:
         name:
-            f"{attention_grid}_report"
-        input:
-            f"{grid_tables(attention_grid)}/summary.csv",
+            f"{name}_measure"
         output:
-            f"{STUDY_OUT}/{attention_grid}/report/headline.csv",
+            result=measured(name) if Path(result).suffix else directory(measured(name)),
+            machine=study_machine(name),
         log:
-            study_log(attention_grid, "report"),
+            study_log(name, "measure"),
         benchmark:
-            study_benchmark(attention_grid, "report")
+            study_benchmark(name, "measure")
+        params:
+            study=study,
+            options=shlex.join(STUDY_SETTINGS[name]),
+        threads: cores
         conda:
             CPU_ENV
-        params:
-            name=attention_grid,
         shell:
-            "python -m studies report {params.name} --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
-
-    rule:
-        name:
-            attention_grid
-        input:
-            tables=f"{grid_tables(attention_grid)}/summary.csv",
-            headline=f"{STUDY_OUT}/{attention_grid}/report/headline.csv",
-            machine=f"{GRID_RESULTS[attention_grid]}/machine.json",
-            benchmarks=[f"{GRID_RESULTS[attention_grid]}/logs/study_grid.tsv", study_benchmark(attention_grid, "report")],
-        output:
-            report(published(attention_grid), caption="../report/published.rst", category="Published"),
-        log:
-            study_log(attention_grid, "publish"),
-        conda:
-            CPU_ENV
-        params:
-            name=attention_grid,
-            sources=" ".join([grid_tables(attention_grid), GRID_FIGURES[attention_grid],
-                              f"{STUDY_OUT}/{attention_grid}/report"]),
-        shell:
-            publish_shell("{params.name}", ["{params.sources}"],
-                          ["summary.*", "stability.csv", "metrics.parquet", "headline.*", "*.png"])
-
-
-rule geo_rs_report:
-    input:
-        grid=f"{grid_tables('geo_rs')}/stability.csv",
-        configs=GRID_CONFIGS["geo_rs"],
-    output:
-        checks=f"{STUDY_OUT}/geo_rs/report/stall_checks.csv",
-        runs=f"{STUDY_OUT}/geo_rs/report/stall_runs.csv",
-    params:
-        runs=f"{GRID_RESULTS['geo_rs']}/runs",
-    log:
-        study_log("geo_rs", "report"),
-    benchmark:
-        study_benchmark("geo_rs", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report geo_rs --config {input.configs} --runs {params.runs}"
-        " --out $(dirname {output.checks}) > {log} 2>&1"
-
-
-rule geo_rs:
-    input:
-        checks=rules.geo_rs_report.output.checks,
-        machine=f"{GRID_RESULTS['geo_rs']}/machine.json",
-        benchmarks=[f"{GRID_RESULTS['geo_rs']}/logs/study_grid.tsv"]
-        + [study_benchmark("geo_rs", s) for s in ("report",)],
-    output:
-        report(published("geo_rs"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("geo_rs", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("geo_rs", [grid_tables("geo_rs"), GRID_FIGURES["geo_rs"], f"{STUDY_OUT}/geo_rs/report"],
-                      ["summary.*", "stability.csv", "stall_*.csv", "*.png"])
-
-
-rule calibration_report:
-    input:
-        stability=f"{grid_tables('calibration')}/stability.csv",
-        configs=GRID_CONFIGS["calibration"],
-    output:
-        text=f"{STUDY_OUT}/calibration/report/calibration.txt",
-        tables=[f"{STUDY_OUT}/calibration/report/{name}.csv" for name in ("calibration", "alternatives")],
-    params:
-        runs=f"{GRID_RESULTS['calibration']}/runs",
-    log:
-        study_log("calibration", "report"),
-    benchmark:
-        study_benchmark("calibration", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report calibration --stability {input.stability} --config {input.configs}"
-        " --runs {params.runs} --out $(dirname {output.text}) > {output.text} 2> {log}"
-
-
-rule calibration:
-    input:
-        text=rules.calibration_report.output.text,
-        tables=rules.calibration_report.output.tables,
-        machine=f"{GRID_RESULTS['calibration']}/machine.json",
-        benchmarks=[f"{GRID_RESULTS['calibration']}/logs/study_grid.tsv"]
-        + [study_benchmark("calibration", s) for s in ("report",)],
-    output:
-        report(published("calibration"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("calibration", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("calibration", [grid_tables("calibration"), GRID_FIGURES["calibration"],
-                                      f"{STUDY_OUT}/calibration/report"],
-                      ["summary.*", "stability.csv", "calibration.txt", "calibration.csv", "alternatives.csv",
-                       "*.png"])
-
-
-rule treatments_cost:
-    input:
-        grid=f"{grid_tables('treatments')}/summary.csv",
-        configs=GRID_CONFIGS["treatments"],
-    output:
-        f"{STUDY_OUT}/treatments/cost.json",
-    log:
-        study_log("treatments", "cost"),
-    benchmark:
-        study_benchmark("treatments", "cost")
-    params:
-        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.grid)),
-        options=shlex.join(STUDY_SETTINGS["treatments_cost"]),
-    threads: 1
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run treatments --results {params.results} --config {input.configs} {params.options}"
-        " --out {output} > {log} 2>&1"
-
-
-rule treatments_report:
-    input:
-        grid=f"{grid_tables('treatments')}/summary.csv",
-        cost=rules.treatments_cost.output[0],
-    output:
-        f"{STUDY_OUT}/treatments/report/treatments.csv",
-    params:
-        tables=lambda wildcards, input: os.path.dirname(input.grid),
-    log:
-        study_log("treatments", "report"),
-    benchmark:
-        study_benchmark("treatments", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report treatments --tables {params.tables} --bench {input.cost}"
-        " --out $(dirname {output}) > {log} 2>&1"
-
-
-rule treatments:
-    input:
-        table=rules.treatments_report.output[0],
-        stability=f"{grid_tables('treatments')}/stability.csv",  # per run: what the collapse rule saw
-        machine=f"{GRID_RESULTS['treatments']}/machine.json",
-        benchmarks=[f"{GRID_RESULTS['treatments']}/logs/study_grid.tsv"]
-        + [study_benchmark("treatments", s) for s in ("cost", "report")],
-    output:
-        report(published("treatments"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("treatments", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("treatments", [f"{STUDY_OUT}/treatments/report", f"{STUDY_OUT}/treatments/cost.json",
-                                     "{input.stability}"])
-
-
-# --- studies with a measurement of their own
+            "python -m studies run {params.study} --machine {output.machine} {params.options} --out {output.result}"
+            " > {log} 2>&1"
 
 
 rule scaling_measure:
@@ -324,163 +116,69 @@ rule scaling_measure:
         "({params.runs}) > {log} 2>&1"
 
 
-rule scaling_report:
+rule treatments_cost:
     input:
-        rules.scaling_measure.output.measured,
+        grid=f"{grid_tables('treatments')}/summary.csv",
+        configs=GRID_CONFIGS["treatments"],
     output:
-        directory(f"{STUDY_OUT}/scaling/report"),
+        f"{STUDY_OUT}/treatments/cost.json",
     log:
-        study_log("scaling", "report"),
+        study_log("treatments", "cost"),
     benchmark:
-        study_benchmark("scaling", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report scaling --tables {input} --out {output} > {log} 2>&1"
-
-
-rule scaling:
-    input:
-        measured=rules.scaling_measure.output.measured,
-        reported=rules.scaling_report.output[0],
-        machine=rules.scaling_measure.output.machine,
-        benchmarks=[study_benchmark("scaling", s) for s in ("measure", "report")],
-    output:
-        report(published("scaling"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("scaling", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("scaling", ["{input.measured}", "{input.reported}"], ["*.csv", "*.md", "*.png"])
-
-
-# The plan's points are measured one after the other and a measured point is kept: an interrupted run
-# resumes where it stopped (studies/gradprobe/plan.py), so the step's output is a flag, not the folder.
-rule gradprobe_measure:
-    input:
-        STUDY_SETTINGS["gradprobe"],
-    output:
-        done=touch(f"{STUDY_OUT}/gradprobe/points/plan.done"),
-        machine=study_machine("gradprobe"),
-    log:
-        study_log("gradprobe", "measure"),
-    benchmark:
-        study_benchmark("gradprobe", "measure")
+        study_benchmark("treatments", "cost")
+    params:
+        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.grid)),
+        options=shlex.join(STUDY_SETTINGS["treatments_cost"]),
     threads: 1
     conda:
         CPU_ENV
     shell:
-        "python -m studies run gradprobe --machine {output.machine} --plan {input} --out $(dirname {output.done}) > {log} 2>&1"
+        "python -m studies run treatments --results {params.results} --config {input.configs} {params.options}"
+        " --out {output} > {log} 2>&1"
 
 
-rule gradprobe_report:
-    input:
-        plan=STUDY_SETTINGS["gradprobe"],
-        done=rules.gradprobe_measure.output.done,
-    output:
-        table=f"{STUDY_OUT}/gradprobe/points/hypotheses.csv",
-        report=f"{STUDY_OUT}/gradprobe/points/report.md",
-    log:
-        study_log("gradprobe", "report"),
-    benchmark:
-        study_benchmark("gradprobe", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report gradprobe --plan {input.plan} --out $(dirname {output.table})"
-        " > {output.report} 2> {log}"
+# The plan's points are measured one after the other and a measured point is kept: an interrupted run
+# resumes where it stopped (studies/gradprobe/plan.py), so the step's output is a flag, not the folder.
+# rope_lead is the gradient probe's HA4 again: its plan through the same steps.
+for name in ("gradprobe", "rope_lead"):
 
+    rule:
+        name:
+            f"{name}_measure"
+        input:
+            STUDY_SETTINGS[name],
+        output:
+            done=touch(f"{STUDY_OUT}/{name}/points/plan.done"),
+            machine=study_machine(name),
+        log:
+            study_log(name, "measure"),
+        benchmark:
+            study_benchmark(name, "measure")
+        threads: 1
+        conda:
+            CPU_ENV
+        shell:
+            "python -m studies run gradprobe --machine {output.machine} --plan {input} --out $(dirname {output.done})"
+            " > {log} 2>&1"
 
-rule gradprobe:
-    input:
-        table=rules.gradprobe_report.output.table,
-        machine=study_machine("gradprobe"),
-        benchmarks=[study_benchmark("gradprobe", s) for s in ("measure", "report")],
-    output:
-        report(published("gradprobe"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("gradprobe", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("gradprobe", [f"{STUDY_OUT}/gradprobe/points"],
-                      ["*.csv", "*.json", "*.md", "*/no_signal.txt"])
-
-
-# --- the gradient probe's HA4 again (studies/rope_lead): its plan through the gradient probe's steps
-
-
-use rule gradprobe_measure as rope_lead_measure with:
-    input:
-        STUDY_SETTINGS["rope_lead"],
-    output:
-        done=touch(f"{STUDY_OUT}/rope_lead/points/plan.done"),
-        machine=study_machine("rope_lead"),
-    log:
-        study_log("rope_lead", "measure"),
-    benchmark:
-        study_benchmark("rope_lead", "measure")
-
-
-use rule gradprobe_report as rope_lead_report with:
-    input:
-        plan=STUDY_SETTINGS["rope_lead"],
-        done=rules.rope_lead_measure.output.done,
-    output:
-        table=f"{STUDY_OUT}/rope_lead/points/hypotheses.csv",
-        report=f"{STUDY_OUT}/rope_lead/points/report.md",
-    log:
-        study_log("rope_lead", "report"),
-    benchmark:
-        study_benchmark("rope_lead", "report")
-
-
-rule rope_lead:
-    input:
-        table=rules.rope_lead_report.output.table,
-        machine=study_machine("rope_lead"),
-        benchmarks=[study_benchmark("rope_lead", s) for s in ("measure", "report")],
-    output:
-        report(published("rope_lead"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("rope_lead", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("rope_lead", [f"{STUDY_OUT}/rope_lead/points"], ["*.csv", "*.json", "*.md", "*/no_signal.txt"])
-
-
-rule vllm_alignment_measure:
-    output:
-        result=f"{STUDY_OUT}/vllm_alignment/vllm_alignment.json",
-        machine=study_machine("vllm_alignment"),
-    log:
-        study_log("vllm_alignment", "measure"),
-    benchmark:
-        study_benchmark("vllm_alignment", "measure")
-    params:
-        options=shlex.join(STUDY_SETTINGS["vllm_alignment"]),
-    threads: min(2, EXCLUSIVE_THREADS)
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run vllm_alignment --machine {output.machine} {params.options} --out {output.result} > {log} 2>&1"
-
-
-rule vllm_alignment:
-    input:
-        result=rules.vllm_alignment_measure.output.result,
-        machine=study_machine("vllm_alignment"),
-        benchmarks=[study_benchmark("vllm_alignment", "measure")],
-    output:
-        report(published("vllm_alignment"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("vllm_alignment", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("vllm_alignment", ["{input.result}"])
+    rule:
+        name:
+            f"{name}_report"
+        input:
+            plan=STUDY_SETTINGS[name],
+            done=f"{STUDY_OUT}/{name}/points/plan.done",
+        output:
+            table=f"{STUDY_OUT}/{name}/points/hypotheses.csv",
+            report=f"{STUDY_OUT}/{name}/points/report.md",
+        log:
+            study_log(name, "report"),
+        benchmark:
+            study_benchmark(name, "report")
+        conda:
+            CPU_ENV
+        shell:
+            "python -m studies report gradprobe --plan {input.plan} --out $(dirname {output.table})"
+            " > {output.report} 2> {log}"
 
 
 # Each engine's graphs for each architecture at one of localrl.models.REAL_SHAPES (default `tiny`: 4 layers). Exit status 1
@@ -521,34 +219,126 @@ rule roundmap_machine:
         "python -m studies machine > {output} 2> {log}"
 
 
-rule roundmap:
+# --- the reports: `python -m studies report NAME` on what was measured (no torch: tables and figures)
+
+
+# the grid's headline, of the embedded default grid and of it with another attention on the training
+# side (rl.trainer_attention)
+for name, tables in (("tiny", TABLES), ("tiny_sdpa", grid_tables("tiny_sdpa")), ("tiny_amx", grid_tables("tiny_amx"))):
+
+    rule:
+        name:
+            f"{name}_report"
+        input:
+            f"{tables}/metrics.parquet" if name == "tiny" else f"{tables}/summary.csv",
+        output:
+            f"{STUDY_OUT}/{name}/report/headline.csv",
+        log:
+            study_log(name, "report"),
+        benchmark:
+            study_benchmark(name, "report")
+        params:
+            name=name,
+        conda:
+            CPU_ENV
+        shell:
+            "python -m studies report {params.name} --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
+
+
+# studies that read a result file (--result) or a folder of tables (--tables) into a folder of their own
+for name, source in (("depth", "result"), ("leftover", "result"), ("trace", "result"), ("scaling", "tables")):
+
+    rule:
+        name:
+            f"{name}_report"
+        input:
+            f"{STUDY_OUT}/scaling/measure" if name == "scaling" else measured(name),
+        output:
+            directory(f"{STUDY_OUT}/{name}/report"),
+        log:
+            study_log(name, "report"),
+        benchmark:
+            study_benchmark(name, "report")
+        params:
+            name=name,
+            source=source,
+        conda:
+            CPU_ENV
+        shell:
+            "python -m studies report {params.name} --{params.source} {input} --out {output} > {log} 2>&1"
+
+
+rule geo_rs_report:
     input:
-        maps=[f"{STUDY_OUT}/roundmap/maps/{cell}.json" for cell in ROUNDMAP_CELLS],
-        machine=study_machine("roundmap"),
-        benchmarks=[study_benchmark("roundmap", cell) for cell in ROUNDMAP_CELLS],
+        grid=f"{grid_tables('geo_rs')}/stability.csv",
+        configs=GRID_CONFIGS["geo_rs"],
     output:
-        report(published("roundmap"), caption="../report/published.rst", category="Published"),
+        checks=f"{STUDY_OUT}/geo_rs/report/stall_checks.csv",
+        runs=f"{STUDY_OUT}/geo_rs/report/stall_runs.csv",
+    params:
+        runs=f"{GRID_RESULTS['geo_rs']}/runs",
     log:
-        study_log("roundmap", "publish"),
+        study_log("geo_rs", "report"),
+    benchmark:
+        study_benchmark("geo_rs", "report")
     conda:
         CPU_ENV
     shell:
-        publish_shell("roundmap", [f"{STUDY_OUT}/roundmap/maps"])
+        "python -m studies report geo_rs --config {input.configs} --runs {params.runs}"
+        " --out $(dirname {output.checks}) > {log} 2>&1"
 
 
-# --- the GPU check: measured on a GPU machine by benchmarks/gpu_check.sh (no Snakemake there), its runs
-# committed in studies/gpu_check/runs/; the DAG turns them into tables and publishes them
+rule calibration_report:
+    input:
+        stability=f"{grid_tables('calibration')}/stability.csv",
+        configs=GRID_CONFIGS["calibration"],
+    output:
+        text=f"{STUDY_OUT}/calibration/report/calibration.txt",
+        tables=[f"{STUDY_OUT}/calibration/report/{name}.csv" for name in ("calibration", "alternatives")],
+    params:
+        runs=f"{GRID_RESULTS['calibration']}/runs",
+    log:
+        study_log("calibration", "report"),
+    benchmark:
+        study_benchmark("calibration", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report calibration --stability {input.stability} --config {input.configs}"
+        " --runs {params.runs} --out $(dirname {output.text}) > {output.text} 2> {log}"
 
 
+rule treatments_report:
+    input:
+        grid=f"{grid_tables('treatments')}/summary.csv",
+        cost=rules.treatments_cost.output[0],
+    output:
+        f"{STUDY_OUT}/treatments/report/treatments.csv",
+    params:
+        tables=lambda wildcards, input: os.path.dirname(input.grid),
+    log:
+        study_log("treatments", "report"),
+    benchmark:
+        study_benchmark("treatments", "report")
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies report treatments --tables {params.tables} --bench {input.cost}"
+        " --out $(dirname {output}) > {log} 2>&1"
+
+
+# The GPU check: measured on a GPU machine by benchmarks/gpu_check.sh (no Snakemake there), its runs
+# committed in studies/gpu_check/runs/; the DAG turns them into tables.
 GPU_CHECK_RUNS = Path(sys.modules["studies"].__file__).parent / "gpu_check" / "runs"  # beside the code that reads them
+GPU_CHECK_TABLES = [f"{STUDY_OUT}/gpu_check/report/{t}.csv"
+                    for t in ("runs", "fused", "model", "checks", "regions", "repeats")]
 
 
 rule gpu_check_report:
     input:
         sorted(GPU_CHECK_RUNS.glob("*/summary.json")),
     output:
-        tables=[f"{STUDY_OUT}/gpu_check/report/{t}.csv" for t in ("runs", "fused", "model", "checks", "regions",
-                                                                   "repeats")],
+        tables=GPU_CHECK_TABLES,
         machine=study_machine("gpu_check"),
     log:
         study_log("gpu_check", "report"),
@@ -562,235 +352,79 @@ rule gpu_check_report:
         "python -m studies report gpu_check --machine {output.machine} --runs {params.runs} --out $(dirname {output.tables[0]}) > {log} 2>&1"
 
 
-rule gpu_check:
-    input:
-        tables=rules.gpu_check_report.output.tables,
-        machine=rules.gpu_check_report.output.machine,
-        benchmarks=[study_benchmark("gpu_check", "report")],
-    output:
-        report(published("gpu_check"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("gpu_check", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("gpu_check", [f"{STUDY_OUT}/gpu_check/report"])
+# --- publishing: per study, what it waits for, where its measuring machine and benchmarks are, and what
+# it copies into its tracked folder (globs of the sources' files; a file source is copied as it is)
 
 
-# --- the aligned regions' cost (benchmarks/bench_regions.py): a timing, so run it on an otherwise idle machine
+def own(name, steps, sources, globs=(), inputs=()):
+    """A study with measuring jobs of its own: its machine and its steps' benchmarks (it waits for its
+    sources unless told what else)."""
+    return dict(inputs=list(inputs or sources), machine=study_machine(name), sources=sources, globs=globs,
+                benchmarks=[study_benchmark(name, step) for step in steps])
 
 
-rule kernels_measure:
-    output:
-        record=f"{STUDY_OUT}/kernels/measure/regions.json",
-        machine=study_machine("kernels"),
-    log:
-        study_log("kernels", "measure"),
-    benchmark:
-        study_benchmark("kernels", "measure")
-    params:
-        options=shlex.join(STUDY_SETTINGS["kernels"]),
-    threads: EXCLUSIVE_THREADS  # the timings want the machine to themselves
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run kernels --machine {output.machine} {params.options} --out {output.record} > {log} 2>&1"
+def of_grid(name, steps, sources, globs, inputs=()):
+    """A study that is a grid of its own (rule study_grid), with its report steps."""
+    return dict(inputs=[f"{grid_tables(name)}/summary.csv", *inputs], machine=f"{GRID_RESULTS[name]}/machine.json",
+                sources=[grid_tables(name), GRID_FIGURES[name], *sources], globs=globs,
+                benchmarks=[f"{GRID_RESULTS[name]}/logs/study_grid.tsv"]
+                + [study_benchmark(name, step) for step in steps])
 
 
-rule kernels:
-    input:
-        record=rules.kernels_measure.output.record,
-        machine=rules.kernels_measure.output.machine,
-        benchmarks=[study_benchmark("kernels", "measure")],
-    output:
-        report(published("kernels"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("kernels", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("kernels", ["{input.record}"])
+GRID_TABLES = ["summary.*", "stability.csv"]
+PUBLISHING = {
+    "tiny": dict(inputs=[f"{TABLES}/summary.csv", f"{TABLES}/stability.csv", f"{STUDY_OUT}/tiny/report/headline.csv"],
+                 machine=f"{RESULTS}/machine.json", benchmarks=train_benchmarks(),
+                 sources=[TABLES, FIGURES, f"{STUDY_OUT}/tiny/report"],
+                 globs=["summary.csv", "summary.md", "stability.csv", "metrics.parquet", "headline.*"]
+                 + [f"{figure}.png" for figure in FIGURE_NAMES]),
+    "probe": dict(inputs=probe_figure_targets(), machine=f"{RESULTS}/machine.json", benchmarks=[],  # no benchmark
+                  sources=[f"{RESULTS}/probe", TABLES, FIGURES],
+                  globs=["*/*.csv", "*/probe.json", "probe*.csv", "probe*.md", "probe_*.png"]),
+    "stress": of_grid("stress", [], [], GRID_TABLES + ["probe_*", "*.png"]),
+    **{name: of_grid(name, ["report"], [f"{STUDY_OUT}/{name}/report"],
+                     GRID_TABLES + ["metrics.parquet", "headline.*", "*.png"],
+                     inputs=[f"{STUDY_OUT}/{name}/report/headline.csv"]) for name in ("tiny_sdpa", "tiny_amx")},
+    "geo_rs": of_grid("geo_rs", ["report"], [f"{STUDY_OUT}/geo_rs/report"], GRID_TABLES + ["stall_*.csv", "*.png"],
+                      inputs=rules.geo_rs_report.output),
+    "calibration": of_grid("calibration", ["report"], [f"{STUDY_OUT}/calibration/report"],
+                           GRID_TABLES + ["calibration.txt", "calibration.csv", "alternatives.csv", "*.png"],
+                           inputs=rules.calibration_report.output),
+    "treatments": dict(of_grid("treatments", ["cost", "report"], [], []),
+                       inputs=[*rules.treatments_report.output, f"{grid_tables('treatments')}/stability.csv"],
+                       # the report's table, the cost and per run what the collapse rule saw
+                       sources=[f"{STUDY_OUT}/treatments/report", *rules.treatments_cost.output,
+                                f"{grid_tables('treatments')}/stability.csv"]),
+    "scaling": own("scaling", ["measure", "report"], [f"{STUDY_OUT}/scaling/measure", f"{STUDY_OUT}/scaling/report"],
+                   ["*.csv", "*.md", "*.png"]),
+    **{name: own(name, ["measure", "report"], [f"{STUDY_OUT}/{name}/points"],
+                 ["*.csv", "*.json", "*.md", "*/no_signal.txt"], inputs=[f"{STUDY_OUT}/{name}/points/hypotheses.csv"])
+       for name in ("gradprobe", "rope_lead")},
+    "vllm_alignment": own("vllm_alignment", ["measure"], [measured("vllm_alignment")]),
+    "kernels": own("kernels", ["measure"], [measured("kernels")]),
+    "engine_tables": own("engine_tables", ["measure"], [measured("engine_tables")], ["*.csv"]),
+    **{name: own(name, ["measure", "report"], [measured(name), f"{STUDY_OUT}/{name}/report"], ["*.csv", "*.png"])
+       for name in ("depth", "leftover", "trace")},
+    "roundmap": dict(own("roundmap", ROUNDMAP_CELLS, [f"{STUDY_OUT}/roundmap/maps"]),
+                     inputs=[f"{STUDY_OUT}/roundmap/maps/{cell}.json" for cell in ROUNDMAP_CELLS]),
+    "gpu_check": dict(own("gpu_check", ["report"], [f"{STUDY_OUT}/gpu_check/report"]), inputs=GPU_CHECK_TABLES),
+}
 
 
-# --- the patches against vLLM-CPU along a depth ladder and at the paper models' widths (studies/depth)
+for name, how in PUBLISHING.items():
 
-
-rule depth_measure:
-    output:
-        result=f"{STUDY_OUT}/depth/depth.json",
-        machine=study_machine("depth"),
-    log:
-        study_log("depth", "measure"),
-    benchmark:
-        study_benchmark("depth", "measure")
-    params:
-        options=shlex.join(STUDY_SETTINGS["depth"]),
-    threads: EXCLUSIVE_THREADS  # the engine and the scoring share the machine with nothing else
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run depth --machine {output.machine} {params.options} --out {output.result} > {log} 2>&1"
-
-
-rule depth_report:
-    input:
-        rules.depth_measure.output.result,
-    output:
-        directory(f"{STUDY_OUT}/depth/report"),
-    log:
-        study_log("depth", "report"),
-    benchmark:
-        study_benchmark("depth", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report depth --result {input} --out {output} > {log} 2>&1"
-
-
-rule depth:
-    input:
-        result=rules.depth_measure.output.result,
-        reported=rules.depth_report.output[0],
-        machine=rules.depth_measure.output.machine,
-        benchmarks=[study_benchmark("depth", s) for s in ("measure", "report")],
-    output:
-        report(published("depth"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("depth", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("depth", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
-
-
-# --- what `all` leaves at the goal depth, by component (studies/leftover): the depth measurement with
-# vLLM-CPU's own kernels swapped into the training side one at a time
-
-
-use rule depth_measure as leftover_measure with:
-    output:
-        result=f"{STUDY_OUT}/leftover/depth.json",
-        machine=study_machine("leftover"),
-    log:
-        study_log("leftover", "measure"),
-    benchmark:
-        study_benchmark("leftover", "measure")
-    params:
-        options=shlex.join(STUDY_SETTINGS["leftover"]),
-
-
-rule leftover_report:
-    input:
-        rules.leftover_measure.output.result,
-    output:
-        directory(f"{STUDY_OUT}/leftover/report"),
-    log:
-        study_log("leftover", "report"),
-    benchmark:
-        study_benchmark("leftover", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report leftover --result {input} --out {output} > {log} 2>&1"
-
-
-rule leftover:
-    input:
-        result=rules.leftover_measure.output.result,
-        reported=rules.leftover_report.output[0],
-        machine=rules.leftover_measure.output.machine,
-        benchmarks=[study_benchmark("leftover", s) for s in ("measure", "report")],
-    output:
-        report(published("leftover"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("leftover", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("leftover", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
-
-
-# --- layer by layer against vLLM-CPU: where the two sides first differ (studies/trace)
-
-
-rule trace_measure:
-    output:
-        result=f"{STUDY_OUT}/trace/trace.json",
-        machine=study_machine("trace"),
-    log:
-        study_log("trace", "measure"),
-    benchmark:
-        study_benchmark("trace", "measure")
-    params:
-        options=shlex.join(STUDY_SETTINGS["trace"]),
-    threads: EXCLUSIVE_THREADS  # the engine and the scoring share the machine with nothing else
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run trace --machine {output.machine} {params.options} --out {output.result} > {log} 2>&1"
-
-
-rule trace_report:
-    input:
-        rules.trace_measure.output.result,
-    output:
-        directory(f"{STUDY_OUT}/trace/report"),
-    log:
-        study_log("trace", "report"),
-    benchmark:
-        study_benchmark("trace", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report trace --result {input} --out {output} > {log} 2>&1"
-
-
-rule trace:
-    input:
-        result=rules.trace_measure.output.result,
-        reported=rules.trace_report.output[0],
-        machine=rules.trace_measure.output.machine,
-        benchmarks=[study_benchmark("trace", s) for s in ("measure", "report")],
-    output:
-        report(published("trace"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("trace", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("trace", ["{input.result}", "{input.reported}"], ["*.csv", "*.png"])
-
-
-# --- target auto against the engine it reads, per vLLM-CPU configuration (patches/engine_table.py)
-
-
-rule engine_tables_measure:
-    output:
-        measured=directory(f"{STUDY_OUT}/engine_tables/measure"),
-        machine=study_machine("engine_tables"),
-    log:
-        study_log("engine_tables", "measure"),
-    benchmark:
-        study_benchmark("engine_tables", "measure")
-    params:
-        options=shlex.join(STUDY_SETTINGS["engine_tables"]),
-    threads: EXCLUSIVE_THREADS  # the engine's throughput wants the machine to itself
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run engine_tables --machine {output.machine} {params.options} --out {output.measured} > {log} 2>&1"
-
-
-rule engine_tables:
-    input:
-        measured=rules.engine_tables_measure.output.measured,
-        machine=rules.engine_tables_measure.output.machine,
-        benchmarks=[study_benchmark("engine_tables", "measure")],
-    output:
-        report(published("engine_tables"), caption="../report/published.rst", category="Published"),
-    log:
-        study_log("engine_tables", "publish"),
-    conda:
-        CPU_ENV
-    shell:
-        publish_shell("engine_tables", ["{input.measured}"], ["*.csv"])
+    rule:
+        name:
+            name
+        input:
+            data=how["inputs"],
+            machine=how["machine"],
+            benchmarks=how["benchmarks"],
+        output:
+            report(published(name), caption="../report/published.rst", category="Published"),
+        log:
+            study_log(name, "publish"),
+        conda:
+            CPU_ENV
+        shell:
+            publish_shell(name, how["sources"], how["globs"])
