@@ -337,13 +337,50 @@ def published(name):
     return f"{STUDY_OUT}/{name}/publication.json"
 
 
-def publish_shell(name, sources, include=()):
-    """The publish step's command: copy `sources` (globs `include` of folders' files) into the study's
-    tracked folder with its provenance (the command, commit, machine, versions, wall times, engine and
-    training-side attention)."""
-    globs = " ".join(shlex.quote(g) for g in include)
-    return (f"python -m studies publish {name} --source {' '.join(sources)}"
-            + (f" --include {globs}" if include else "")
-            + f" --command {shlex.quote(f'snakemake --cores N {name}')}"
-            + " --machine {input.machine} --benchmark {input.benchmarks} --record {output} > {log} 2>&1"
-            + (" && python -m studies pages >> {log} 2>&1" if STUDY_SETTINGS["pages"] else ""))
+def publish_params(name, sources, globs):
+    """The publish step's options: copy `sources` (the `globs` of folders' files) into the study's tracked
+    folder with its provenance (the command, commit, machine, versions, wall times, engine and training-side
+    attention). Parameters, not a formatted command: a rule made in a loop formats its command when its job
+    runs, after the loop."""
+    return dict(name=name, sources=list(sources), globs=shlex.join(["--include", *globs]) if globs else "",
+                command=shlex.quote(f"snakemake --cores N {name}"))
+
+
+PUBLISH_SHELL = ("python -m studies publish {params.name} --source {params.sources} {params.globs}"
+                 " --command {params.command} --machine {input.machine} --benchmark {input.benchmarks}"
+                 " --record {output} > {log} 2>&1"
+                 + (" && python -m studies pages >> {log} 2>&1" if STUDY_SETTINGS["pages"] else ""))
+
+
+# One job each, `python -m studies run STUDY` with the study's options (STUDY_SETTINGS): the study whose
+# measurement it runs (leftover is the depth measurement with other kernels), the result it writes (a
+# folder where the name has no suffix), and the cores it takes - timings and the engine's throughput want
+# the machine to themselves.
+MEASURED = {
+    "vllm_alignment": ("vllm_alignment", "vllm_alignment.json", min(2, EXCLUSIVE_THREADS)),
+    "kernels": ("kernels", "measure/regions.json", EXCLUSIVE_THREADS),
+    "depth": ("depth", "depth.json", EXCLUSIVE_THREADS),
+    "leftover": ("depth", "depth.json", EXCLUSIVE_THREADS),
+    "trace": ("trace", "trace.json", EXCLUSIVE_THREADS),
+    "engine_tables": ("engine_tables", "measure", EXCLUSIVE_THREADS),
+}
+
+
+def measured(name):
+    return f"{STUDY_OUT}/{name}/{MEASURED[name][1]}"
+
+
+# what a study publishes (studies.smk: PUBLISHING)
+def own(name, steps, sources, globs=(), inputs=()):
+    """A study with measuring jobs of its own: its machine and its steps' benchmarks (it waits for its
+    sources unless told what else)."""
+    return dict(inputs=list(inputs or sources), machine=study_machine(name), sources=sources, globs=globs,
+                benchmarks=[study_benchmark(name, step) for step in steps])
+
+
+def of_grid(name, steps, sources, globs, inputs=()):
+    """A study that is a grid of its own (rule study_grid), with its report steps."""
+    return dict(inputs=[f"{grid_tables(name)}/summary.csv", *inputs], machine=f"{GRID_RESULTS[name]}/machine.json",
+                sources=[grid_tables(name), GRID_FIGURES[name], *sources], globs=globs,
+                benchmarks=[f"{GRID_RESULTS[name]}/logs/study_grid.tsv"]
+                + [study_benchmark(name, step) for step in steps])

@@ -54,24 +54,7 @@ rule study_grid:
         "snakemake --nolock --cores {threads} --configfile {input} > {log} 2>&1"
 
 
-# One job each, `python -m studies run STUDY` with the study's options (STUDY_SETTINGS): the study whose
-# measurement it runs (leftover is the depth measurement with other kernels), the result it writes (a
-# folder where the name has no suffix), and the cores it takes - timings and the engine's throughput want
-# the machine to themselves.
-MEASURED = {
-    "vllm_alignment": ("vllm_alignment", "vllm_alignment.json", min(2, EXCLUSIVE_THREADS)),
-    "kernels": ("kernels", "measure/regions.json", EXCLUSIVE_THREADS),
-    "depth": ("depth", "depth.json", EXCLUSIVE_THREADS),
-    "leftover": ("depth", "depth.json", EXCLUSIVE_THREADS),
-    "trace": ("trace", "trace.json", EXCLUSIVE_THREADS),
-    "engine_tables": ("engine_tables", "measure", EXCLUSIVE_THREADS),
-}
-
-
-def measured(name):
-    return f"{STUDY_OUT}/{name}/{MEASURED[name][1]}"
-
-
+# the studies with a measurement of their own: MEASURED (common.smk)
 for name, (study, result, cores) in MEASURED.items():
 
     rule:
@@ -246,7 +229,7 @@ for name, tables in (("tiny", TABLES), ("tiny_sdpa", grid_tables("tiny_sdpa")), 
 
 
 # studies that read a result file (--result) or a folder of tables (--tables) into a folder of their own
-for name, source in (("depth", "result"), ("leftover", "result"), ("trace", "result"), ("scaling", "tables")):
+for name, source in (("depth", "--result"), ("leftover", "--result"), ("trace", "--result"), ("scaling", "--tables")):
 
     rule:
         name:
@@ -265,7 +248,7 @@ for name, source in (("depth", "result"), ("leftover", "result"), ("trace", "res
         conda:
             CPU_ENV
         shell:
-            "python -m studies report {params.name} --{params.source} {input} --out {output} > {log} 2>&1"
+            "python -m studies report {params.name} {params.source} {input} --out {output} > {log} 2>&1"
 
 
 rule geo_rs_report:
@@ -356,21 +339,6 @@ rule gpu_check_report:
 # it copies into its tracked folder (globs of the sources' files; a file source is copied as it is)
 
 
-def own(name, steps, sources, globs=(), inputs=()):
-    """A study with measuring jobs of its own: its machine and its steps' benchmarks (it waits for its
-    sources unless told what else)."""
-    return dict(inputs=list(inputs or sources), machine=study_machine(name), sources=sources, globs=globs,
-                benchmarks=[study_benchmark(name, step) for step in steps])
-
-
-def of_grid(name, steps, sources, globs, inputs=()):
-    """A study that is a grid of its own (rule study_grid), with its report steps."""
-    return dict(inputs=[f"{grid_tables(name)}/summary.csv", *inputs], machine=f"{GRID_RESULTS[name]}/machine.json",
-                sources=[grid_tables(name), GRID_FIGURES[name], *sources], globs=globs,
-                benchmarks=[f"{GRID_RESULTS[name]}/logs/study_grid.tsv"]
-                + [study_benchmark(name, step) for step in steps])
-
-
 GRID_TABLES = ["summary.*", "stability.csv"]
 PUBLISHING = {
     "tiny": dict(inputs=[f"{TABLES}/summary.csv", f"{TABLES}/stability.csv", f"{STUDY_OUT}/tiny/report/headline.csv"],
@@ -424,7 +392,9 @@ for name, how in PUBLISHING.items():
             report(published(name), caption="../report/published.rst", category="Published"),
         log:
             study_log(name, "publish"),
+        params:
+            **publish_params(name, how["sources"], how["globs"]),
         conda:
             CPU_ENV
         shell:
-            publish_shell(name, how["sources"], how["globs"])
+            PUBLISH_SHELL
