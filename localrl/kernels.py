@@ -2,17 +2,12 @@
 
 On a GPU, a bf16 GEMM (cuBLAS) and flash attention accumulate in fp32 and write a bf16 output:
 one rounding, at the output. On a CPU both are computed here in fp32 on the bf16 values and the
-output is rounded to bf16 once - the same rounding location. Which is faster, that or the CPU's own
-bf16 GEMM, depends on the CPU: without AVX512-BF16 or AMX a bf16 matmul is ~100x slower than fp32
-(an AVX2 AMD EPYC: ~1.2 against ~120 GFLOP/s); with AVX512-BF16 oneDNN's bf16 kernel was 0.42-0.56x
-fp32's time on an AMD EPYC, but 1.5x (forward) and 1.6x (backward) fp32's time, median over the
-rig's 54 GEMM shapes, on the Intel Xeon (AVX512-BF16, no AMX) measured in
-benchmarks/results/gemm-cpu.json (`python benchmarks/bench_gemm.py`). So fp32 stays: it is never
-far from the best and one kernel on every CPU keeps a cell's numerics independent of a speed test.
-The two do not give the same bits (11 of those 54 shapes agreed): whichever is used, both sides use
-the same one. They are `torch.library` custom ops so that Inductor treats them as opaque
-kernels whose bf16 outputs are materialized (as a GPU GEMM's are), instead of fusing the output
-rounding away into the next elementwise op.
+output is rounded to bf16 once - the same rounding location. The CPU's own bf16 GEMM (oneDNN) is
+another kernel, with other bits, whose speed depends on which bf16 instructions the CPU has: one fp32
+kernel on every CPU keeps a cell's numerics independent of that. Both sides use the same one. They are
+`torch.library` custom ops so that Inductor treats them as opaque kernels whose bf16 outputs are
+materialized (as a GPU GEMM's are), instead of fusing the output rounding away into the next
+elementwise op.
 
 The engine and the trainer both call these (the alignment patches never touch GEMMs or attention):
 so any difference between the two sides comes from the three elementwise regions alone.

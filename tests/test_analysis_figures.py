@@ -1,10 +1,6 @@
-"""Figure building blocks: palette, smoothing, binning, mean + CI, collapse marks; the benchmark script."""
+"""Figure building blocks: palette, smoothing, binning, mean + CI, collapse marks."""
 
-import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import matplotlib.colors as mcolors
 import numpy as np
@@ -18,8 +14,6 @@ from analysis.load import load_runs
 from analysis.series import bin_steps, mean_ci, trailing_mean
 from analysis.style import ABLATION_COLORS, StyleWarning, ablation_order, ablation_palette
 from analysis.synthetic import write_grid
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_palette_is_fixed_and_distinct():
@@ -83,20 +77,6 @@ def test_collapse_marks_sit_on_the_smoothed_score(tmp_path):
     for mark in marks.itertuples():
         at = smooth[(smooth["ablation"] == mark.ablation) & (smooth["step"] == mark.step)]
         assert mark.value in set(at["value"])
-
-
-def test_benchmark_script_runs_small(tmp_path):
-    out = tmp_path / "figures.json"
-    done = subprocess.run(
-        [sys.executable, "benchmarks/bench_figures.py", "--models", "1", "--ablations", "none,all",
-         "--seeds", "1", "--steps", "60", "--metrics", "20", "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=180,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(out.read_text())
-    assert result["runs"] == 2 and result["within_budget"]
-    assert result["best_wall_s"] > 0 and set(result["stages_s_last_run"]) == {"load", "stability", "figures"}
-    assert "score.png" in result["figures"]
 
 
 def captured(monkeypatch):
