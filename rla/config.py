@@ -41,15 +41,17 @@ def load(path: str | Path) -> dict:
     return cfg
 
 
-def load_all(paths) -> dict:
-    """Several configs, each laid over the ones before it as Snakemake lays `--configfile A B` (a mapping
-    is merged key by key, any other value replaced)."""
-    def lay(base: dict, update: dict) -> dict:
-        for key, value in update.items():
-            base[key] = lay(dict(base[key]), value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
-                else value
-        return base
+def lay(base: dict, update: dict) -> dict:
+    """`update` laid over `base` as Snakemake lays `--configfile A B`: a mapping is merged key by key, any
+    other value replaced."""
+    for key, value in update.items():
+        base[key] = lay(dict(base[key]), value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
+            else value
+    return base
 
+
+def load_all(paths) -> dict:
+    """Several configs, each laid over the ones before it (`lay`)."""
     merged: dict = {}
     for path in paths:
         lay(merged, load(path))

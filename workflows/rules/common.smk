@@ -42,17 +42,9 @@ def _typed(value):
     return {"true": True, "false": False, "null": None}.get(value.strip().lower(), value)
 
 
-def _merge(base, update):
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _merge(base[key], value)
-        else:
-            base[key] = value
-
-
 def _normalize_cli_values(cfg):
     """--config 'seeds=[0,1]' hands list items over as strings and a single value without a list."""
-    _merge(cfg, _typed(CLI))
+    settings.lay(cfg, _typed(CLI))
     for key in ("models", "ablations", "seeds"):
         if key in cfg and not isinstance(cfg[key], (list, tuple)):
             cfg[key] = [cfg[key]]
