@@ -29,6 +29,7 @@ from rla.files import write_csv, write_text
 from rla.names import REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
 from analysis import figures
+from analysis.figures import plt
 from analysis.output import to_markdown
 from analysis.style import ABLATION_COLORS, apply_theme
 
@@ -206,16 +207,6 @@ def markdown_report(frames: dict[str, pd.DataFrame], title: str) -> str:
 # Figures
 
 
-def _pyplot():
-    """matplotlib on first use: the command line parser imports this module too."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _positive_floor(values: np.ndarray) -> float:
     positive = values[values > 0]
     return float(positive.min()) / 10 if len(positive) else 1e-8
@@ -239,7 +230,6 @@ def _bars(ax, main: pd.DataFrame, title: str) -> None:
 def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "probe_subsets") -> list[Path]:
     """One bar panel per model, shared log axis."""
     apply_theme()
-    plt = _pyplot()
     fig, axes = plt.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True, layout="constrained",
                              squeeze=False)
     for ax, (model, subsets) in zip(axes[0], probes.items()):

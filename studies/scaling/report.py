@@ -22,21 +22,18 @@ import logging
 import sys
 from pathlib import Path
 
-import matplotlib
+from matplotlib.ticker import LogLocator, NullFormatter
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from analysis import figures  # noqa: E402
-from analysis.output import to_markdown  # noqa: E402
-from studies.probe import MAIN_REFERENCE  # noqa: E402
-from studies.probe.report import region_shares  # noqa: E402
-from analysis.style import ABLATION_COLORS, apply_theme  # noqa: E402
-from rla import names  # noqa: E402
-from rla.files import write_csv, write_text  # noqa: E402
+from analysis import figures
+from analysis.figures import plt
+from analysis.output import to_markdown
+from studies.probe import MAIN_REFERENCE
+from studies.probe.report import region_shares
+from analysis.style import ABLATION_COLORS, apply_theme
+from rla import names
+from rla.files import write_csv, write_text
 
 log = logging.getLogger(__name__)
 

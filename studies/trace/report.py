@@ -101,13 +101,8 @@ def summary_table(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
     from analysis import figures
+    from analysis.figures import plt, sns
 
     traced = table[table["compared"] == "stock"]["batch"]  # the batches the training side was traced at
     out = table[(table["value"] == "out") & (table["batch"] == traced.max())]

@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
+from analysis.figures import plt
 from analysis.output import to_markdown
 from analysis.style import ablation_order, ablation_palette, apply_theme
 from rla.files import write_csv, write_text
@@ -164,12 +165,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[Path]:
     """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-
     apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     ablations = ablation_order(set(frame["ablation"]))
