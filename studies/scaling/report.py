@@ -249,11 +249,6 @@ def run(tables: Path, out: Path) -> list[Path]:
         written.append(out / "mismatch_scaling_shares.csv")
     written += scaling_figure(table, out)
     pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"
-    if out.resolve() != tables.resolve():  # the measured tables travel with their figures
-        for path in (tables / "mismatch_scaling.csv", pos_path, prob_path):
-            if path.exists():
-                write_text(out / path.name, path.read_text())
-                written.append(out / path.name)
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
         lengths = pos[pos["factor"] == "length"]
