@@ -243,7 +243,3 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
     log(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -105,7 +105,3 @@ def main(argv: list[str] | None = None) -> int:
     pd.DataFrame(engines).to_csv(out / "engines.csv", index=False)
     print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

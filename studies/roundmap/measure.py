@@ -123,9 +123,3 @@ def main(argv: list[str] | None = None) -> int:
                        "values": {value: {"stored": found, "target": want} for value, (found, want) in rows.items()},
                        "matches": same}, f, indent=1)
     return 0 if same else 1
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())
