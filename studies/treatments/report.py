@@ -212,7 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
     p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     return p
 
 
