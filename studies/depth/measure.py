@@ -81,13 +81,7 @@ def earlier_points(path: Path) -> dict[str, dict]:
     resumed = earlier.get("resumed_from", {})
 
     def measured_at(name: str, kernels: str) -> str | None:
-        at = resumed.get("points", {}).get(name)
-        if isinstance(at, dict):
-            return at.get(kernels, published_commit(path))
-        # files written before per-set commits name one per point: for all the point's sets, or for those
-        # `kernels` names (files written before that took whole points)
-        taken = resumed.get("kernels", {}).get(name) if "kernels" in resumed else [kernels]
-        return at if at and kernels in taken else published_commit(path)
+        return resumed.get("points", {}).get(name, {}).get(kernels, published_commit(path))
 
     return {name: {"entry": entry, "measured_at": {k: measured_at(name, k) for k in entry["sequences"]}, "made_by": {
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(next(iter(entry["sequences"].values()))[0]),
