@@ -3,7 +3,7 @@
 Reads files only: pandas, numpy, pyarrow, matplotlib, seaborn, pyyaml and `rla`, never a training backend,
 so it runs on a laptop with logs copied from a cluster.
 
-- :mod:`analysis.load`: runs directory -> per-run frames, the tidy long table and a wide table.
+- :mod:`analysis.load`: runs directory -> per-run frames, the tidy long table.
 - :mod:`analysis.collapse`: the collapse definition and the stability table.
 - :mod:`analysis.figures`: the figures; :mod:`analysis.tables`: the model x ablation summary.
 - ``python -m analysis {collect,stability,plots,all}``: see :mod:`analysis.cli`. The studies (studies/)
@@ -11,9 +11,9 @@ so it runs on a laptop with logs copied from a cluster.
 """
 
 from analysis.config import AnalysisConfig, CollapseConfig, load_config
-from analysis.load import LogWarning, Run, load_run, load_runs, tidy_table, wide_table
+from analysis.load import LogWarning, Run, load_run, load_runs, tidy_table
 
 __all__ = [
     "AnalysisConfig", "CollapseConfig", "LogWarning", "Run", "load_config", "load_run", "load_runs",
-    "tidy_table", "wide_table",
+    "tidy_table",
 ]

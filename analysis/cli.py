@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from analysis.config import AnalysisConfig, load_config
-from analysis.load import Run, load_runs, tidy_table, wide_table
+from analysis.load import Run, load_runs, tidy_table
 from analysis.output import to_markdown, write_parquet
 from rla.files import write_csv, write_text
 
@@ -39,14 +39,11 @@ class _Timer:
         log.info("%s done in %.2f s", name, self.stages[name])
 
 
-def collect(runs: list[Run], out: Path, wide_out: Path | None = None) -> None:
+def collect(runs: list[Run], out: Path) -> None:
     table = tidy_table(runs)
     write_parquet(table, out)
     log.info("wrote %s (%d rows, %d runs, %d non-finite values)", out, len(table), len(runs),
              int((~table["finite"]).sum()))
-    if wide_out is not None:
-        write_parquet(wide_table(runs), wide_out)
-        log.info("wrote %s", wide_out)
 
 
 def stability(runs: list[Run], cfg: AnalysisConfig, out: Path):
@@ -101,7 +98,6 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--out", required=True,
                    help="parquet file (run, model, ablation, seed, step, metric, value, finite)")
-    p.add_argument("--wide", help="also write a wide per-step parquet table here")
 
     p = sub.add_parser("stability", help="collapse verdict per run (CSV)")
     common(p)
@@ -142,7 +138,7 @@ def _run(args: argparse.Namespace) -> int:
         with timer("load"):
             runs = load_runs(args.runs)
         if args.command == "collect":
-            collect(runs, Path(args.out), Path(args.wide) if args.wide else None)
+            collect(runs, Path(args.out))
         elif args.command == "stability":
             stability(runs, cfg, Path(args.out))
         elif args.command == "plots":

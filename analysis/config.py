@@ -33,7 +33,6 @@ class AnalysisConfig:
     collapse: CollapseConfig = field(default_factory=CollapseConfig)
     models: tuple[str, ...] = ()
     ablations: tuple[str, ...] = ()
-    profile: str | None = None
 
 
 def load_config(path: str | Path | None) -> AnalysisConfig:
@@ -52,5 +51,4 @@ def load_config(path: str | Path | None) -> AnalysisConfig:
         collapse=collapse,
         models=tuple(str(m) for m in raw.get("models") or ()),
         ablations=tuple(str(a) for a in raw.get("ablations") or ()),
-        profile=raw.get("profile"),
     )

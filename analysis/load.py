@@ -235,21 +235,3 @@ def tidy_table(runs: list[Run]) -> pd.DataFrame:
         "value": value,
         "finite": np.isfinite(value),
     })
-
-
-def wide_table(runs: list[Run], metrics: list[str] | None = None) -> pd.DataFrame:
-    """One row per (run, step), one column per metric (all, or only ``metrics`` where logged)."""
-    parts = []
-    for run in runs:
-        frame = run.wide if metrics is None else run.wide.reindex(
-            columns=[m for m in metrics if m in run.wide.columns]
-        )
-        frame = frame.reset_index()
-        frame.insert(0, "seed", run.seed)
-        frame.insert(0, "ablation", run.ablation)
-        frame.insert(0, "model", run.model)
-        frame.insert(0, "run", run.run_id)
-        parts.append(frame)
-    wide = pd.concat(parts, ignore_index=True)
-    wide.columns.name = None
-    return wide

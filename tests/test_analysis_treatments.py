@@ -60,7 +60,7 @@ def test_ratios_are_per_model_and_the_summary_spans_the_models(tmp_path):
 def test_runs_without_torch_and_writes_table_and_figure(tmp_path):
     write_tables(tmp_path / "tables")
     done = run_report_alone("treatments", "--tables", tmp_path / "tables", "--bench", bench_file(tmp_path / "b.json"),
-                              "--out", tmp_path / "fig", "-q")
+                            "--out", tmp_path / "fig")
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
     assert {p.name for p in (tmp_path / "fig").iterdir()} == {"treatments.csv", "treatments.md", "treatments.png",

@@ -78,14 +78,6 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     assert json.loads(again.read_text())["resumed_from"]["points"] == {
         **dict.fromkeys(earlier, both), **dict.fromkeys(["qwen2-256x1-s2", "qwen2-256x2-s2", "qwen2-1536x28",
                                                          "qwen3-2048x28"], {"hf": "4567def", "attention": "4567def"})}
-    # a file written before per-set commits (one per point, whole points taken) keeps its points' commits
-    old = json.loads(again.read_text())
-    old["resumed_from"] = {"file": "x", "points": dict.fromkeys(earlier, "0123abc")}
-    again.write_text(json.dumps(old))
-    (again.parent / "provenance.json").write_text(json.dumps({"commit": "89abcde"}))
-    assert measure.main(more[:-1] + [str(tmp_path / "old" / "depth.json"), "--resume-from", str(again)]) == 0
-    assert json.loads((tmp_path / "old" / "depth.json").read_text())["resumed_from"]["commits"] == {
-        "0123abc": ["hf", "attention"], "89abcde": ["hf", "attention"]}
     measured.clear()
     with pytest.raises(SystemExit):  # a path that is not a file is named, and nothing is measured
         measure.main(more + ["--resume-from", str(tmp_path / "nowhere.json")])

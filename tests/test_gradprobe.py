@@ -165,12 +165,14 @@ def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
     plan.write_text(yaml.safe_dump(cfg))
     assert studies_main(["run", "gradprobe", "--plan", str(plan), "--out", str(tmp_path / "out")]) == 0
     assert "no group with differing scores" in (tmp_path / "out" / "p" / "no_signal.txt").read_text()
-    assert studies_main(["run", "gradprobe", "--config", str(plan), "--model", "m", "--settings", "none,fp16",
-                         "--out", str(tmp_path / "x")]) == 2
-    bad = {**cfg, "gradprobe": {"points": {"q": {"model": "m", "temprature": 1}}}}
-    plan.write_text(yaml.safe_dump(bad))
     from studies.gradprobe.plan import plan_points
 
+    fp16 = {**cfg, "gradprobe": {"settings": ["none", "fp16"], "points": {"p": {"model": "m"}}}}
+    plan.write_text(yaml.safe_dump(fp16))
+    with pytest.raises(ConfigError, match="gradprobe.settings \\['fp16'\\] unknown"):
+        plan_points(plan)
+    bad = {**cfg, "gradprobe": {"points": {"q": {"model": "m", "temprature": 1}}}}
+    plan.write_text(yaml.safe_dump(bad))
     with pytest.raises(ConfigError, match="unknown keys \\['temprature'\\]"):
         plan_points(plan)
 

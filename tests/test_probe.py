@@ -150,13 +150,13 @@ def test_the_subsets_figure_draws_the_tables_numbers(probed, tmp_path, monkeypat
     """Bar heights are the table's mean |d logprob| per setting, in the table's order; an exact zero
     has no bar (a log axis cannot show it) and says so in its label."""
     import analysis.figures as figures
-    from studies.probe.report import plot_subsets, training_settings
+    from studies.probe.report import plot_models, training_settings
 
     kept = {}
     monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
     subsets = probed[3].subsets
-    plot_subsets(subsets, tmp_path, "t")
-    ax = kept["subsets"].axes[0]
+    plot_models({"t": subsets}, tmp_path)
+    ax = kept["probe_subsets"].axes[0]
     heights = [bar.get_height() for bar in ax.patches]
     want = training_settings(subsets)["mean_abs_dlogprob"].to_numpy()
     assert len(heights) == len(want)
@@ -170,17 +170,11 @@ def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
     result = probed[3]
     for model in ("qwen3-a", "qwen3-b"):
         result.write(tmp_path / "probe" / model)
-    from studies.probe.report import write_model_report
 
-    written = write_model_report(tmp_path / "probe" / "qwen3-a")
-    assert {p.name for p in written} >= {"subsets.md", "subsets.png", "subsets.pdf", "layers.png", "layers.pdf"}
-    assert all(p.stat().st_size > 0 for p in written)
-    md = (tmp_path / "probe" / "qwen3-a" / "subsets.md").read_text()
+    assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig")]) == 0
+    assert {p.name for p in (tmp_path / "fig").iterdir()} == {"probe_subsets.png", "probe_subsets.pdf"}
+    md = (tmp_path / "tables" / "probe.md").read_text()
     assert probe.ENGINE_ORDER in md and "Shapley" in md
-
-    assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig"), "-q"]) == 0
-    assert (tmp_path / "fig" / "probe_subsets.png").exists()  # the across-models figure
-    assert (tmp_path / "fig" / "probe_qwen3-b_layers.pdf").exists()
     shares = pd.read_csv(tmp_path / "tables" / "probe_shares.csv")
     stock = main_rows(result).loc["none", "mean_abs_dlogprob"]
     for _, group in shares.groupby("model"):
@@ -260,5 +254,5 @@ def test_figures_only_redraws_run_and_probe_figures_from_cached_files(probed, tm
     result = snakemake(work, "figures_only", "--cores", "1", "--config", f"figures_dir={figures}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     drawn = {p.name for p in (figures / "tiny").iterdir()}
-    assert {"score.png", "mismatch.pdf", "collapse_heatmap.png", "probe_qwen3-s_subsets.png"} <= drawn, drawn
+    assert {"score.png", "mismatch.pdf", "collapse_heatmap.png"} <= drawn, drawn
     assert (results / "tables/probe.md").exists()

@@ -74,10 +74,10 @@ def test_analysis_probe_runs_without_any_backend(tmp_path):
     pd.DataFrame([{"setting": s, "scope": sc, "position_low": p, "n_tokens": 5, "mean_abs_dlogprob": 0.01}
                   for s in settings for sc in ("response", "sequence") for p in (0, 16)]
                  ).to_csv(probe_dir / "by_position.csv", index=False)
-    done = run_report_alone("probe", "--probe", tmp_path / "probe", "--out", tmp_path / "fig", "-q")
+    done = run_report_alone("probe", "--probe", tmp_path / "probe", "--out", tmp_path / "fig")
     assert done.returncode == 0, done.stderr
     assert "LOADED []" in done.stdout
-    assert (tmp_path / "fig" / "probe_m_subsets.pdf").exists()
+    assert (tmp_path / "tables" / "probe_subsets.csv").exists()
     shares = pd.read_csv(tmp_path / "tables" / "probe_shares.csv")
     assert shares["reduction"].sum() == pytest.approx(1.0)
     assert "| rope |" in (tmp_path / "tables" / "probe.md").read_text()

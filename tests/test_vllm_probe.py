@@ -86,7 +86,7 @@ def test_probe_of_a_local_qwen2_checkpoint_against_vllm(vllm_model, tmp_path):
 
     assert main(["report", "probe", "--probe", str(out), "--out", str(tmp_path / "fig"),
                           "--tables", str(tmp_path / "tables")]) == 0
-    assert (tmp_path / "fig" / "probe_probe_where.png").exists()
+    assert (tmp_path / "tables" / "probe_subsets.csv").exists()
     assert "The other alignment target" in (tmp_path / "tables" / "probe.md").read_text()
 
 

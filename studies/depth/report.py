@@ -95,13 +95,8 @@ LINES = (  # (spec, target, reduction) -> label, drawn on the ladder
 
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
     from analysis import figures
+    from analysis.figures import plt, sns
     from analysis.style import apply_theme
 
     apply_theme()

@@ -68,7 +68,7 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
             model = alignment.training_model(model_dir, kernels)
             settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables_to_score(auto).items()]
             for spec, table_name, table in settings:
-                score = alignment.score(model, samples, spec, table, "eager")
+                score = alignment.score_sequences(model, samples, spec, table, "eager")[0]
                 rows.append({"config": config_name, "shape": shape, "attention": kernels, "spec": spec,
                              "table": table_name, **score})
                 log(f"  {kernels:9s} {spec:4s} / {table_name:8s} k3 {score['k3']:.2e}  bit-equal {score['bit_equal']:.1%}")
@@ -105,7 +105,3 @@ def main(argv: list[str] | None = None) -> int:
     pd.DataFrame(engines).to_csv(out / "engines.csv", index=False)
     print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -157,7 +157,3 @@ def main(argv=None) -> int:
             files.write_text(args.out / table.replace(".csv", ".md"), to_markdown(VIEWS[table](frame)) + "\n")
         print(f"{table}: {len(frame)} rows")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -55,13 +55,8 @@ def shares(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
     from analysis import figures
+    from analysis.figures import plt, sns
     from analysis.style import apply_theme
 
     apply_theme()

@@ -72,13 +72,13 @@ class Setting:
         return forward_treatment(self.compiled, self.dtype == torch.float16)
 
     @classmethod
-    def of_ablation(cls, name: str, target: str = patches.DEFAULT_TARGET) -> "Setting":
+    def of_ablation(cls, name: str) -> "Setting":
         """An ablation of the grid (rla.names.ABLATIONS) as the RL trainer runs it."""
         from rla import names
 
         entry = names.ablation(name)
         return cls(name, entry.regions, entry.reduction, compiled=entry.compiled,
-                   dtype=torch.float16 if entry.precision == "fp16" else torch.bfloat16, target=target,
+                   dtype=torch.float16 if entry.precision == "fp16" else torch.bfloat16,
                    correction=entry.rollout_correction)
 
 
@@ -381,10 +381,10 @@ class Sides:
 
 
 def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int = DEFAULT_POSITION_BIN,
-              settings: list[Setting] | None = None, log=print, master=None) -> ProbeResult:
+              log=print, master=None) -> ProbeResult:
     """Score `rollout` on the training model under every setting and compare with the engine. `master`
     (the fp32 weights the BF16 model was cast from) is needed for FP16 settings."""
-    settings = settings or probe_settings()
+    settings = probe_settings()
     layout = Layout.from_rollout(rollout)
     sides = Sides(train_model, engine, master)
     refs = {torch.bfloat16: engine_forward(engine.model, layout.ids, layout.mask, layout.positions)}

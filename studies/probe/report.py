@@ -7,9 +7,9 @@ A probe directory holds ``subsets.csv`` (one row per training-side setting and r
   engine's forward), as Shapley values over the 8 subsets of regions - the reduction a region brings,
   averaged over the orders in which regions can be added - plus the share of the summation order and
   what remains. The shares add up to the stock mismatch.
-- ``subsets.md``; figures ``subsets`` (bars per setting, log scale), ``layers`` (divergence of the
-  residual stream per layer), ``where`` (by the engine's token probability and by position);
-  across models ``probe_subsets`` (one panel per model).
+- tables across models (``probe_subsets.csv``, ``probe_shares.csv``, ``probe.md``, ``probe_models.md``)
+  and, with more than one model, the figure ``probe_subsets`` (bars per setting, log scale, one panel
+  per model).
 
 ``python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]``.
 """
@@ -29,6 +29,7 @@ from rla.files import write_csv, write_text
 from rla.names import REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
 from analysis import figures
+from analysis.figures import plt
 from analysis.output import to_markdown
 from analysis.style import ABLATION_COLORS, apply_theme
 
@@ -38,8 +39,6 @@ TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligne
 # every subset of the regions by size, then all + the engine's order and the treatments
 SETTING_ORDER = tuple(subset_name(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)) \
     + (ENGINE_ORDER,) + TREATMENTS
-LAYER_SETTINGS = ("none", *REGIONS, "all", ENGINE_ORDER) + TREATMENTS
-WHERE_SETTINGS = ("none", "rope", "all", ENGINE_ORDER) + TREATMENTS
 PAIR_COLOR = "#999999"
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
 REQUIRED = {
@@ -208,27 +207,9 @@ def markdown_report(frames: dict[str, pd.DataFrame], title: str) -> str:
 # Figures
 
 
-def _pyplot():
-    """matplotlib on first use: the command line parser imports this module too."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _positive_floor(values: np.ndarray) -> float:
     positive = values[values > 0]
     return float(positive.min()) / 10 if len(positive) else 1e-8
-
-
-def _zero_floor(ax, floor: float) -> None:
-    """Log axis whose exact zeros are drawn on a marked floor line."""
-    ax.set_yscale("log")
-    ax.axhline(floor, color="0.6", linewidth=0.8, linestyle=":")
-    ax.annotate("exactly 0", (0, floor), xycoords=("axes fraction", "data"), xytext=(2, 2),
-                textcoords="offset points", fontsize=6, color="0.4")
 
 
 def _bars(ax, main: pd.DataFrame, title: str) -> None:
@@ -246,19 +227,9 @@ def _bars(ax, main: pd.DataFrame, title: str) -> None:
     ax.set_title(title)
 
 
-def plot_subsets(subsets: pd.DataFrame, out_dir: Path, title: str, name: str = "subsets") -> list[Path]:
-    apply_theme()
-    plt = _pyplot()
-    main = training_settings(subsets)
-    fig, ax = plt.subplots(figsize=(5.2, 3.4), layout="constrained")
-    _bars(ax, main, title)
-    return figures.save_figure(fig, out_dir, name)
-
-
 def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "probe_subsets") -> list[Path]:
     """One bar panel per model, shared log axis."""
     apply_theme()
-    plt = _pyplot()
     fig, axes = plt.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True, layout="constrained",
                              squeeze=False)
     for ax, (model, subsets) in zip(axes[0], probes.items()):
@@ -268,92 +239,6 @@ def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "pro
     for ax in axes[0, 1:]:
         ax.set_ylabel("")
     return figures.save_figure(fig, out_dir, name)
-
-
-def plot_layers(layers: pd.DataFrame, out_dir: Path, title: str, name: str = "layers") -> list[Path]:
-    """Relative L2 divergence (log; exact zeros on a marked floor) and bit-identical fraction per stage."""
-    apply_theme()
-    plt = _pyplot()
-    shown = [s for s in LAYER_SETTINGS if s in set(layers["setting"])]
-    data = layers[layers["setting"].isin(shown)]
-    floor = _positive_floor(data["rel_l2"].to_numpy(dtype=float))
-    fig, (ax_l2, ax_same) = plt.subplots(1, 2, figsize=(7.6, 3.2), layout="constrained")
-    for setting in shown:
-        rows = data[data["setting"] == setting].sort_values("layer")
-        style = dict(color=color(setting), marker="o", markersize=3, label=_label(setting).replace("\n", " "),
-                     linestyle="--" if setting == ENGINE_ORDER else "-")
-        ax_l2.plot(rows["layer"], np.where(rows["rel_l2"] > 0, rows["rel_l2"], floor), **style)
-        ax_same.plot(rows["layer"], rows["frac_identical"], **style)
-    _zero_floor(ax_l2, floor)
-    stages = data.drop_duplicates("layer").sort_values("layer")
-    ticks = ["emb" if st == "embedding" else ("logits" if st == "logits" else str(i))
-             for i, st in zip(stages["layer"], stages["stage"])]
-    for ax in (ax_l2, ax_same):
-        ax.set_xticks(stages["layer"], ticks)
-        ax.set_xlabel("residual stream after layer")
-    ax_l2.set_ylabel("relative L2 vs engine")
-    ax_same.set_ylabel("fraction bit-identical")
-    ax_same.set_ylim(-0.03, 1.03)
-    ax_same.legend(fontsize=6, loc="best")
-    fig.suptitle(title)
-    return figures.save_figure(fig, out_dir, name)
-
-
-def plot_where(by_probability: pd.DataFrame, by_position: pd.DataFrame, out_dir: Path, title: str,
-               name: str = "where") -> list[Path]:
-    """Mean |d logprob| by the engine's probability of the token and by position (all scored tokens)."""
-    apply_theme()
-    plt = _pyplot()
-    shown = [s for s in WHERE_SETTINGS if s in set(by_probability["setting"])]
-    fig, (ax_p, ax_pos) = plt.subplots(1, 2, figsize=(7.6, 3.2), layout="constrained")
-    bins = by_probability.drop_duplicates(["p_low", "p_high"]).sort_values("p_low")
-    labels = {(lo, hi): f"[{lo:g}, {hi:g})" for lo, hi in zip(bins["p_low"], bins["p_high"])}
-    x_of = {key: i for i, key in enumerate(labels)}
-    position = by_position[by_position["scope"] == "sequence"]
-    floor = _positive_floor(np.concatenate([by_probability["mean_abs_dlogprob"].to_numpy(float),
-                                            position["mean_abs_dlogprob"].to_numpy(float)]))
-
-    def lifted(values):
-        return np.where(values > 0, values, floor)
-
-    for setting in shown:
-        style = dict(color=color(setting), marker="o", markersize=3, label=_label(setting).replace("\n", " "),
-                     linestyle="--" if setting == ENGINE_ORDER else "-")
-        rows = by_probability[by_probability["setting"] == setting]
-        ax_p.plot([x_of[(lo, hi)] for lo, hi in zip(rows["p_low"], rows["p_high"])],
-                  lifted(rows["mean_abs_dlogprob"]), **style)
-        rows = position[position["setting"] == setting].sort_values("position_low")
-        ax_pos.plot(rows["position_low"], lifted(rows["mean_abs_dlogprob"]), **style)
-    ax_p.set_xticks(range(len(labels)), list(labels.values()), rotation=45, ha="right", fontsize=6)
-    ax_p.set_xlabel("engine's probability of the token")
-    ax_pos.set_xlabel("token position (bin start)")
-    for ax in (ax_p, ax_pos):
-        _zero_floor(ax, floor)
-        ax.set_ylabel("mean |Δ logprob|")
-    ax_pos.legend(fontsize=6)
-    fig.suptitle(title)
-    return figures.save_figure(fig, out_dir, name)
-
-
-def write_model_report(probe_dir: str | Path, title: str | None = None, figures_dir: str | Path | None = None,
-                       prefix: str = "", markdown: bool = True) -> list[Path]:
-    """subsets.md (if `markdown`) into the probe directory; the three figures into `figures_dir`
-    (default: the probe directory)."""
-    probe_dir = Path(probe_dir)
-    title = title or probe_dir.name
-    figures_dir = Path(figures_dir) if figures_dir else probe_dir
-    frames = load_probe(probe_dir)
-    written = []
-    if markdown:
-        written.append(probe_dir / "subsets.md")
-        write_text(written[0], markdown_report(frames, title))
-    written += plot_subsets(frames["subsets"], figures_dir, title, f"{prefix}subsets")
-    if len(frames["layers"]):
-        written += plot_layers(frames["layers"], figures_dir, title, f"{prefix}layers")
-    else:  # a probe against vLLM: its residual stream stays inside its compiled graph
-        log.info("%s: no per-layer values in layers.csv, so no layers figure", title)
-    written += plot_where(frames["by_probability"], frames["by_position"], figures_dir, title, f"{prefix}where")
-    return written
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
     p.add_argument("--tables", help="where probe_subsets.csv / probe_shares.csv / probe.md go "
                                     "(default: <probe>/../tables)")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     return p
 
 
 def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path | None = None) -> list[Path]:
-    """Figures per model (and across models) into `figures_dir`; combined tables into `tables_dir`
+    """The across-models figure into `figures_dir`; combined tables into `tables_dir`
     (default: results/tables for results/probe). The probe directories are only read."""
     probes = find_probes(probe_root)
     figures_dir = Path(figures_dir)
@@ -383,7 +267,6 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
     tables_dir = Path(tables_dir)
     written, subsets, shares, report = [], {}, [], []
     for model, path in probes.items():
-        written += write_model_report(path, model, figures_dir, prefix=f"probe_{model}_", markdown=False)
         frames = load_probe(path)
         subsets[model] = frames["subsets"]
         report.append(markdown_report(frames, model))

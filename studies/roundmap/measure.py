@@ -7,7 +7,6 @@ CPU build as installed and at vLLM's own model code split as on a GPU, and compa
 patches/targets.py.
 
     python -m studies run roundmap --engine local --arch qwen2            # the local engine's pieces (C++)
-    python -m studies run roundmap --engine local --device cuda           # the same pieces compiled to Triton
     python -m studies run roundmap --engine vllm --arch qwen3             # vLLM as installed (CPU: one graph)
     python -m studies run roundmap --engine vllm-gpu-split --arch qwen2   # vLLM's own code, split as on a GPU
 """
@@ -23,9 +22,9 @@ from patches.engine_table import FROM_SOURCE, Graph, capture, compare, rounding_
 
 # ---- the graphs of each engine -------------------------------------------------------------------
 
-def local_graphs(config, tokens: int = 16, device: str = "cpu") -> list[Graph]:
-    """The local engine's pieces (first, middle, last), compiled for a model of `config` on `device`:
-    Inductor writes C++ for the CPU and Triton for a GPU, and each may store differently."""
+def local_graphs(config, tokens: int = 16) -> list[Graph]:
+    """The local engine's pieces (first, middle, last), compiled for a model of `config` on the CPU
+    (Inductor's C++; its Triton for a GPU may store differently: studies/scaling/check_model.py reads that)."""
     from transformers import AutoModelForCausalLM
 
     from localrl.engine.model import EngineModel
@@ -33,9 +32,9 @@ def local_graphs(config, tokens: int = 16, device: str = "cpu") -> list[Graph]:
     torch._dynamo.reset()  # compile again, under the hook
     with torch.device("meta"):  # shapes only: where Inductor stores does not depend on the values
         shapes = AutoModelForCausalLM.from_config(config).state_dict()
-    weights = {name: torch.zeros(t.shape, dtype=torch.bfloat16, device=device) for name, t in shapes.items()}
+    weights = {name: torch.zeros(t.shape, dtype=torch.bfloat16, device="cpu") for name, t in shapes.items()}
     with capture() as graphs:
-        engine = EngineModel(config, max_positions=max(tokens, 32), device=device)
+        engine = EngineModel(config, max_positions=max(tokens, 32), device="cpu")
         engine.load_hf_weights(weights)
         ids = torch.randint(0, config.vocab_size, (1, tokens))
         engine(ids, torch.arange(tokens)[None])
@@ -58,14 +57,14 @@ def expected_target(engine: str) -> str:
     return "vllm"
 
 
-def derive(engine: str, arch: str, shape: str, device: str = "cpu", layers: int | None = None) -> dict[str, Counter]:
-    """The rounding map of one engine's graphs for one model shape (the local engine's on `device`),
-    at the shape's depth or its first `layers` layers."""
+def derive(engine: str, arch: str, shape: str, layers: int | None = None) -> dict[str, Counter]:
+    """The rounding map of one engine's graphs for one model shape, at the shape's depth or its first
+    `layers` layers."""
     import tempfile
 
     config = real_shape_config(arch, shape, layers=layers)
     if engine == "local":
-        return rounding_map(local_graphs(config, device=device))
+        return rounding_map(local_graphs(config))
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         return rounding_map(vllm_graphs(tmp, gpu_split=engine == "vllm-gpu-split"))
@@ -86,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
                         "GPU: its piecewise graphs); vllm-gpu-split: vLLM's CPU build split at attention as on a GPU")
     p.add_argument("--arch", choices=("qwen2", "qwen3"), default="qwen2")
     p.add_argument("--shape", choices=tuple(REAL_SHAPES), default="tiny")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="where the local engine's pieces are compiled: cpu (C++) or cuda (Triton)")
     p.add_argument("--layers", type=int, help="decoder layers, at most the shape's own (default: all of them): "
                    "the widths stay the shape's; every layer's graph is the same code, so depth adds compile time")
     p.add_argument("--json", help="also write the map to this file")
@@ -96,19 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         real_shape_config(args.arch, args.shape, layers=args.layers)  # refuses a depth the shape does not have
     except ValueError as err:
         p.error(f"--layers {args.layers}: {err}")
-    if args.device != "cpu" and args.engine != "local":
-        p.error(f"--device {args.device} is for --engine local; vLLM compiles for the device it runs on")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device visible to torch")
     if args.engine != "local" and not torch.cuda.is_available():
         from localrl.vllm_support import require_vllm
 
         require_vllm(f"--engine {args.engine}")
-    counts = derive(args.engine, args.arch, args.shape, args.device, args.layers)
+    counts = derive(args.engine, args.arch, args.shape, args.layers)
     layers = args.layers or REAL_SHAPES[args.shape]["num_hidden_layers"]
     target = expected_target(args.engine)
     rows = compare(counts, target)
-    print(f"{args.engine} {args.arch} {args.shape}, {layers} layers ({args.device}): value, stored as BF16 in the "
+    print(f"{args.engine} {args.arch} {args.shape}, {layers} layers (cpu): value, stored as BF16 in the "
           f"graph (occurrences), what target {target!r} says")
     for value, (found, want) in rows.items():
         c = counts[value]
@@ -119,13 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"engine": args.engine, "arch": args.arch, "shape": args.shape, "layers": layers,
-                       "device": args.device, "target": target, "counts": {k: dict(v) for k, v in counts.items()},
+                       "device": "cpu", "target": target, "counts": {k: dict(v) for k, v in counts.items()},
                        "values": {value: {"stored": found, "target": want} for value, (found, want) in rows.items()},
                        "matches": same}, f, indent=1)
     return 0 if same else 1
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

@@ -4,11 +4,9 @@
   log(metric) against log(factor value) - the growth exponent ("metric ~ value^slope").
 - ``mismatch_scaling``: one column per factor (log-log), one row per metric, one colour per ablation
   (the fixed palette), Qwen2 solid and Qwen3 dashed.
-- ``mismatch_regions``: the error of each region alone (the training side with the other two regions
-  aligned), next to none and all, against the factors that sharpen the model (attention scale, q/k
-  bias, output scale, width).
-- ``mismatch_where`` (+ ``mismatch_where.csv``): the same errors against position and against the
-  engine's probability of the token, signed and absolute, at the longest responses measured.
+- ``mismatch_where.csv`` (+ ``.md``): the error of each region alone (the training side with the other
+  two regions aligned), next to none and all, against position and against the engine's probability
+  of the token, signed and absolute, at the longest responses measured.
 - ``mismatch_scaling_shares.csv``: per point, each region's Shapley share of the stock mean
   |Δ logprob| and k3, then the summation order's and what remains (:func:`point_shares`).
 
@@ -24,21 +22,18 @@ import logging
 import sys
 from pathlib import Path
 
-import matplotlib
+from matplotlib.ticker import LogLocator, NullFormatter
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import LogLocator, NullFormatter  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from analysis import figures  # noqa: E402
-from analysis.output import to_markdown  # noqa: E402
-from studies.probe import MAIN_REFERENCE  # noqa: E402
-from studies.probe.report import region_shares  # noqa: E402
-from analysis.style import ABLATION_COLORS, apply_theme  # noqa: E402
-from rla import names  # noqa: E402
-from rla.files import write_csv, write_text  # noqa: E402
+from analysis import figures
+from analysis.figures import plt
+from analysis.output import to_markdown
+from studies.probe import MAIN_REFERENCE
+from studies.probe.report import region_shares
+from analysis.style import ABLATION_COLORS, apply_theme
+from rla import names
+from rla.files import write_csv, write_text
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +46,6 @@ FACTORS = {  # factor -> x-axis label
     "attention": "q/k scale",
     "qk_bias": "q/k bias std (Qwen2)",
 }
-REGION_FACTORS = ("attention", "qk_bias", "sharpness", "width")
 METRICS = {
     "mean_abs_dlogprob": "mean |Δ logprob|",
     "k3_kl": "k3 KL per token",
@@ -197,21 +191,6 @@ def _region_lines() -> dict[str, tuple[str, str]]:
     return lines
 
 
-def regions_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    factors = [f for f in REGION_FACTORS if f in set(table["factor"])]
-    if not factors:
-        return []
-    metrics = {"mean_abs_dlogprob": METRICS["mean_abs_dlogprob"], "k3_kl": METRICS["k3_kl"]}
-    fig, archs = _line_grid(table, factors, metrics, _region_lines(), factors,
-                            (2.8 * len(factors) + 1.8, 2.4 * len(metrics)))
-    fig.subplots_adjust(left=0.08, right=1 - 1.7 / fig.get_figwidth(), top=0.92, bottom=0.13, wspace=0.35,
-                        hspace=0.3)
-    handles = [plt.Line2D([], [], color=c, lw=2, label=n) for n, (_, c) in _region_lines().items()]
-    handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
-    fig.legend(handles=handles, loc="center right", frameon=False, title="error of")
-    return figures.save_figure(fig, out_dir, "mismatch_regions")
-
-
 def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict) -> pd.DataFrame:
     """Per error (none, each region alone, all): its growth with position (log-log slope of mean |d|
     over the position bins), first and last bin, and its size on unlikely vs likely tokens."""
@@ -246,37 +225,6 @@ def _at(frame: pd.DataFrame, point: dict) -> pd.DataFrame:
     return frame[keep]
 
 
-def where_figure(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict, out_dir: Path) -> list[Path]:
-    """Each region's error alone, and none/all, against position and probability at one point."""
-    pos, prob = _at(by_position, point), _at(by_probability, point)
-    if pos.empty or prob.empty:
-        raise ValueError(f"no binned rows at {point}")
-    lines = {name: setting for name, (setting, _) in _region_lines().items()}
-    colours = {name: colour for name, (_, colour) in _region_lines().items()}
-    fig, axes = plt.subplots(2, 2, figsize=(9.5, 5.6), squeeze=False)
-    for col, (frame, x, xlabel) in enumerate(((pos, "position_low", "position (bin start)"),
-                                              (prob, "p_low", "engine probability of the token (bin start)"))):
-        for name, setting in lines.items():
-            g = frame[frame["setting"] == setting].sort_values(x)
-            xs = g[x].clip(lower=1 if x == "position_low" else 1e-4)
-            axes[0, col].plot(xs, g["mean_abs_dlogprob"], marker="o", ms=3, color=colours[name], label=name)
-            axes[1, col].plot(xs, g["mean_dlogprob"], marker="o", ms=3, color=colours[name], label=name)
-        for row in range(2):
-            axes[row, col].set_xscale("log")
-            axes[row, col].xaxis.set_minor_formatter(NullFormatter())
-        axes[0, col].set_yscale("log")
-        axes[1, col].set_yscale("symlog", linthresh=1e-5)
-        axes[1, col].axhline(0, color="0.5", lw=0.6)
-        axes[1, col].set_xlabel(xlabel)
-    axes[0, 0].set_ylabel("mean |Δ logprob|")
-    axes[1, 0].set_ylabel("signed mean Δ logprob")
-    axes[0, 1].legend(frameon=False, fontsize=7)
-    desc = ", ".join(f"{k} {v}" for k, v in point.items())
-    fig.suptitle(f"where the error sits ({desc}); Δ = train - engine", fontsize=9)
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.1, wspace=0.25, hspace=0.3)
-    return figures.save_figure(fig, out_dir, "mismatch_where")
-
-
 def fits_markdown(fits: pd.DataFrame, metrics=("mean_abs_dlogprob", "k3_kl", "seq_logratio_var")) -> str:
     """Exponents of none and all per factor and arch, one column per metric."""
     keep = fits[fits["setting"].isin(["none", "rope", "all"]) & fits["metric"].isin(metrics)]
@@ -300,20 +248,13 @@ def run(tables: Path, out: Path) -> list[Path]:
         write_csv(shares, out / "mismatch_scaling_shares.csv")
         written.append(out / "mismatch_scaling_shares.csv")
     written += scaling_figure(table, out)
-    written += regions_figure(table, out)
     pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"
-    if out.resolve() != tables.resolve():  # the measured tables travel with their figures
-        for path in (tables / "mismatch_scaling.csv", pos_path, prob_path):
-            if path.exists():
-                write_text(out / path.name, path.read_text())
-                written.append(out / path.name)
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
         lengths = pos[pos["factor"] == "length"]
         if len(lengths):  # the longest responses of the first arch: the widest range of positions
             arch = sorted(set(lengths["arch"]))[0]
             point = {"factor": "length", "arch": arch, "value": lengths[lengths["arch"] == arch]["value"].max()}
-            written += where_figure(pos, prob, point, out)
             where = where_table(pos, prob, point)
             write_csv(where, out / "mismatch_where.csv")
             write_text(out / "mismatch_where.md", to_markdown(where, float_format="{:.3g}"))

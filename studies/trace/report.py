@@ -75,17 +75,17 @@ def first_table(firsts: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (arch, layers, batch, compared), g in firsts.groupby(["arch", "layers", "batch", "compared"]):
         differing = g[g["differs"]]
-        values = Counter(differing["first_values"]) if len(differing) else Counter()
+        values = Counter(differing["first_values"])
         rows.append({"arch": arch, "layers": layers, "batch": batch, "compared": compared, "sequences": len(g),
                      "differing": len(differing),
-                     "first_layer_min": differing["first_layer"].min() if len(differing) else None,
-                     "first_layer_median": differing["first_layer"].median() if len(differing) else None,
-                     "first_layer_max": differing["first_layer"].max() if len(differing) else None,
+                     "first_layer_min": differing["first_layer"].min(),
+                     "first_layer_median": differing["first_layer"].median(),
+                     "first_layer_max": differing["first_layer"].max(),
                      # what differs first: the values the layer's input makes (q, k, v), or the attention's output alone
-                     "first_inputs": int(differing["first_values"].str.contains("q|k|v").sum()) if len(differing) else 0,
-                     "first_output_only": int((differing["first_values"] == "out").sum()) if len(differing) else 0,
+                     "first_inputs": int(differing["first_values"].str.contains("q|k|v").sum()),
+                     "first_output_only": int((differing["first_values"] == "out").sum()),
                      "first_values": ", ".join(f"{v} ({n})" for v, n in values.most_common()),
-                     "in_response": differing["in_response"].mean() if len(differing) else None})
+                     "in_response": differing["in_response"].mean()})
     return pd.DataFrame(rows)
 
 
@@ -101,13 +101,8 @@ def summary_table(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
     from analysis import figures
+    from analysis.figures import plt, sns
 
     traced = table[table["compared"] == "stock"]["batch"]  # the batches the training side was traced at
     out = table[(table["value"] == "out") & (table["batch"] == traced.max())]

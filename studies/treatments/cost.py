@@ -184,7 +184,3 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1) + "\n")
     log(f"wrote {out}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

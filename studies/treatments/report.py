@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
+from analysis.figures import plt
 from analysis.output import to_markdown
 from analysis.style import ablation_order, ablation_palette, apply_theme
 from rla.files import write_csv, write_text
@@ -164,12 +165,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[Path]:
     """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-
     apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     ablations = ablation_order(set(frame["ablation"]))
@@ -217,7 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
     p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
     return p
 
 

