@@ -9,7 +9,7 @@ import pytest
 from analysis.cli import main
 from analysis.collapse import STABILITY_COLUMNS
 from analysis.figures import FigureWarning
-from analysis.synthetic import run_records, score_curve, write_grid, write_metrics
+from tests.synthetic import run_records, score_curve, write_grid, write_metrics
 from tests.standalone import run_analysis_alone
 
 ROOT = Path(__file__).resolve().parents[1]

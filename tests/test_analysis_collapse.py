@@ -11,7 +11,7 @@ import yaml
 from analysis.collapse import STABILITY_COLUMNS, stability_table
 from analysis.config import CollapseConfig, load_config
 from analysis.load import LogWarning, load_run
-from analysis.synthetic import run_records, score_curve, write_metrics
+from tests.synthetic import run_records, score_curve, write_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = CollapseConfig()  # window 5, min_rise 0.05, drop_frac 0.5, patience 5, k3 0.01

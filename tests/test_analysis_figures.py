@@ -13,7 +13,7 @@ from analysis.figures import _collapse_points, smoothed_frame
 from analysis.load import load_runs
 from analysis.series import bin_steps, mean_ci, trailing_mean
 from analysis.style import ABLATION_COLORS, StyleWarning, ablation_order, ablation_palette
-from analysis.synthetic import write_grid
+from tests.synthetic import write_grid
 
 
 def test_palette_is_fixed_and_distinct():

@@ -243,7 +243,7 @@ def test_bad_input_is_a_clear_error_and_keeps_earlier_results(tiny_setup, tmp_pa
 
 def test_figures_only_redraws_run_and_probe_figures_from_cached_files(probed, tmp_path):
     """`snakemake figures_only`, for real: the runs' figures and the probe's, from files already there."""
-    from analysis.synthetic import write_grid
+    from tests.synthetic import write_grid
     from tests.test_workflow import copy_workflow, snakemake
 
     work = copy_workflow(tmp_path / "wf")

@@ -67,7 +67,7 @@ def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
     from analysis.collapse import stability_table
     from analysis.config import CollapseConfig
     from analysis.load import load_runs
-    from analysis.synthetic import write_grid
+    from tests.synthetic import write_grid
 
     write_grid(tmp_path / "runs", ["m"], ["none", "all"], [0, 1], steps=80)
     config = tmp_path / "c.yaml"
@@ -110,7 +110,7 @@ def test_calibration_judge_writes_its_tables_and_can_drop_the_no_recovery_clause
     from analysis.collapse import stability_table
     from analysis.config import CollapseConfig
     from analysis.load import load_runs
-    from analysis.synthetic import write_metrics
+    from tests.synthetic import write_metrics
     from studies.__main__ import main
 
     step = np.arange(1, 81)

@@ -1,4 +1,4 @@
-"""Synthetic run logs of known shape, for the tests and the figure benchmark (benchmarks/bench_figures.py).
+"""Synthetic run logs of known shape, for the tests.
 
 Shapes of the score curve: ``rise`` (rises and stays), ``collapse`` (rises, then falls to near zero
 from ``collapse_at`` on), ``flat`` (never rises). Other metrics follow the story of a collapse:
