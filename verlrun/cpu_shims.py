@@ -137,8 +137,8 @@ class _Stream:
 
 class CPUDevice:
     """What verl calls on `get_torch_device()` (torch.cuda elsewhere), for the host: memory figures
-    are the machine's (psutil), caches and streams have nothing to do. Anything else comes from
-    `torch.cpu` or is an AttributeError naming it."""
+    are the machine's (psutil), caches and streams have nothing to do. Anything else (is_available,
+    device_count, current_device "cpu", synchronize, ...) comes from `torch.cpu` or is an AttributeError naming it."""
 
     def __getattr__(self, name):
         try:
@@ -146,26 +146,8 @@ class CPUDevice:
         except AttributeError:
             raise AttributeError(f"{MODULE}: the CPU device module has no {name!r} (torch.cpu neither)") from None
 
-    def is_available(self) -> bool:
-        return True
-
-    def is_initialized(self) -> bool:
-        return True
-
     def get_device_name(self, device=None) -> str:
         return "CPU"
-
-    def device_count(self) -> int:
-        return 1
-
-    def current_device(self) -> str:
-        return "cpu"  # verl moves tensors `.to(get_device_id())`: an integer would name an accelerator
-
-    def set_device(self, device) -> None:
-        pass
-
-    def synchronize(self, device=None) -> None:
-        pass
 
     def empty_cache(self) -> None:
         pass
@@ -274,9 +256,6 @@ class PlatformCPU(PlatformBase):
 
     def ray_resource_name(self) -> str:
         return "GPU"
-
-    def ray_resource_options(self, num_gpus: float) -> dict:
-        return {"num_gpus": num_gpus}
 
     def ray_noset_envvars(self) -> list[str]:
         return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
