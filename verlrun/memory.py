@@ -68,19 +68,6 @@ class Shape:
         return self.num_hidden_layers * self.layer_params() + self.embedding_params() + self.hidden_size
 
 
-def shape_from_config(config: dict) -> Shape:
-    """A Shape from the fields of a Hugging Face `config.json` (a dict)."""
-    fields = {name: config[name] for name in Shape.__dataclass_fields__ if name in config}
-    if config.get("model_type") == "qwen2":
-        fields["attention_bias"] = True  # Qwen2 always has q/k/v biases; its config does not say so
-    fields["qk_norm"] = config.get("model_type") == "qwen3"
-    missing = [n for n in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                           "intermediate_size", "vocab_size") if n not in fields]
-    if missing:
-        raise ValueError(f"config.json lacks {missing}; a Shape needs {list(Shape.__dataclass_fields__)}")
-    return Shape(**fields)
-
-
 # The paper grid's models, copied from each repository's config.json (the planner must work before
 # any download). A model_specs entry may give its own `shape:` for other models.
 KNOWN_SHAPES: dict[str, Shape] = {
@@ -113,17 +100,16 @@ class Setup:
     margin: float = 0.15               # fraction of the GPU never planned for
     overhead_gib: float = 6.0          # CUDA context, NCCL buffers, allocator fragmentation, vLLM asleep
     vllm_utilization: float = 0.6      # rollout.gpu_memory_utilization
-    residual_pair: bool = True         # the rmsnorm alignment keeps a BF16 pair (2 x hidden) between layers
     entropy_chunk: int = 2048          # fsdp_config.entropy_from_logits_chunk_size (chunking on)
 
     def usable_bytes(self) -> float:
         return self.gpu_gib * GIB * (1 - self.margin) - self.overhead_gib * GIB
 
 
-def _activations(shape: Shape, tokens: int, setup: Setup) -> dict[str, float]:
+def _activations(shape: Shape, tokens: int) -> dict[str, float]:
     h, hd, i = shape.hidden_size, shape.head_size, shape.intermediate_size
     q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
-    kept = tokens * h * 2 * (2 if setup.residual_pair else 1) * shape.num_hidden_layers
+    kept = tokens * h * 2 * 2 * shape.num_hidden_layers  # the rmsnorm alignment's BF16 pair (2 x hidden) per layer
     # One layer recomputed in backward: norm outputs, q/k/v, attention and o-proj outputs, gate,
     # up, SiLU and product (BF16), and gradients of about the same size.
     one_layer = tokens * (4 * h + 2 * q + 2 * kv + 4 * i) * 2 * 2
@@ -142,7 +128,7 @@ def breakdown(shape: Shape, tokens: int, setup: Setup, phase: str) -> dict[str, 
             **resident,
             "BF16 embedding + LM head (unsharded)": 2 * shape.embedding_params(),
             "BF16 layers in flight (2)": 2 * 2 * layer,
-            "one layer's activations": _activations(shape, tokens, setup)["one recomputed layer + grads"] / 2,
+            "one layer's activations": _activations(shape, tokens)["one recomputed layer + grads"] / 2,
             # BF16 logits, a temperature-scaled copy, an FP32 log-softmax temporary (the fallback
             # when flash-attn's cross entropy is absent), and FP32 chunks of softmax for entropy.
             "logits + log-prob temporaries": tokens * v * (2 + 2 + 4),
@@ -155,7 +141,7 @@ def breakdown(shape: Shape, tokens: int, setup: Setup, phase: str) -> dict[str, 
             # Root unit: BF16 params and their BF16 and FP32 (reduce) grads.
             "embedding + LM head (unsharded, + grads)": (2 + 2 + 4) * shape.embedding_params(),
             "BF16 layers in flight (2, + grads)": 2 * (2 + 2 + 4) * layer,
-            **_activations(shape, tokens, setup),
+            **_activations(shape, tokens),
             # BF16 logits, scaled copy and gradient, one FP32 temporary of the same size.
             "logits + grad + temporaries": tokens * v * (2 + 2 + 2 + 4),
         }
