@@ -45,7 +45,6 @@ def grid_rows(cfg: dict) -> list[dict]:
         cell = cell_bytes(cfg, model)
         rows.append({
             "model": model,
-            "params": shape.params(),
             "checkpoint": checkpoint_bytes(shape),
             "checkpoints_per_cell": checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"])),
             "cell": cell,
