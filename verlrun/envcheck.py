@@ -1,14 +1,6 @@
-"""Check, without a GPU, that a conda environment's pip section installs from wheels only.
-
-pip resolves the section for the target (Linux x86-64, CPython 3.12 by default) with
-`--only-binary=:all:` and `--dry-run`, so nothing is built or installed. A package pip cannot
-place is looked up on the indexes and reported for what it is: SOURCE (the indexes have only a
-source distribution for the wanted version: installing would compile it), MISSING (no file for the
-wanted version) or, when one of the environment's own indexes cannot be reached, UNCHECKED. A
-stand-in wheel then takes its place so the resolution goes on and every such package is listed.
-Any of them fails the check, as does a package a verl cell needs (REQUIRED) that the resolution
-lacks; a pass means every package resolved to a wheel for the target.
-"""
+"""Check, without a GPU, that a conda environment's pip section installs from wheels only: pip's own
+`--dry-run --only-binary=:all:` resolution for the target, with a stand-in wheel for each package it cannot
+place so that every one is listed (docs/running.md, "Environment")."""
 
 from __future__ import annotations
 

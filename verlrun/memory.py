@@ -1,29 +1,10 @@
-"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU.
+"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU (docs/running.md, "Memory plan").
 
-An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a measurement; the
-margin covers its error. Check it against verl's `perf/max_memory_allocated_gb` on a cell's first
-steps. Every cell runs FSDP2 (`actor.strategy=fsdp2`, STRATEGY; verl's default FSDP1 runs with
-`use_orig_params: false`, under which the `compile` treatment's torch.compile is unsupported):
-`apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder layer and then the root module
-(embedding, final norm, LM head), which FSDP2 does not reshard after forward, with
-`reshard_after_forward: true`; its mixed-precision policy gathers BF16 parameters and reduces
-gradients in FP32. The terms below are those of that layout: sharded FP32 state, the root unsharded
-all step, one layer gathered and the next prefetched. What the `compile` treatment changes
-(Inductor may keep other activations for backward than eager does) is not modelled. One training
-step of a colocated cell goes through three phases:
-
-- rollout: vLLM holds `gpu_memory_utilization` of the GPU while FSDP keeps its sharded FP32
-  weights and AdamW state resident (no offload);
-- old-log-prob pass (forward only, entropy on): sharded states, checkpoint-free forward, BF16
-  logits of every packed token plus verl's temporaries around them;
-- update (forward + backward with gradient checkpointing): sharded states and gradients, the
-  unsharded layers being computed, one input per layer kept for recomputation, one layer's
-  recomputed activations and their gradients, and the logits with their gradient.
-
-With `use_dynamic_bsz` verl packs sequences into micro-batches of at most `max_token_len_per_gpu`
-tokens, so every term that grows with the micro-batch grows with that budget; the planner picks
-the largest budget (a multiple of `step`) whose peak over both passes fits.
-"""
+An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a measurement; the margin covers
+its error. `apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder layer, then the root module, which
+stays unsharded all step; one layer is gathered and the next prefetched. Per phase (rollout, old-log-prob
+pass, update with gradient checkpointing), every term that grows with the micro-batch grows with the token
+budget (`use_dynamic_bsz`); the planner picks the largest budget (a multiple of `step`) whose peak fits."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""Keep every step's metrics across resumed verl runs.
+"""Keep every step's metrics across resumed verl runs (docs/running.md, "One cell, reruns and progress").
 
 verl's file logger writes `metrics.running.jsonl` (`$VERL_FILE_LOGGER_PATH`) and opens it with "wb",
 so a resumed run would truncate the steps logged before the restart. Before each launch, and after a
 failed one, the running file (and a finished run's `metrics.jsonl`, when a finished cell is continued)
-move to the next `metrics.part-NNN.jsonl`. When verl succeeds, the parts merge into `metrics.jsonl` in
-step order and move to `metrics.parts/` (kept, out of the readers' way). `metrics.jsonl` therefore
-exists only for a cell that finished its steps.
+move to the next `metrics.part-NNN.jsonl`; when verl succeeds, they merge into `metrics.jsonl`.
 
 Merging: files are read oldest first and a later file wins for every step it logged. A resumed run
 restarts from its last checkpoint, so records of an earlier file from the resumed run's first step

@@ -1,14 +1,10 @@
-"""Stage each model once, at a pinned revision, into a local directory the cells read offline.
+"""Stage each model once, at a pinned revision, into a local directory the cells read offline
+(docs/running.md, "Model staging"). verl copies only `hdfs://` paths to local disk; a Hub id would make every
+rank of every cell download the model, and offline compute nodes fail.
 
-verl copies only `hdfs://` paths to local disk; a Hub id would make every rank of every cell
-download the model, and offline compute nodes fail. So a login node with internet downloads each
-model once (`python -m verlrun stage-model`, the workflow's `stage_model` rule), checks the copy is
-complete, and the cells point verl at it with the Hub switched off.
-
-A model with `build:` instead of `path` (the CPU profile's) is staged by building it here: the
-local backend's tiny Qwen model from that spec with random weights from its `seed`, and the task's
-tokenizer with a chat template that renders prompts as the local backend does (no download at all).
-"""
+A model with `build:` instead of `path` (the CPU profile's) is built here instead, with no download: the local
+backend's tiny Qwen model with random weights from its `seed`, and the task's tokenizer with a chat template
+that renders prompts as the local backend does."""
 
 from __future__ import annotations
 
