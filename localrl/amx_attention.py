@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from localrl.kernels import register_attention
+
 ATTENTION_NAME = "amx_rounding"
 
 
@@ -80,10 +82,4 @@ def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropo
 
 def use_amx_rounding_attention(model: nn.Module) -> nn.Module:
     """Route a transformers model's attention through `amx_rounding_attention` (its masks as SDPA's)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTENTION_NAME, _hf_attention)
-    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
-    model.set_attn_implementation(ATTENTION_NAME)
-    return model
+    return register_attention(model, ATTENTION_NAME, _hf_attention)

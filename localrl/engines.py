@@ -1,22 +1,14 @@
-"""Which rollout engine a local cell runs on, starting it, and the trainer numerics that go with it.
+"""Which rollout engine a local cell runs on, starting it, and the trainer numerics that go with it
+(docs/running.md, "The rollout engine: vLLM, or the local model of it").
 
     engine_cell = resolve(engine_settings(cfg), device_type)  # {'name': 'vllm', 'target': 'vllm-cpu', ...}
     engine = start(engine_cell, model_dir, tokenizer, hf_config, dtype, seed, log)
     gemm = trainer_gemm(engine, model_dir, hf_config, dtype, log)    # the trainer's GEMM: 'bf16' | 'fp32'
 
-`engine.name` (rla.names.ENGINES): `vllm` runs vLLM's CPU build in this process (localrl.vllm_engine);
-`local` runs the suite's own engine (localrl.engine: a model of vLLM's GPU graph, available everywhere,
-also on CUDA); `auto` is vllm where vLLM-CPU can run, else local, with one line saying why. An explicit
-`vllm` that cannot run is an error, never a fallback. The resolved engine (name, target, vLLM version, platform) is part of a
-cell's identity (`identity`), so a rerun never continues a cell on another engine; so is the vLLM
-compilation config an ablation sets (`rla.names.Ablation.engine_compilation`: the engine-side fix), which
-only vLLM takes.
-
-The target (`engine.target`, for `patches.apply`) follows the engine unless set: vLLM's CPU build
-rounds like `vllm-cpu` (one graph), vLLM on a GPU and the local engine like `vllm` (piecewise). The
-trainer's GEMM is the one found equal to the engine's at start-up (`localrl.gemm_match`); with the
-local engine both sides share `localrl.kernels`, whose FP32-rounded-once GEMM is `fp32`.
-"""
+The resolved engine is part of a cell's identity (`identity`), and so is the vLLM compilation config an
+ablation sets (`rla.names.Ablation.engine_compilation`: the engine-side fix), which only vLLM takes. The
+trainer's GEMM is the one found equal to the engine's at start-up (`localrl.gemm_match`); with the local
+engine both sides share `localrl.kernels`, whose FP32-rounded-once GEMM is `fp32`."""
 
 from __future__ import annotations
 

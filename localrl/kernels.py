@@ -151,18 +151,24 @@ def _linear_forward(self, x):
     return linear(x, self.weight, self.bias)
 
 
+def register_attention(model: nn.Module, name: str, fn) -> nn.Module:
+    """Register `fn` as the transformers attention `name`, with sdpa's masks (padding, packed sequences;
+    None means plain causal), and switch `model` to it."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(name, fn)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    model.set_attn_implementation(name)
+    return model
+
+
 def use_local_kernels(model: nn.Module, linear: bool = True, attention: bool = True) -> nn.Module:
     """Route the attention of a transformers model (with `attention`), and with `linear` every nn.Linear,
     through the shared kernels (`linear=False` keeps torch's own GEMM: localrl.gemm_match decides which
     one an engine computes; `attention=False` keeps transformers' own)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     if attention:
-        AttentionInterface.register(HF_ATTENTION_NAME, _hf_attention)
-        # The same masks as sdpa (padding, packed sequences); None means plain causal.
-        AttentionMaskInterface.register(HF_ATTENTION_NAME, sdpa_mask)
-        model.set_attn_implementation(HF_ATTENTION_NAME)
+        register_attention(model, HF_ATTENTION_NAME, _hf_attention)
     for module in model.modules():
         if linear and isinstance(module, nn.Linear):
             module.forward = _linear_forward.__get__(module)

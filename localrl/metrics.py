@@ -20,15 +20,6 @@ import torch
 from rla import files
 from rla.metricslog import METRICS, RUNNING
 
-REQUIRED = (
-    "rollout_corr/k3_kl", "rollout_corr/kl", "rollout_corr/log_ppl_abs_diff",
-    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
-    "training/rollout_actor_probs_pearson_corr", "critic/score/mean", "actor/entropy", "actor/grad_norm",
-    "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss", "response_length/mean",
-    "timing_s/gen", "timing_s/update", "timing_s/step",
-)
-
-
 def mismatch_metrics(old_log_probs, rollout_log_probs, response_mask, responses) -> dict[str, float]:
     from verl import DataProto
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs

@@ -58,7 +58,7 @@ def compute_copy(master, dtype: torch.dtype = torch.bfloat16):
 
 
 # Widths and depths of real models (and a small one of the same kind), at random weights: what the
-# rounding map and random checkpoints are built at.
+# rounding map is built at.
 REAL_SHAPES: dict[str, dict] = {
     "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=64),
@@ -91,24 +91,3 @@ def sharpen(model) -> None:
         elif p.dim() == 2:
             p.mul_(3.0)
 
-
-def write_random_checkpoint(arch: str, shape: str, out, seed: int = 0, device: str = "cpu"):
-    """A random bf16 checkpoint of one of REAL_SHAPES with the task's tokenizer (sharpened weights)."""
-    from pathlib import Path
-
-    from transformers import AutoModelForCausalLM
-
-    from localrl.tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    config = real_shape_config(arch, shape, vocab_size=len(tokenizer))
-    config.eos_token_id, config.pad_token_id, config.bos_token_id = (tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                                                     None)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config)
-    sharpen(model)
-    out = Path(out)
-    model.to(torch.bfloat16).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out

@@ -13,6 +13,7 @@ and on SIGTERM/SIGINT. A rerun resumes only from a checkpoint of the same cell (
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import random
@@ -30,9 +31,28 @@ from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
 from localrl.task import render_prompt, score
 from rla import cells, files, layout
 from rla.cells import Cell
-from rla.config import RL, ConfigError, identity_of
+from rla.config import RL, ConfigError, engine_settings, identity_of, model_spec, rl_settings
+from rla.names import ablation
 
 log = logging.getLogger("localrl")
+
+
+def resolve(cell: Cell) -> dict:
+    """The resolved config of one cell (written as the cell's config.yaml); checks every value first (the
+    checks themselves are `rla.config`'s and `Cell.of`'s). `engine` is resolved on this machine (`auto`
+    becomes the engine that runs: localrl.engines)."""
+    from localrl import engines
+    from localrl.device import device
+
+    spec = model_spec(cell.cfg, cell.model, "local")
+    resolved = engines.resolve(engine_settings(cell.cfg), device().type,
+                               compilation=ablation(cell.ablation).engine_compilation, ablation=cell.ablation)
+    engines.check_shape(resolved, cell.model, spec)
+    config = copy.deepcopy(cell.cfg)
+    config.update({"model": cell.model, "ablation": cell.ablation, "seed": cell.seed, "steps": cell.steps,
+                   "model_spec": spec, "rl": rl_settings(cell.cfg, "local", cell.model), "engine": resolved})
+    return config
+
 
 class PromptSampler:
     """Epoch-wise shuffled prompt order (like verl's RandomSampler), resumable."""
@@ -62,7 +82,7 @@ class PromptSampler:
 class Rig:
     """Everything one cell's RL loop holds. A context manager: leaving it removes the patches."""
 
-    config: dict  # the cell's resolved config (localrl.config.resolve)
+    config: dict  # the cell's resolved config (resolve)
     trainer: object
     engine: object
     tokenizer: object
@@ -117,7 +137,6 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
     from transformers import AutoConfig, AutoTokenizer
 
     from localrl import engines
-    from localrl.config import resolve
     from localrl.data import load_split
     from localrl.trainer import Trainer, compute_dtype
 
@@ -273,8 +292,6 @@ def train_cell(cell: Cell, model_dir: str | Path | None = None, stop_after: int 
     warm-started model (default: the profile's, `rla.layout`). `stop_after` stops like a preemption
     after that many steps of this call (checkpoint, return); `engine`: a started engine of the
     cell's kind to use instead of starting one (`build_rig`)."""
-    from localrl.config import resolve
-
     out_dir = cell.out
     model_dir = Path(model_dir if model_dir is not None else layout.model_dir(cell.cfg, cell.model))
     if not (model_dir / "model.safetensors").exists():

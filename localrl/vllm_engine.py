@@ -1,27 +1,9 @@
 """vLLM as the rig's rollout engine, in this process: its CPU build on a CPU, the user's build on a GPU.
 
-The same interface as `localrl.engine.engine.Engine`:
-
-    engine = VllmEngine(model_dir, eos_id, pad_id, dtype=torch.bfloat16)
-    engine.load_weights(trainer.weights_for_engine())     # after each update, before the next rollout
-    rollout = engine.generate(prompts, max_new_tokens, temperature, generator)   # -> Rollout
-
-What it asks of vLLM is what verl's vLLM rollout asks: the compiled default path
-(`enforce_eager=False`), temperature, top-p 1, top-k off (0 in vLLM 0.32), and the logprob of each
-sampled token (`logprobs=0`) with `logprobs_mode="processed_logprobs"`: the logprob under the
-distribution the token was drawn from, `log_softmax(fp32 logits / T)` (vLLM's own default,
-`raw_logprobs`, ignores the temperature). Each request carries its own seed, drawn from the
-caller's generator, so a run (and a resumed run, whose generator state is checkpointed) samples
-the same tokens.
-
-Weights: `collective_rpc("reload_weights", weights_iterator=...)` re-runs vLLM's loading and its
-post-processing (oneDNN prepacks the CPU GEMM weights; writing into the model's parameters would
-not reach the kernels), then `reset_prefix_cache()` so that no KV block of the old weights is
-reused. The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights pass
-without copies between processes and `gemm_outputs` can call the engine's own GEMM layers.
-Start-up compiles the model with Inductor: 15-60 s on a CPU (less with Inductor's cache warm);
-`log` gets a line when it starts, every `HEARTBEAT_S` seconds while it runs, and when it is done.
-"""
+The same interface as `localrl.engine.engine.Engine` (`load_weights`, `generate`); what it asks of vLLM
+is what verl's vLLM rollout asks (docs/running.md, "The rollout engine: vLLM, or the local model of it").
+The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights pass without copies
+between processes and `gemm_outputs` can call the engine's own GEMM layers."""
 
 from __future__ import annotations
 

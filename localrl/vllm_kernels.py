@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from localrl.kernels import register_attention
+
 ENGINE_ATTENTION_NAME = "vllm_cpu_kernel"
 BLOCK_SIZE = 128  # vLLM-CPU's default KV block (platforms/cpu.py); the kernel's result does not depend on it
 
@@ -90,13 +92,7 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
 
 
 def use_engine_attention(model: nn.Module) -> nn.Module:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ENGINE_ATTENTION_NAME, engine_attention)
-    AttentionMaskInterface.register(ENGINE_ATTENTION_NAME, sdpa_mask)
-    model.set_attn_implementation(ENGINE_ATTENTION_NAME)
-    return model
+    return register_attention(model, ENGINE_ATTENTION_NAME, engine_attention)
 
 
 @dataclass(frozen=True)

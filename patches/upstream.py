@@ -26,139 +26,51 @@ FUNCTIONS = ("apply_rotary_pos_emb", "{P}RotaryEmbedding.forward", "{P}RotaryEmb
              "{P}Model.forward")
 PREFIXES = {"qwen2": "Qwen2", "qwen3": "Qwen3"}
 
-# releases -> family -> function -> sha256[:16] of its source
+
+def _fingerprints(prefix: str, hashes: str) -> dict[str, str]:
+    """One family's function -> fingerprint, from the fingerprints in FUNCTIONS' order."""
+    return dict(zip((f.format(P=prefix) for f in FUNCTIONS), hashes.split(), strict=True))
+
+
+# releases -> family -> function -> sha256[:16] of its source. Fingerprints in FUNCTIONS' order:
+#   apply_rotary_pos_emb, RotaryEmbedding.forward, .compute_default_rope_parameters, MLP.forward,
+#   RMSNorm.forward, Attention.forward, DecoderLayer.forward, Model.forward
 CHECKED: dict[str, dict[str, dict[str, str]]] = {
     "5.5.3, 5.9.0, 5.10.4, 5.11.0, 5.12.1, 5.13.1, 5.14.1": {
-        "qwen2": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen2RotaryEmbedding.forward": "c718955d8b60e9df",
-            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "f746f13e40451da9",
-            "Qwen2MLP.forward": "3997a4458faa14a5",
-            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen2Attention.forward": "c5e7f9c63c52302c",
-            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen2Model.forward": "eed5a7789297b488",
-        },
-        "qwen3": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen3RotaryEmbedding.forward": "c718955d8b60e9df",
-            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "eb2039ded764b5e8",
-            "Qwen3MLP.forward": "3997a4458faa14a5",
-            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
-            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen3Model.forward": "eed5a7789297b488",
-        },
+        "qwen2": _fingerprints("Qwen2", "dcce26b5d7674297 c718955d8b60e9df f746f13e40451da9 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 c5e7f9c63c52302c 2054f855effdaa18 eed5a7789297b488"),
+        "qwen3": _fingerprints("Qwen3", "dcce26b5d7674297 c718955d8b60e9df eb2039ded764b5e8 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 46cd4f9c14cd0e72 2054f855effdaa18 eed5a7789297b488"),
     },
     "5.15.1, 5.16.1, 5.17.0": {
-        "qwen2": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen2RotaryEmbedding.forward": "c718955d8b60e9df",
-            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "cabdcf57f32910c8",
-            "Qwen2MLP.forward": "3997a4458faa14a5",
-            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen2Attention.forward": "c5e7f9c63c52302c",
-            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen2Model.forward": "eed5a7789297b488",
-        },
-        "qwen3": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen3RotaryEmbedding.forward": "c718955d8b60e9df",
-            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "bf41ffc8b0fc6d18",
-            "Qwen3MLP.forward": "3997a4458faa14a5",
-            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
-            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen3Model.forward": "eed5a7789297b488",
-        },
+        "qwen2": _fingerprints("Qwen2", "dcce26b5d7674297 c718955d8b60e9df cabdcf57f32910c8 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 c5e7f9c63c52302c 2054f855effdaa18 eed5a7789297b488"),
+        "qwen3": _fingerprints("Qwen3", "dcce26b5d7674297 c718955d8b60e9df bf41ffc8b0fc6d18 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 46cd4f9c14cd0e72 2054f855effdaa18 eed5a7789297b488"),
     },
     "5.18.0": {
-        "qwen2": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen2RotaryEmbedding.forward": "d8eb9919d7ae4572",
-            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "cabdcf57f32910c8",
-            "Qwen2MLP.forward": "3997a4458faa14a5",
-            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen2Attention.forward": "c5e7f9c63c52302c",
-            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen2Model.forward": "eed5a7789297b488",
-        },
-        "qwen3": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen3RotaryEmbedding.forward": "d8eb9919d7ae4572",
-            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "bf41ffc8b0fc6d18",
-            "Qwen3MLP.forward": "3997a4458faa14a5",
-            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
-            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen3Model.forward": "eed5a7789297b488",
-        },
+        "qwen2": _fingerprints("Qwen2", "dcce26b5d7674297 d8eb9919d7ae4572 cabdcf57f32910c8 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 c5e7f9c63c52302c 2054f855effdaa18 eed5a7789297b488"),
+        "qwen3": _fingerprints("Qwen3", "dcce26b5d7674297 d8eb9919d7ae4572 bf41ffc8b0fc6d18 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 46cd4f9c14cd0e72 2054f855effdaa18 eed5a7789297b488"),
     },
     "5.19.0, 5.20.0, 5.20.1, 5.20.2, 5.21.0, 5.21.1, 5.22.0, 5.22.1, 5.22.2": {
-        "qwen2": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",
-            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "e9de12c49703d725",
-            "Qwen2MLP.forward": "3997a4458faa14a5",
-            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen2Attention.forward": "c5e7f9c63c52302c",
-            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen2Model.forward": "eed5a7789297b488",
-        },
-        "qwen3": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen3RotaryEmbedding.forward": "ec4e845686d12335",
-            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "0cdc01245e403858",
-            "Qwen3MLP.forward": "3997a4458faa14a5",
-            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
-            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen3Model.forward": "eed5a7789297b488",
-        },
+        "qwen2": _fingerprints("Qwen2", "dcce26b5d7674297 ec4e845686d12335 e9de12c49703d725 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 c5e7f9c63c52302c 2054f855effdaa18 eed5a7789297b488"),
+        "qwen3": _fingerprints("Qwen3", "dcce26b5d7674297 ec4e845686d12335 0cdc01245e403858 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 46cd4f9c14cd0e72 2054f855effdaa18 eed5a7789297b488"),
     },
     "5.23.0": {  # Model.forward: one annotation; layer forwards wrapped per class (registry.layer_forwards)
-        "qwen2": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",
-            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "e9de12c49703d725",
-            "Qwen2MLP.forward": "3997a4458faa14a5",
-            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen2Attention.forward": "c5e7f9c63c52302c",
-            "Qwen2DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen2Model.forward": "cd24015f61894b0f",
-        },
-        "qwen3": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen3RotaryEmbedding.forward": "ec4e845686d12335",
-            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "0cdc01245e403858",
-            "Qwen3MLP.forward": "3997a4458faa14a5",
-            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen3Attention.forward": "46cd4f9c14cd0e72",
-            "Qwen3DecoderLayer.forward": "2054f855effdaa18",
-            "Qwen3Model.forward": "cd24015f61894b0f",
-        },
+        "qwen2": _fingerprints("Qwen2", "dcce26b5d7674297 ec4e845686d12335 e9de12c49703d725 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 c5e7f9c63c52302c 2054f855effdaa18 cd24015f61894b0f"),
+        "qwen3": _fingerprints("Qwen3", "dcce26b5d7674297 ec4e845686d12335 0cdc01245e403858 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 46cd4f9c14cd0e72 2054f855effdaa18 cd24015f61894b0f"),
     },
     "5.24.0, 5.25.0": {  # the KV cache argument renamed `cache` (the copies pass it on by the release's name)
-        "qwen2": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen2RotaryEmbedding.forward": "ec4e845686d12335",
-            "Qwen2RotaryEmbedding.compute_default_rope_parameters": "e9de12c49703d725",
-            "Qwen2MLP.forward": "3997a4458faa14a5",
-            "Qwen2RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen2Attention.forward": "23677090c8a910b2",
-            "Qwen2DecoderLayer.forward": "d2972e5ff28f9093",
-            "Qwen2Model.forward": "3b78ea658a7b5629",
-        },
-        "qwen3": {
-            "apply_rotary_pos_emb": "dcce26b5d7674297",
-            "Qwen3RotaryEmbedding.forward": "ec4e845686d12335",
-            "Qwen3RotaryEmbedding.compute_default_rope_parameters": "0cdc01245e403858",
-            "Qwen3MLP.forward": "3997a4458faa14a5",
-            "Qwen3RMSNorm.forward": "0d702ef8d7d8a129",
-            "Qwen3Attention.forward": "25c2dd9ecb38f5b8",
-            "Qwen3DecoderLayer.forward": "d2972e5ff28f9093",
-            "Qwen3Model.forward": "3b78ea658a7b5629",
-        },
+        "qwen2": _fingerprints("Qwen2", "dcce26b5d7674297 ec4e845686d12335 e9de12c49703d725 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 23677090c8a910b2 d2972e5ff28f9093 3b78ea658a7b5629"),
+        "qwen3": _fingerprints("Qwen3", "dcce26b5d7674297 ec4e845686d12335 0cdc01245e403858 3997a4458faa14a5 "
+                                        "0d702ef8d7d8a129 25c2dd9ecb38f5b8 d2972e5ff28f9093 3b78ea658a7b5629"),
     },
 }
 

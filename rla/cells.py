@@ -1,22 +1,7 @@
-"""A cell's identity, and what a (re)run of a cell does with what its folder already holds.
-
-A cell folder is resumed only by the cell that wrote it. Its identity is everything its results
-depend on besides the number of steps: backend, model and model spec, ablation, seed, the resolved
-`rl` settings and fingerprints of the data (and, for the local backend, of the warm-started model).
-Both backends store it with their checkpoints and compare it before touching anything:
-
-- nothing there                                   -> start fresh;
-- same identity, last checkpoint before `steps`   -> resume (a finished cell asked for more steps
-                                                     continues, and says so);
-- same identity, no checkpoint yet                -> start over (the lines logged so far are the
-                                                     same run's and come out the same again);
-- same identity, checkpoint at `steps` (a finished cell run again, e.g. `snakemake --force`), a
-  checkpoint past `steps`, another identity, or results of unknown identity
-                                                  -> move the folder aside to
-                                                     `<cell>.replaced-<time>` and start fresh.
-
-Nothing a cell wrote is ever deleted or overwritten by a run of another configuration.
-"""
+"""A cell's identity, and what a (re)run of a cell does with what its folder already holds: start fresh,
+resume, start over, or move the folder aside to `<cell>.replaced-<time>` and start fresh (docs/running.md,
+"One cell, reruns and progress"). Nothing a cell wrote is ever deleted or overwritten by a run of another
+configuration."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ import torch
 
 from rla.cells import Cell
 from rla.config import rl_settings
-from localrl.metrics import REQUIRED
-from tests.vllm_setup import EVAL_SIZE, MODEL, reduced_config
+from tests.vllm_setup import EVAL_SIZE, MODEL, REQUIRED, reduced_config
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,11 @@ import re
 import pandas as pd
 import pytest
 
-from localrl.config import resolve
 from rla.cells import Cell
 from rla.config import ConfigError
 from rla.config import load as load_config
 from localrl.data import COLUMNS, write_splits
+from localrl.run import resolve
 from localrl.task import TaskSettings, chat_messages, make_split, render_prompt, score
 
 CONFIG = "experiments/tiny.yaml"

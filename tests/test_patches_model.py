@@ -33,7 +33,8 @@ def pair(request):
     """(arch, training model in bf16 with fp32 buffers on the shared kernels, engine, batch, the
     engine's logprobs of the batch)."""
     model = tiny_model(request.param)
-    engine = EngineModel.from_hf(model)
+    engine = EngineModel(model.config)
+    engine.load_hf_weights(model.state_dict())
     train = kernels.use_local_kernels(to_bf16_fsdp_style(model))
     ids = torch.randint(0, 256, (4, 96), generator=torch.Generator().manual_seed(7))
     ref = token_logprobs(engine(ids, torch.arange(ids.shape[1]).expand_as(ids)), ids)

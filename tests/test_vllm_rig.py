@@ -16,9 +16,8 @@ import torch
 import yaml
 
 from rla.cells import Cell
-from localrl.metrics import REQUIRED
 from tests.numerics import vllm_runs_amx_attention, vllm_runs_avx512_kernels
-from tests.vllm_setup import MODEL, requires_vllm
+from tests.vllm_setup import MODEL, REQUIRED, requires_vllm
 
 pytestmark = requires_vllm
 

@@ -18,6 +18,14 @@ MODEL = "qwen2-s"
 # Test problems the warm start is judged on (tests/test_localrl_rl.py): enough that its solve rate is told
 # from an untrained model's by far more than chance (the test says by how much).
 EVAL_SIZE = 400
+# The metrics every RL step logs under verl's names (localrl.metrics).
+REQUIRED = (
+    "rollout_corr/k3_kl", "rollout_corr/kl", "rollout_corr/log_ppl_abs_diff",
+    "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max",
+    "training/rollout_actor_probs_pearson_corr", "critic/score/mean", "actor/entropy", "actor/grad_norm",
+    "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_loss", "response_length/mean",
+    "timing_s/gen", "timing_s/update", "timing_s/step",
+)
 REASON = vllm_unavailable("cpu")
 requires_vllm = pytest.mark.skipif(REASON is not None, reason=f"vLLM cannot run here: {REASON}")
 

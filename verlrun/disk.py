@@ -1,12 +1,6 @@
-"""Disk a grid needs: checkpoints per cell (bounded by `rl.keep_checkpoints`) and the staged models.
-
-A verl FSDP checkpoint holds the FP32 weights and both AdamW moments (`save_contents` model,
-optimizer, extra): 12 bytes per parameter; the RNG state, data-loader state, config and tokenizer
-are megabytes. verl frees room before it saves when keeping 2 or more (so `keep` exist at the
-peak) and keeps the old one until the new one is written when keeping 1 (2 at the peak). After a
-restart the launcher keeps the checkpoint it resumes from, which the new process never prunes:
-one more at the peak.
-"""
+"""Disk a grid needs: checkpoints per cell (bounded by `rl.keep_checkpoints`) and the staged models
+(docs/running.md, "Disk": 12 bytes per parameter, `max(keep, 2) + 1` checkpoints at the peak). A checkpoint is
+verl's `save_contents` model, optimizer and extra; its RNG and data-loader state, config and tokenizer are megabytes."""
 
 from __future__ import annotations
 
@@ -45,7 +39,6 @@ def grid_rows(cfg: dict) -> list[dict]:
         cell = cell_bytes(cfg, model)
         rows.append({
             "model": model,
-            "params": shape.params(),
             "checkpoint": checkpoint_bytes(shape),
             "checkpoints_per_cell": checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"])),
             "cell": cell,

@@ -1,14 +1,6 @@
-"""Check, without a GPU, that a conda environment's pip section installs from wheels only.
-
-pip resolves the section for the target (Linux x86-64, CPython 3.12 by default) with
-`--only-binary=:all:` and `--dry-run`, so nothing is built or installed. A package pip cannot
-place is looked up on the indexes and reported for what it is: SOURCE (the indexes have only a
-source distribution for the wanted version: installing would compile it), MISSING (no file for the
-wanted version) or, when one of the environment's own indexes cannot be reached, UNCHECKED. A
-stand-in wheel then takes its place so the resolution goes on and every such package is listed.
-Any of them fails the check, as does a package a verl cell needs (REQUIRED) that the resolution
-lacks; a pass means every package resolved to a wheel for the target.
-"""
+"""Check, without a GPU, that a conda environment's pip section installs from wheels only: pip's own
+`--dry-run --only-binary=:all:` resolution for the target, with a stand-in wheel for each package it cannot
+place so that every one is listed (docs/running.md, "Environment")."""
 
 from __future__ import annotations
 
@@ -175,10 +167,11 @@ def stand_in_wheel(directory: Path, requirement: str) -> Path:
     return path
 
 
-def resolve(options: list[str], requirements: list[str], target: Target, stand_ins: Path, pip: list[str]) -> subprocess.CompletedProcess:
+def resolve(options: list[str], requirements: list[str], target: Target, stand_ins: Path
+            ) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [*pip, "install", "--dry-run", "--ignore-installed", "--only-binary=:all:", *target.pip_args(),
-               "--target", str(Path(tmp) / "t"), "--report", str(Path(tmp) / "report.json"),
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary=:all:",
+               *target.pip_args(), "--target", str(Path(tmp) / "t"), "--report", str(Path(tmp) / "report.json"),
                "--timeout", "30", "--retries", "1", "--find-links", str(stand_ins), *options, *requirements]
         result = subprocess.run(cmd, capture_output=True, text=True)
         report = Path(tmp) / "report.json"
@@ -186,10 +179,9 @@ def resolve(options: list[str], requirements: list[str], target: Target, stand_i
         return result
 
 
-def check(env_file: str | Path, target: Target = Target(), main_index: str = PYPI, pip: list[str] | None = None,
+def check(env_file: str | Path, target: Target = Target(), main_index: str = PYPI,
           required: tuple[str, ...] = ()) -> list[Finding]:
     """Findings for an environment file; `required` packages must be in its resolution (MISSING if not)."""
-    pip = pip or [sys.executable, "-m", "pip"]
     options, requirements = pip_section(env_file)
     # The check itself asks for wheels only, everywhere.
     options = [o for o in options if not o.startswith("--only-binary") and not o.startswith("--prefer-binary")]
@@ -201,7 +193,7 @@ def check(env_file: str | Path, target: Target = Target(), main_index: str = PYP
     placed: set[str] = set()
     with tempfile.TemporaryDirectory() as stand_ins:
         for _ in range(MAX_ROUNDS):
-            result = resolve(options, requirements, target, Path(stand_ins), pip)
+            result = resolve(options, requirements, target, Path(stand_ins))
             if result.returncode == 0:
                 resolved = set()
                 for item in result.report["install"]:

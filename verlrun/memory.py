@@ -1,29 +1,10 @@
-"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU.
+"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU (docs/running.md, "Memory plan").
 
-An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a measurement; the
-margin covers its error. Check it against verl's `perf/max_memory_allocated_gb` on a cell's first
-steps. Every cell runs FSDP2 (`actor.strategy=fsdp2`, STRATEGY; verl's default FSDP1 runs with
-`use_orig_params: false`, under which the `compile` treatment's torch.compile is unsupported):
-`apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder layer and then the root module
-(embedding, final norm, LM head), which FSDP2 does not reshard after forward, with
-`reshard_after_forward: true`; its mixed-precision policy gathers BF16 parameters and reduces
-gradients in FP32. The terms below are those of that layout: sharded FP32 state, the root unsharded
-all step, one layer gathered and the next prefetched. What the `compile` treatment changes
-(Inductor may keep other activations for backward than eager does) is not modelled. One training
-step of a colocated cell goes through three phases:
-
-- rollout: vLLM holds `gpu_memory_utilization` of the GPU while FSDP keeps its sharded FP32
-  weights and AdamW state resident (no offload);
-- old-log-prob pass (forward only, entropy on): sharded states, checkpoint-free forward, BF16
-  logits of every packed token plus verl's temporaries around them;
-- update (forward + backward with gradient checkpointing): sharded states and gradients, the
-  unsharded layers being computed, one input per layer kept for recomputation, one layer's
-  recomputed activations and their gradients, and the logits with their gradient.
-
-With `use_dynamic_bsz` verl packs sequences into micro-batches of at most `max_token_len_per_gpu`
-tokens, so every term that grows with the micro-batch grows with that budget; the planner picks
-the largest budget (a multiple of `step`) whose peak over both passes fits.
-"""
+An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a measurement; the margin covers
+its error. `apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder layer, then the root module, which
+stays unsharded all step; one layer is gathered and the next prefetched. Per phase (rollout, old-log-prob
+pass, update with gradient checkpointing), every term that grows with the micro-batch grows with the token
+budget (`use_dynamic_bsz`); the planner picks the largest budget (a multiple of `step`) whose peak fits."""
 
 from __future__ import annotations
 
@@ -68,19 +49,6 @@ class Shape:
         return self.num_hidden_layers * self.layer_params() + self.embedding_params() + self.hidden_size
 
 
-def shape_from_config(config: dict) -> Shape:
-    """A Shape from the fields of a Hugging Face `config.json` (a dict)."""
-    fields = {name: config[name] for name in Shape.__dataclass_fields__ if name in config}
-    if config.get("model_type") == "qwen2":
-        fields["attention_bias"] = True  # Qwen2 always has q/k/v biases; its config does not say so
-    fields["qk_norm"] = config.get("model_type") == "qwen3"
-    missing = [n for n in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                           "intermediate_size", "vocab_size") if n not in fields]
-    if missing:
-        raise ValueError(f"config.json lacks {missing}; a Shape needs {list(Shape.__dataclass_fields__)}")
-    return Shape(**fields)
-
-
 # The paper grid's models, copied from each repository's config.json (the planner must work before
 # any download). A model_specs entry may give its own `shape:` for other models.
 KNOWN_SHAPES: dict[str, Shape] = {
@@ -113,17 +81,16 @@ class Setup:
     margin: float = 0.15               # fraction of the GPU never planned for
     overhead_gib: float = 6.0          # CUDA context, NCCL buffers, allocator fragmentation, vLLM asleep
     vllm_utilization: float = 0.6      # rollout.gpu_memory_utilization
-    residual_pair: bool = True         # the rmsnorm alignment keeps a BF16 pair (2 x hidden) between layers
     entropy_chunk: int = 2048          # fsdp_config.entropy_from_logits_chunk_size (chunking on)
 
     def usable_bytes(self) -> float:
         return self.gpu_gib * GIB * (1 - self.margin) - self.overhead_gib * GIB
 
 
-def _activations(shape: Shape, tokens: int, setup: Setup) -> dict[str, float]:
+def _activations(shape: Shape, tokens: int) -> dict[str, float]:
     h, hd, i = shape.hidden_size, shape.head_size, shape.intermediate_size
     q, kv = shape.num_attention_heads * hd, shape.num_key_value_heads * hd
-    kept = tokens * h * 2 * (2 if setup.residual_pair else 1) * shape.num_hidden_layers
+    kept = tokens * h * 2 * 2 * shape.num_hidden_layers  # the rmsnorm alignment's BF16 pair (2 x hidden) per layer
     # One layer recomputed in backward: norm outputs, q/k/v, attention and o-proj outputs, gate,
     # up, SiLU and product (BF16), and gradients of about the same size.
     one_layer = tokens * (4 * h + 2 * q + 2 * kv + 4 * i) * 2 * 2
@@ -142,7 +109,7 @@ def breakdown(shape: Shape, tokens: int, setup: Setup, phase: str) -> dict[str, 
             **resident,
             "BF16 embedding + LM head (unsharded)": 2 * shape.embedding_params(),
             "BF16 layers in flight (2)": 2 * 2 * layer,
-            "one layer's activations": _activations(shape, tokens, setup)["one recomputed layer + grads"] / 2,
+            "one layer's activations": _activations(shape, tokens)["one recomputed layer + grads"] / 2,
             # BF16 logits, a temperature-scaled copy, an FP32 log-softmax temporary (the fallback
             # when flash-attn's cross entropy is absent), and FP32 chunks of softmax for entropy.
             "logits + log-prob temporaries": tokens * v * (2 + 2 + 4),
@@ -155,7 +122,7 @@ def breakdown(shape: Shape, tokens: int, setup: Setup, phase: str) -> dict[str, 
             # Root unit: BF16 params and their BF16 and FP32 (reduce) grads.
             "embedding + LM head (unsharded, + grads)": (2 + 2 + 4) * shape.embedding_params(),
             "BF16 layers in flight (2, + grads)": 2 * (2 + 2 + 4) * layer,
-            **_activations(shape, tokens, setup),
+            **_activations(shape, tokens),
             # BF16 logits, scaled copy and gradient, one FP32 temporary of the same size.
             "logits + grad + temporaries": tokens * v * (2 + 2 + 2 + 4),
         }

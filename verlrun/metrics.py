@@ -1,11 +1,9 @@
-"""Keep every step's metrics across resumed verl runs.
+"""Keep every step's metrics across resumed verl runs (docs/running.md, "One cell, reruns and progress").
 
 verl's file logger writes `metrics.running.jsonl` (`$VERL_FILE_LOGGER_PATH`) and opens it with "wb",
 so a resumed run would truncate the steps logged before the restart. Before each launch, and after a
 failed one, the running file (and a finished run's `metrics.jsonl`, when a finished cell is continued)
-move to the next `metrics.part-NNN.jsonl`. When verl succeeds, the parts merge into `metrics.jsonl` in
-step order and move to `metrics.parts/` (kept, out of the readers' way). `metrics.jsonl` therefore
-exists only for a cell that finished its steps.
+move to the next `metrics.part-NNN.jsonl`; when verl succeeds, they merge into `metrics.jsonl`.
 
 Merging: files are read oldest first and a later file wins for every step it logged. A resumed run
 restarts from its last checkpoint, so records of an earlier file from the resumed run's first step
@@ -30,16 +28,15 @@ def _part_number(path: Path) -> int:
     return int(PART_RE.match(path.name).group(1))
 
 
-def part_files(cell_dir: str | Path) -> list[Path]:
-    """Parts waiting to be merged, oldest first."""
-    parts = [p for p in Path(cell_dir).glob("metrics.part-*.jsonl") if PART_RE.match(p.name)]
-    return sorted(parts, key=_part_number)
+def part_files(directory: str | Path) -> list[Path]:
+    """The parts in a cell's folder (waiting to be merged) or in its ARCHIVE (merged), oldest first."""
+    return sorted((p for p in Path(directory).glob("metrics.part-*.jsonl") if PART_RE.match(p.name)), key=_part_number)
 
 
 def next_part_path(cell_dir: str | Path) -> Path:
     """The next free part name; numbers continue past the archived ones."""
     cell_dir = Path(cell_dir)
-    taken = part_files(cell_dir) + [p for p in (cell_dir / ARCHIVE).glob("metrics.part-*.jsonl") if PART_RE.match(p.name)]
+    taken = part_files(cell_dir) + part_files(cell_dir / ARCHIVE)
     number = max((_part_number(p) for p in taken), default=-1) + 1
     return cell_dir / f"metrics.part-{number:03d}.jsonl"
 
@@ -74,17 +71,21 @@ def merge_records(sources: list[list[dict]]) -> list[dict]:
     return [by_step[step] for step in sorted(by_step)]
 
 
+def _write_merged(cell_dir: Path, parts: list[Path]) -> Path:
+    """`metrics.jsonl` (written atomically) from the parts, merged."""
+    merged = merge_records([[{"step": step, "data": data} for _, step, data in metricslog.read(p)] for p in parts])
+    return files.write_text(cell_dir / METRICS, "".join(json.dumps(record) + "\n" for record in merged))
+
+
 def restore(cell_dir: str | Path) -> Path | None:
     """Write back a finished cell's `metrics.jsonl` from its archived parts when the file is gone
     (Snakemake deletes a job's output before it runs it: `--force` on a finished cell), so that the
     folder a rerun moves aside keeps its metrics where readers look. The parts stay archived."""
     cell_dir = Path(cell_dir)
-    archived = sorted((p for p in (cell_dir / ARCHIVE).glob("metrics.part-*.jsonl") if PART_RE.match(p.name)),
-                      key=_part_number)
+    archived = part_files(cell_dir / ARCHIVE)
     if (cell_dir / METRICS).exists() or not archived:
         return None
-    merged = merge_records([[{"step": step, "data": data} for _, step, data in metricslog.read(p)] for p in archived])
-    return files.write_text(cell_dir / METRICS, "".join(json.dumps(record) + "\n" for record in merged))
+    return _write_merged(cell_dir, archived)
 
 
 def merge(cell_dir: str | Path) -> Path | None:
@@ -95,8 +96,7 @@ def merge(cell_dir: str | Path) -> Path | None:
     parts = part_files(cell_dir)
     if not parts:
         return None
-    merged = merge_records([[{"step": step, "data": data} for _, step, data in metricslog.read(p)] for p in parts])
-    target = files.write_text(cell_dir / METRICS, "".join(json.dumps(record) + "\n" for record in merged))
+    target = _write_merged(cell_dir, parts)
     (cell_dir / ARCHIVE).mkdir(exist_ok=True)
     for part in parts:
         os.replace(part, cell_dir / ARCHIVE / part.name)

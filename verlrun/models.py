@@ -1,14 +1,10 @@
-"""Stage each model once, at a pinned revision, into a local directory the cells read offline.
+"""Stage each model once, at a pinned revision, into a local directory the cells read offline
+(docs/running.md, "Model staging"). verl copies only `hdfs://` paths to local disk; a Hub id would make every
+rank of every cell download the model, and offline compute nodes fail.
 
-verl copies only `hdfs://` paths to local disk; a Hub id would make every rank of every cell
-download the model, and offline compute nodes fail. So a login node with internet downloads each
-model once (`python -m verlrun stage-model`, the workflow's `stage_model` rule), checks the copy is
-complete, and the cells point verl at it with the Hub switched off.
-
-A model with `build:` instead of `path` (the CPU profile's) is staged by building it here: the
-local backend's tiny Qwen model from that spec with random weights from its `seed`, and the task's
-tokenizer with a chat template that renders prompts as the local backend does (no download at all).
-"""
+A model with `build:` instead of `path` (the CPU profile's) is built here instead, with no download: the local
+backend's tiny Qwen model with random weights from its `seed`, and the task's tokenizer with a chat template
+that renders prompts as the local backend does."""
 
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import struct
 from pathlib import Path
 
 from rla import layout
@@ -77,21 +72,13 @@ def local_path(cfg: dict, model: str) -> Path:
 
 def _safetensors_problem(path: Path) -> str | None:
     """Why a .safetensors file is unusable (truncated, no header), or None when it is whole."""
-    size = path.stat().st_size
-    if size < 8:
-        return f"{path.name}: {size} bytes, no header"
-    with open(path, "rb") as f:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        if 8 + header_len > size:
-            return f"{path.name}: header of {header_len} bytes runs past the end ({size} bytes)"
-        try:
-            header = json.loads(f.read(header_len))
-        except ValueError:
-            return f"{path.name}: header is not JSON"
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    if 8 + header_len + end > size:
-        return f"{path.name}: truncated ({size} bytes, tensors need {8 + header_len + end})"
-    return None
+    import safetensors
+
+    try:
+        with safetensors.safe_open(path, "np"):
+            return None
+    except Exception as err:  # safetensors' own reading: header, JSON, every tensor's bytes present
+        return f"{path.name}: truncated or unreadable ({path.stat().st_size} bytes): {err}"
 
 
 def check_complete(directory: str | Path) -> list[str]:
@@ -145,51 +132,46 @@ def build(spec: dict, out_dir: str | Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+def _stage_into(dest: Path, fill, what: str, marker: dict) -> Path:
+    """`fill` a fresh temporary directory beside `dest`, check it is complete, mark it and rename it to
+    `dest` (atomically: a crash leaves the previous copy or none). `what` names the copy in errors."""
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    fill(tmp)
+    problems = check_complete(tmp)
+    if problems:
+        raise StagingError(f"{what} into {tmp} is incomplete: {'; '.join(problems)}")
+    shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest
+
+
 def stage(cfg: dict, model: str, download=None) -> Path:
-    """Download the model at its pinned revision into models_dir/<model> (atomically: into a
-    temporary directory that is renamed once complete). `download` defaults to
-    huggingface_hub.snapshot_download; tests pass a stand-in."""
+    """Download the model at its pinned revision into models_dir/<model>, or build it there from its
+    `build:` spec. `download` defaults to huggingface_hub.snapshot_download; tests pass a stand-in."""
     source, built = hub_source(cfg, model), build_spec(cfg, model)
     dest = local_path(cfg, model)
-    if built is not None:
-        if is_staged(cfg, model):
-            return dest
-        tmp = dest.with_name(f".{dest.name}.partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        build(built, tmp)
-        problems = check_complete(tmp)
-        if problems:
-            raise StagingError(f"{model}: the model built into {tmp} is incomplete: {'; '.join(problems)}")
-        (tmp / MARKER).write_text(json.dumps({"build": built}) + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
-        return dest
-    if source is None:
+    if source is None and built is None:
         problems = check_complete(dest)
         if problems:
             raise StagingError(f"{model}: local model directory {dest} is incomplete: {'; '.join(problems)}")
         return dest
     if is_staged(cfg, model):
         return dest
+    if built is not None:
+        return _stage_into(dest, lambda tmp: build(built, tmp), f"{model}: the model built", {"build": built})
     repo, revision = source
     if download is None:
         from huggingface_hub import snapshot_download as download
-    tmp = dest.with_name(f".{dest.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        download(repo_id=repo, revision=revision, local_dir=str(tmp), allow_patterns=ALLOW_PATTERNS)
-    except Exception as err:  # network, auth, unknown revision: one clear line, not a traceback in 8 ranks
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise StagingError(f"{model}: downloading {repo}@{revision} failed: {type(err).__name__}: {err}") from err
-    problems = check_complete(tmp)
-    if problems:
-        raise StagingError(
-            f"{model}: the download of {repo}@{revision} into {tmp} is incomplete: {'; '.join(problems)}"
-        )
-    shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
-    (tmp / MARKER).write_text(json.dumps({"repo": repo, "revision": revision}) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-    return dest
+
+    def fetch(tmp: Path) -> None:
+        try:
+            download(repo_id=repo, revision=revision, local_dir=str(tmp), allow_patterns=ALLOW_PATTERNS)
+        except Exception as err:  # network, auth, unknown revision: one clear line, not a traceback in 8 ranks
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise StagingError(f"{model}: downloading {repo}@{revision} failed: {type(err).__name__}: {err}") from err
+
+    return _stage_into(dest, fetch, f"{model}: the download of {repo}@{revision}", {"repo": repo, "revision": revision})

@@ -146,19 +146,15 @@ def token_budget(cfg: dict, model: str) -> int:
     return budget
 
 
-def uses_reference_policy(rl: dict) -> bool:
-    """verl runs a reference policy only for a KL term (`need_reference_policy`,
-    verl/trainer/ppo/utils.py): the KL loss here (use_in_reward is always off)."""
-    return float(rl["kl_coef"]) > 0
-
-
 def _batching(cfg: dict, model: str, rl: dict) -> dict:
     """Micro-batching of the update and of the log-prob passes (old policy; reference policy when
     there is one), kept equal (unequal micro-batches add a mismatch of their own): by tokens
     (use_dynamic_bsz) or by sequences."""
     dynamic = rl["use_dynamic_bsz"]
     per_gpu = token_budget(cfg, model) if dynamic else rl["micro_batch_size_per_gpu"]
-    sections = ("rollout", "ref") if uses_reference_policy(rl) else ("rollout",)
+    # verl runs a reference policy only for a KL term (`need_reference_policy`, verl/trainer/ppo/utils.py):
+    # the KL loss here (use_in_reward is always off).
+    sections = ("rollout", "ref") if float(rl["kl_coef"]) > 0 else ("rollout",)
     keys = {A + "actor.use_dynamic_bsz": dynamic}
     keys.update({A + f"{s}.log_prob_use_dynamic_bsz": dynamic for s in sections})
     if dynamic:
@@ -333,24 +329,19 @@ def run_dir_override(cell_dir: str | Path) -> str:
     return f"hydra.run.dir={hydra_value(str(Path(cell_dir).resolve() / 'hydra'))}"
 
 
-def verl_config_dir() -> str:
-    """verl's installed trainer config directory (the one `main_ppo` composes from)."""
-    import verl
-
-    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-
-
 def compose(overrides: list[str]):
     """Compose verl's `ppo_trainer` config with the overrides, as `main_ppo` would, and run
     verl's own `validate_config` on it. Raises on an unknown or mistyped key or an
     inconsistent batch setup; needs verl and Hydra, not a GPU."""
+    import verl
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
-    with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")  # what `main_ppo` composes from
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
         config = hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
     checked = [config]
     if config.actor_rollout_ref.actor.use_dynamic_bsz:

@@ -127,12 +127,6 @@ class EngineModel(nn.Module):
         self.layer_outputs: list[Tensor] | None = None  # set to [] to record each layer's stored residual
 
     # -- weights ----------------------------------------------------------------------------
-    @classmethod
-    def from_hf(cls, hf_model, max_positions: int | None = None) -> "EngineModel":
-        engine = cls(hf_model.config, max_positions)
-        engine.load_hf_weights(hf_model.state_dict())
-        return engine
-
     @torch.no_grad()
     def load_hf_weights(self, state_dict: dict[str, Tensor]) -> None:
         """HF parameter names in, bf16 engine layout (merged qkv and gate_up, as vLLM loads them)."""
