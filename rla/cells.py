@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rla import layout
-from rla.config import ConfigError
+from rla.config import ConfigError, is_integer
 from rla.names import ABLATIONS
 
 REPLACED = ".replaced-"  # suffix of a moved-aside cell folder: `seed0.replaced-20261130-191500`
@@ -63,7 +63,7 @@ def _count(name: str, value, least: int) -> int:
     """An integer >= `least`, also from a wildcard's digits ("3")."""
     if isinstance(value, str) and value.isdigit():
         value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+    if not is_integer(value) or value < least:
         raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
     return value
 

@@ -61,25 +61,28 @@ def load_all(paths) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Declared keys
 
+def is_integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # a YAML true is a bool, which Python counts as an int
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 KINDS = {  # kind -> (check, what is allowed)
-    "count": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0, "a positive integer"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "positive": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "a number > 0"),
-    "nonnegative": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, "a number >= 0"),
-    "number": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
-    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
-              and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in v),
+    "count": (lambda v: is_integer(v) and v > 0, "a positive integer"),
+    "int": (is_integer, "an integer"),
+    "positive": (lambda v: is_number(v) and v > 0, "a number > 0"),
+    "nonnegative": (lambda v: is_number(v) and v >= 0, "a number >= 0"),
+    "number": (is_number, "a number"),
+    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(is_number(b) and 0 <= b < 1 for b in v),
               "two numbers in [0, 1)"),
     "text": (lambda v: isinstance(v, str), "a string"),
     "flag": (lambda v: isinstance(v, bool), "true or false"),
-    "auto_or_count": (lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-                      "'auto' or a positive integer"),
-    "count_or_null": (lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and v > 0),
-                      "a positive integer, or null"),
-    "fraction": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1,
-                 "a number in (0, 1)"),
-    "share": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1,
-              "a number in (0, 1]"),
+    "auto_or_count": (lambda v: v == "auto" or (is_integer(v) and v > 0), "'auto' or a positive integer"),
+    "count_or_null": (lambda v: v is None or (is_integer(v) and v > 0), "a positive integer, or null"),
+    "fraction": (lambda v: is_number(v) and 0 < v < 1, "a number in (0, 1)"),
+    "share": (lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
     "texts": (lambda v: isinstance(v, (list, tuple)) and all(isinstance(x, str) for x in v), "a list of strings"),
     "path_or_null": (lambda v: v is None or isinstance(v, str), "a path, or null"),
     "text_or_null": (lambda v: v is None or isinstance(v, str), "a string, or null"),
@@ -126,7 +129,8 @@ RL: dict[str, Key] = {
     "prompts_per_step": Key(16, "count", "prompts sampled per RL step", ("data.train_batch_size",)),
     "samples_per_prompt": Key(8, "count", "responses per prompt: the GRPO group (>= 2)", (A + "rollout.n",)),
     "ppo_mini_batch_size": Key(None, "count", "prompts per optimizer step (default: all of a step's); one PPO epoch "
-                               "takes prompts_per_step / ppo_mini_batch_size steps", (A + "actor.ppo_mini_batch_size",)),
+                               "takes prompts_per_step / ppo_mini_batch_size steps",
+                               (A + "actor.ppo_mini_batch_size",)),
     "max_response_length": Key(1024, "count", "most tokens a response may have", ("data.max_response_length",)),
     "max_prompt_length": Key(1024, "count", "longer prompts are dropped", ("data.max_prompt_length",),
                              backends=("verl",)),
@@ -415,18 +419,17 @@ def model_spec(cfg: dict, model: str, backend: str) -> dict:
     specs = cfg.get("model_specs") or {}
     if model not in specs:
         raise ConfigError(f"unknown model {model!r}; allowed: {sorted(specs)}")
-    spec = dict(specs[model])
+    spec, where = dict(specs[model]), f"model_specs.{model}"
     if backend == "local":
-        _check_local_spec(f"model_specs.{model}", spec, LOCAL_SPEC_KEYS)
+        _check_local_spec(where, spec, LOCAL_SPEC_KEYS)
         return spec
-    if "arch" in spec and spec.get("arch") not in ("qwen2", "qwen3"):  # else in the model's own config.json
-        raise ConfigError(f"model_specs.{model}.arch = {spec.get('arch')!r}; allowed: qwen2, qwen3")
+    if "arch" in spec and spec["arch"] not in ("qwen2", "qwen3"):  # else in the model's own config.json
+        raise ConfigError(f"{where}.arch = {spec['arch']!r}; allowed: qwen2, qwen3")
     if bool(spec.get("path")) == bool(spec.get("build")):
-        raise ConfigError(f"model_specs.{model} needs either 'path' (a Hugging Face model name or a local "
-                          f"directory) or 'build' (a tiny model built here), not "
-                          f"{'both' if spec.get('path') else 'neither'}")
+        raise ConfigError(f"{where} needs either 'path' (a Hugging Face model name or a local directory) or "
+                          f"'build' (a tiny model built here), not {'both' if spec.get('path') else 'neither'}")
     if spec.get("build"):
         if not isinstance(spec["build"], dict):
-            raise ConfigError(f"model_specs.{model}.build = {spec['build']!r}: it must be a mapping of {', '.join(BUILD_KEYS)}")
-        _check_local_spec(f"model_specs.{model}.build", spec["build"], BUILD_KEYS)
+            raise ConfigError(f"{where}.build = {spec['build']!r}: it must be a mapping of {', '.join(BUILD_KEYS)}")
+        _check_local_spec(f"{where}.build", spec["build"], BUILD_KEYS)
     return spec
