@@ -1,22 +1,13 @@
-"""The training side: HF transformers (+ alignment patches) under FSDP-style mixed precision.
+"""The training side (docs/running.md, "The embedded default"): HF transformers with the alignment
+patches, under FSDP-style mixed precision, and verl's objective (`verl.trainer.ppo.core_algos`).
 
-- fp32 master weights, fp32 gradients and AdamW state;
-- a bf16 compute copy for forward/backward, with buffers (RoPE `inv_freq`) kept fp32, as FSDP's
-  MixedPrecision(param_dtype=bf16, buffer_dtype=fp32) does;
-- attention through the shared `localrl.kernels` (as on GPU: fp32 accumulate, one rounding), GEMMs
-  through them too or torch's own, whichever equals the engine's (`gemm`, `localrl.gemm_match`),
-  everything else is transformers' own eager code, or the patches for an ablation (rounding like
-  the engine's build: `target`);
-- the objective is verl's: GRPO advantages, PPO clipped loss with clip-higher and dual-clip,
-  token-mean aggregation, optional low-variance KL, all from `verl.trainer.ppo.core_algos`.
+- fp32 master weights, fp32 gradients and AdamW state; a bf16 compute copy for forward/backward, with
+  buffers (RoPE `inv_freq`) kept fp32, as FSDP's MixedPrecision(param_dtype=bf16, buffer_dtype=fp32) does;
+- GEMMs through the shared `localrl.kernels` or torch's own, whichever equals the engine's (`gemm`,
+  `localrl.gemm_match`); attention as `rl.trainer_attention` says.
 
-An ablation's treatments (`rla.names.TREATMENTS`) change only what they name: `compile` compiles each
-decoder layer of the compute copies (patches/compile.py); `fp16` makes the compute copies (and the
-engine, `compute_dtype`) FP16 and adds dynamic loss scaling as verl's FSDP engine does for an FP16
-`param_dtype` (a GradScaler with growth_interval 400: unscale, clip, step or skip, update); `tis` /
-`mis` / `geo_rs` reweight and mask the PPO loss with verl's rollout correction (`correct_rollout`);
-`engine_order` sums the aligned norm's variance in the CPU-compiled engine's order (with `all` and the
-local engine: a training forward equal to the engine's, no mismatch at all).
+An ablation's treatments (`rla.names.TREATMENTS`) change only what they name; `fp16` adds dynamic loss
+scaling as verl's FSDP engine does for an FP16 `param_dtype` (unscale, clip, step or skip, update).
 """
 
 from __future__ import annotations
@@ -28,6 +19,7 @@ import torch
 from torch import Tensor
 
 from localrl.models import compute_copy
+from rla import names
 
 
 @dataclass
@@ -66,16 +58,12 @@ def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
 
 def compute_dtype(ablation: str) -> torch.dtype:
     """The dtype both sides compute in: FP16 under the `fp16` treatment, else BF16."""
-    from rla.names import ablation as entry
-
-    return torch.float16 if entry(ablation).precision == "fp16" else torch.bfloat16
+    return torch.float16 if names.ablation(ablation).precision == "fp16" else torch.bfloat16
 
 
 def rollout_correction_config(ablation: str):
     """verl's RolloutCorrectionConfig of the ablation's preset, with the preset's defaults (None: none)."""
-    from rla.names import ablation as entry
-
-    preset = entry(ablation).rollout_correction
+    preset = names.ablation(ablation).rollout_correction
     if preset is None:
         return None
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
@@ -90,7 +78,8 @@ def correct_rollout(batch: Batch, config) -> dict[str, float]:
     from verl import DataProto
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
-    data = DataProto.from_dict(tensors={"old_log_probs": batch.old_log_probs, "rollout_log_probs": batch.rollout_log_probs,
+    data = DataProto.from_dict(tensors={"old_log_probs": batch.old_log_probs,
+                                        "rollout_log_probs": batch.rollout_log_probs,
                                         "response_mask": batch.response_mask.float()})
     data, metrics = compute_rollout_correction_and_add_to_batch(data, config)
     batch.loss_mask = data.batch["response_mask"]
@@ -130,18 +119,17 @@ class Trainer:
 
         from localrl.device import device
         from localrl.gemm_match import CANDIDATES
-        from rla.names import ablation as entry
 
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
         self.rl, self.target, self.gemm = rl, target, gemm
-        self.device = device()
+        self.device, entry = device(), names.ablation(ablation)
         # Patches replace transformers' classes process-wide: apply before the model is built.
         # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
-        self.reduction = entry(ablation).reduction
-        self.regions = patches.apply(entry(ablation).regions, target=target, reduction=self.reduction)
+        self.reduction = entry.reduction
+        self.regions = patches.apply(entry.regions, target=target, reduction=self.reduction)
         self.dtype = compute_dtype(ablation)
-        self.compiled = entry(ablation).compiled
+        self.compiled = entry.compiled
         self.correction = rollout_correction_config(ablation)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         self.model = self._numerics(compute_copy(self.master, self.dtype))
@@ -151,7 +139,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl["lr"], betas=tuple(rl["betas"]),
                                            weight_decay=rl["weight_decay"])
         # FP16 gradients underflow without loss scaling; verl's FSDP engine: ShardedGradScaler(growth_interval=400).
-        self.scaler = torch.amp.GradScaler(self.device.type, growth_interval=400) if self.dtype == torch.float16 else None
+        fp16 = self.dtype == torch.float16
+        self.scaler = torch.amp.GradScaler(self.device.type, growth_interval=400) if fp16 else None
 
     def close(self) -> None:
         import patches
@@ -192,8 +181,7 @@ class Trainer:
         ids, mask, positions = (t.to(self.device) for t in sequence_inputs(batch))
         R = batch.responses.shape[1]
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=R + 1).logits
-        logits = logits[:, :-1]
-        return logits.div(self.rl["temperature"])
+        return logits[:, :-1].div(self.rl["temperature"])
 
     @staticmethod
     def token_log_probs(logits: Tensor, labels: Tensor) -> Tensor:
