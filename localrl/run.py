@@ -138,6 +138,7 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
 
     from localrl import engines
     from localrl.data import load_split
+    from localrl.device import device
     from localrl.trainer import Trainer, compute_dtype
 
     config = config or resolve(cell)
@@ -161,8 +162,6 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
     else:
         _check_engine(engine, config, model_dir, dtype)
     try:
-        from localrl.device import device
-
         gemm = engines.trainer_gemm(engine, model_dir, hf_config, dtype, device(), log=log.info)
         trainer = Trainer(str(model_dir), rl, cell.ablation, target=config["engine"]["target"], gemm=gemm)
         engine.load_weights(trainer.weights_for_engine())
@@ -253,9 +252,9 @@ def _previous(out_dir: Path) -> tuple[dict | None, int | None, dict | None, bool
     if state is not None:
         return state.get("identity"), state.get("steps"), state, True
     config = out_dir / "config.yaml"
-    recorded = yaml.safe_load(config.read_text()) if config.exists() else None
+    recorded = (yaml.safe_load(config.read_text()) or {}) if config.exists() else {}
     has_results = config.exists() or (out_dir / "metrics.jsonl").exists()
-    return (recorded or {}).get("identity"), (recorded or {}).get("steps"), None, has_results
+    return recorded.get("identity"), recorded.get("steps"), None, has_results
 
 
 def _setup_logging(path: Path) -> list[logging.Handler]:
@@ -319,9 +318,8 @@ def train_cell(cell: Cell, model_dir: str | Path | None = None, stop_after: int 
 
 def _loop(rig: Rig, out_dir: Path, state: dict | None, identity: dict, stop_after: int | None) -> int:
     steps, every = rig.config["steps"], rig.config["rl"]["checkpoint_every"]
-    start = 0
-    if state is not None:
-        start = state["step"]
+    start = state["step"] if state else 0
+    if state:
         rig.load_state_dict(state)
     metrics_log = MetricsLog(out_dir, state["metrics"] if state else [])
     log.info(f"steps {start + 1}..{steps}, regions {sorted(rig.trainer.regions) or 'none'}; "
