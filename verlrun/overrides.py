@@ -16,7 +16,7 @@ import yaml
 
 from rla import names
 from rla.cells import Cell
-from rla.config import RL, VERL, ConfigError, model_spec, rl_settings, verl_settings, verl_overrides
+from rla.config import RL, VERL, A, ConfigError, model_spec, rl_settings, verl_settings, verl_overrides
 from rla.metricslog import RUNNING
 from verlrun import memory, models
 
@@ -34,7 +34,6 @@ CPU_SHIMS_MODULE = "verlrun.cpu_shims"
 # actual cores are shared by the OS, so the cell declares enough logical CPUs for all of them.
 CPU_RAY_LOGICAL_CPUS = 16
 ENV_PREFIX = "+ray_kwargs.ray_init.runtime_env.env_vars"
-A = "actor_rollout_ref."
 # The experiment's dtype, as verl's FSDP engine reads it (`fsdp_config.mixed_precision`, PrecisionType
 # names). FP16 also turns on verl's ShardedGradScaler (loss scaling); FP32 gradients reduce either way.
 FSDP_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
@@ -64,9 +63,10 @@ def hydra_value(value) -> str:
 def cell_settings(cfg: dict, model: str, ablation: str | None = None) -> tuple[dict, dict]:
     """(rl, verl) settings of one model's cells, checked (`rla.config`); the `fp16` treatment sets
     `rl.dtype` (verl's FP16 mixed precision with loss scaling, and vLLM in FP16)."""
-    if ablation is not None and names.local_only(ablation):
-        raise ConfigError(f"ablation {ablation!r} runs on the local backend only ({', '.join(names.local_only(ablation))}: "
-                          f"{names.TREATMENTS[names.local_only(ablation)[0]]})")
+    local_only = names.local_only(ablation) if ablation is not None else ()
+    if local_only:
+        raise ConfigError(f"ablation {ablation!r} runs on the local backend only ({', '.join(local_only)}: "
+                          f"{names.TREATMENTS[local_only[0]]})")
     rl = rl_settings(cfg, "verl", model)
     if ablation is not None and names.ablation(ablation).precision == "fp16":
         rl["dtype"] = "float16"
@@ -122,7 +122,7 @@ def memory_setup(cfg: dict, model: str) -> memory.Setup:
     (the residual pair of the rmsnorm alignment counted for all), so cells differ only in alignment."""
     _, verl = cell_settings(cfg, model)
     return memory.Setup(
-        gpus=int(verl["nnodes"]) * int(verl["n_gpus_per_node"]),
+        gpus=verl["nnodes"] * verl["n_gpus_per_node"],
         gpu_gib=float(verl["gpu_memory_gib"]),
         margin=float(verl["memory_margin"]),
         vllm_utilization=float(verl["gpu_memory_utilization"]),
@@ -134,11 +134,11 @@ def token_budget(cfg: dict, model: str) -> int:
     update: the configured number, or the largest that the memory plan fits ("auto")."""
     rl, _ = cell_settings(cfg, model)
     budget = rl["max_token_len_per_gpu"]
-    longest = int(rl["max_prompt_length"]) + int(rl["max_response_length"])
+    longest = rl["max_prompt_length"] + rl["max_response_length"]
     if budget == "auto":
         return memory.plan_token_budget(memory.shape_of(model_spec(cfg, model, "verl")), memory_setup(cfg, model),
                                         longest)
-    if not isinstance(budget, int) or budget < longest:
+    if budget < longest:  # an integer: rla.config checked it
         raise ValueError(
             f"{model}: max_token_len_per_gpu={budget!r}; allowed: 'auto' or an integer >= the longest "
             f"sequence ({longest} = max_prompt_length + max_response_length)"
@@ -154,7 +154,7 @@ def _batching(cfg: dict, model: str, rl: dict) -> dict:
     per_gpu = token_budget(cfg, model) if dynamic else rl["micro_batch_size_per_gpu"]
     # verl runs a reference policy only for a KL term (`need_reference_policy`, verl/trainer/ppo/utils.py):
     # the KL loss here (use_in_reward is always off).
-    sections = ("rollout", "ref") if float(rl["kl_coef"]) > 0 else ("rollout",)
+    sections = ("rollout", "ref") if rl["kl_coef"] > 0 else ("rollout",)
     keys = {A + "actor.use_dynamic_bsz": dynamic}
     keys.update({A + f"{s}.log_prob_use_dynamic_bsz": dynamic for s in sections})
     if dynamic:
@@ -173,7 +173,8 @@ def _precision(rl: dict) -> dict:
     return {
         # fp32 master weights; compute (params, autocast) in the experiment's dtype.
         "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": short, "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": short, "reduce_dtype": "fp32",
+                                                                  "buffer_dtype": "fp32"},
         "actor_rollout_ref.rollout.dtype": rl["dtype"],
     }
 
@@ -185,7 +186,7 @@ def _platform(verl: dict) -> dict:
     keys = {"+actor_rollout_ref.model.override_config.attn_implementation": ATTENTION[verl["platform"]]}
     if verl["platform"] == "cpu":
         keys.update({
-            "+ray_kwargs.ray_init.num_gpus": int(verl["nnodes"]) * int(verl["n_gpus_per_node"]),
+            "+ray_kwargs.ray_init.num_gpus": verl["nnodes"] * verl["n_gpus_per_node"],
             "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
             "+actor_rollout_ref.rollout.enable_sleep_mode": False,
             "actor_rollout_ref.rollout.free_cache_engine": False,
@@ -297,7 +298,7 @@ def build_overrides(cell: Cell) -> list[str]:
 
 
 # verl keys that decide where the rollout engine rounds -> the engine config's key (patches.engine_table)
-_ROLLOUT = "actor_rollout_ref.rollout."
+_ROLLOUT = A + "rollout."
 _ENGINE_KEYS = {_ROLLOUT + "enforce_eager": "enforce_eager", _ROLLOUT + "tensor_model_parallel_size":
                 "tensor_parallel_size", "trainer.device": "device"}
 _COMPILATION = _ROLLOUT + "engine_kwargs.vllm.compilation_config"
