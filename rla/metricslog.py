@@ -1,12 +1,8 @@
-"""verl's file-logger format, read one way by every package.
-
-A cell's metrics: one JSON line per step, `{"step": N, "data": {metric: value}}`. While a cell runs
-they go to `metrics.running.jsonl`; `metrics.jsonl` appears, written at once, when the cell has
-finished its steps (so a workflow never takes a stopped cell's lines for a finished one). verl cells
-that were resumed keep earlier runs' lines as `metrics.part-NNN.jsonl` until they are merged.
-
-A bad line never stops a reader: it is skipped with a `LogWarning` naming file and line. A last line
-that does not parse is a write cut short by a kill ("truncated last line dropped").
+"""verl's file-logger format, read one way by every package: one JSON line per step,
+`{"step": N, "data": {metric: value}}`. A running cell writes `metrics.running.jsonl`; `metrics.jsonl`
+appears, written at once, when it has finished its steps (so a workflow never takes a stopped cell's
+lines for a finished one); a resumed verl cell keeps earlier runs' lines as `metrics.part-NNN.jsonl`
+(docs/running.md). A bad line is skipped with a `LogWarning` naming file and line (docs/reference.md).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ REGIONS_ENV = "RLA_REGIONS"
 IMPL_ENV = "RLA_IMPL"
 TARGET_ENV = "RLA_TARGET"
 TREATMENTS_ENV = "RLA_TREATMENTS"  # the WORKER_TREATMENTS of a cell, comma-separated
-ENGINE_CONFIG_ENV = "RLA_ENGINE_CONFIG"  # the rollout engine's config, as JSON, for target "auto" (patches.engine_table)
+ENGINE_CONFIG_ENV = "RLA_ENGINE_CONFIG"  # the rollout engine's config (JSON) for target "auto" (patches.engine_table)
 
 
 def ablation(name: str) -> Ablation:
@@ -163,6 +163,4 @@ def subset_name(regions: Iterable[str]) -> str:
     """A set of aligned regions by name: none, rope, rope+swiglu, ..., all (in REGIONS order)."""
     chosen = set(regions)
     ordered = [r for r in REGIONS if r in chosen]
-    if not ordered:
-        return "none"
-    return "all" if len(ordered) == len(REGIONS) else "+".join(ordered)
+    return "all" if len(ordered) == len(REGIONS) else "+".join(ordered) or "none"

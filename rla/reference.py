@@ -16,10 +16,11 @@ SECTIONS = (  # (section, its table, what it is)
     ("engine", config.ENGINE, "The local backend's rollout engine (`engine: vllm` is short for "
      "`engine: {name: vllm}`)."),
     ("warmstart", config.WARMSTART, "The local backend's supervised warm start of the tiny models."),
-    ("task", config.TASK, "The local backend's generated arithmetic problems (verl's `data.generate` takes the same keys)."),
+    ("task", config.TASK, "The local backend's generated arithmetic problems (verl's `data.generate` takes the "
+     "same keys)."),
     ("data", config.DATA, "The verl backend's problems: `train` and `test` sources, or `generate`."),
-    ("collapse", config.COLLAPSE, "The collapse rule's thresholds ([collapse definition](../reference.md#collapse-definition)); "
-     "they judge the logs and retrain nothing."),
+    ("collapse", config.COLLAPSE, "The collapse rule's thresholds "
+     "([collapse definition](../reference.md#collapse-definition)); they judge the logs and retrain nothing."),
     ("verl", config.VERL, "A verl cell's cluster shape and platform; a `model_specs` entry may set "
      f"{', '.join(f'`{k}`' for k in config.PER_MODEL_VERL)} for its model."),
 )
