@@ -7,8 +7,7 @@
 
 Per step: sample prompts -> engine generates `samples_per_prompt` responses each (with processed
 logprobs) -> verl's gsm8k scorer -> trainer recomputes old log-probs -> GRPO advantages -> one PPO
-epoch -> bf16 weights to the engine -> one metrics line. Checkpoints every `checkpoint_every` steps
-and on SIGTERM/SIGINT. A rerun resumes only from a checkpoint of the same cell (`rla.cells`).
+epoch -> bf16 weights to the engine -> one metrics line. Checkpoints, signals and reruns: docs/running.md.
 """
 
 from __future__ import annotations
