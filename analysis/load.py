@@ -76,14 +76,6 @@ def find_run_dirs(runs_dir: str | Path) -> list[Path]:
     return found
 
 
-def _read_records(path: Path, records: dict[int, dict], origins: dict[int, str]) -> None:
-    """Parse one metrics file into ``records`` (step -> data) and ``origins`` (step -> "file:line");
-    later lines replace earlier ones."""
-    for number, step, data in metricslog.read(path, stacklevel=4):
-        records[step] = data
-        origins[step] = f"{path}:{number}"
-
-
 def _to_floats(values: list) -> tuple[np.ndarray, np.ndarray | None]:
     """Logged values as float64, and a mask of the kept ones (None: all kept).
 
@@ -126,11 +118,13 @@ def load_run(run_dir: str | Path) -> Run:
         raise ValueError(f"{run_dir}: the run directory must be named seed<N>")
     model, ablation, seed = run_dir.parent.parent.name, run_dir.parent.name, int(match.group(1))
 
-    records: dict[int, dict] = {}
-    origins: dict[int, str] = {}
+    records: dict[int, dict] = {}  # step -> data; a later line replaces an earlier one
+    origins: dict[int, str] = {}  # step -> "file:line"
     files = metricslog.cell_files(run_dir)
     for path in files:
-        _read_records(path, records, origins)
+        for number, step, data in metricslog.read(path, stacklevel=3):
+            records[step] = data
+            origins[step] = f"{path}:{number}"
 
     steps_list, codes_list, values, names = _flatten(records)
     floats, keep = _to_floats(values)
