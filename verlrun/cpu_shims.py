@@ -124,8 +124,7 @@ class CPUDevice:
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
+    manual_seed_all = manual_seed  # one device
 
     def get_rng_state(self, device=None):
         return torch.get_rng_state()
@@ -199,8 +198,7 @@ class PlatformCPU(PlatformBase):
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
+    manual_seed_all = manual_seed  # one device
 
     def set_allocator_settings(self, settings: str) -> None:
         pass
