@@ -1,39 +1,17 @@
-"""Did a run collapse, and when?
+"""Did a run collapse, and when? The three rules and the stability table; docs/reference.md, "Collapse
+definition", states them with the thresholds (:class:`analysis.config.CollapseConfig`). What it leaves out:
 
-Definition (thresholds from the experiment config's ``collapse:`` section, see
-:class:`analysis.config.CollapseConfig`; names in brackets are the keys). It follows the common use
-in prior work: reward falls after an initial rise; a NaN/inf loss is collapse; the mismatch KL
-(k3 estimator) spikes around it.
-
-1. **Score collapse** (reason ``score_fall``). The score (``critic/score/mean`` [score_metric]) is
-   smoothed with a trailing moving average over [smooth_window] logged steps, using only finite
-   values and only full windows. ``start`` is the first smoothed value, ``peak_t`` the running
-   maximum up to step t and ``rise_t = peak_t - start``. Once ``rise_t >= min_rise`` the run has
-   "risen"; from then on a smoothed value is *below* when it is lower than
-   ``peak_t - drop_frac * rise_t`` (it gave back more than [drop_frac] of the gained rise). The run
-   collapsed when [patience] consecutive logged steps are below and the smoothed score never climbs
-   back to that window's threshold later in the run (a collapse does not heal; a dip that recovers
-   is not one; [no_recovery] false drops this clause, as the rule was before ``dd22b2a``);
-   ``collapse_step`` is the first step of that window. A fall still in progress at the end of the run
-   (fewer than [patience] steps below) is not a collapse. The trailing average lags the raw score by about
-   ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much.
-2. **Non-finite training signal** (reason ``nonfinite:<metric>``). The first step at which
-   ``actor/pg_loss`` or ``actor/grad_norm`` [nonfinite_metrics] is logged as NaN or +-inf (verl's
-   logger writes these as ``null``) is a collapse at that step. Under FP16 loss scaling (``loss_scaled``: an
-   ``actor/loss_scale`` was logged, or the ablation's registry entry has FP16 precision) the loss is scaled: an infinite gradient norm is the scaler's overflow, on
-   which it skips the step and halves the scale (verl's FSDP engine and the local rig alike), so there
-   a non-finite ``actor/grad_norm`` counts only when [patience] consecutive logged steps have one
-   (the scaler did not recover); ``collapse_step`` is the first of them.
-3. **Mismatch blow-up**, a separate flag that does not by itself mark collapse: ``k3_blowup`` is
-   true when ``rollout_corr/k3_kl`` [k3_metric] is ever above [k3_kl_threshold] (or logged as
-   non-finite); ``k3_blowup_step`` is the first such step.
-
-When both 1 and 2 fire, ``collapse_step`` is the earlier one and ``reason`` names it (both, joined by
-``+``, on a tie). A run that did not collapse gets a reason saying why it could not, or did not:
-``no_data`` (nothing logged), ``no_score`` (score never logged), ``too_short`` (fewer than
-``smooth_window + patience`` finite scores), ``no_rise`` (the smoothed score never rose by
-[min_rise]) or ``stable``. ``peak_score``, ``final_score`` and ``start_score`` are smoothed values;
-``max_k3_kl`` and ``max_grad_norm`` are maxima over finite logged values.
+- the score is smoothed over finite values and full windows only; the trailing average lags the raw
+  score by about ``(smooth_window - 1) / 2`` steps, so ``collapse_step`` is late by about that much;
+- ``peak`` is the running maximum up to each step, so the threshold ``peak - drop_frac * (peak - start)``
+  moves with it; under ``no_recovery`` a window counts when the smoothed score never climbs back to
+  that window's threshold later in the run;
+- FP16 loss scaling (rule 2's overflow case) is recognised by a logged ``actor/loss_scale`` or, for verl's
+  FSDP engine, which logs none, by the ablation's registry precision;
+- when rules 1 and 2 fire at the same step, ``reason`` names both, joined by ``+``;
+- ``too_short`` means fewer than ``smooth_window + patience`` finite scores; ``peak_score``,
+  ``final_score`` and ``start_score`` are smoothed, ``max_k3_kl`` and ``max_grad_norm`` maxima over
+  finite logged values; a non-finite k3 counts as a blow-up.
 """
 
 from __future__ import annotations

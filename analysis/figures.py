@@ -1,18 +1,10 @@
-"""Figures of the grid (PNG + PDF in one folder), one palette for the ablations everywhere.
-
-- ``score``: smoothed ``critic/score/mean`` vs step, one panel per model, one colour per ablation.
-  Each seed is smoothed first (trailing moving average, ``collapse.smooth_window``), then the seeds
-  are averaged per step: thick line = mean, band = 95% t-interval over seeds (none with one seed),
-  thin lines = single seeds, ``x`` = a seed's collapse step (as found by :mod:`analysis.collapse`).
-- ``mismatch``: ``rollout_corr/k3_kl`` (log scale) and ``training/rollout_probs_diff_mean``.
-- ``dynamics``: ``actor/grad_norm`` (log scale), ``actor/entropy``, ``response_length/mean``.
-- ``collapse_heatmap``: model x ablation; colour = fraction of seeds that collapsed, text =
-  ``collapsed/seeds`` and the median collapse step. Runs with no data are left out of the fraction.
+"""Figures of the grid (PNG + PDF in one folder), one palette for the ablations everywhere: ``score``,
+``mismatch``, ``dynamics``, ``collapse_heatmap`` (what each shows: docs/reference.md, "Reading the figures").
 
 Log-scale panels average seeds in log space (geometric mean, interval in log space) and leave out
 values <= 0, which a log axis cannot show. Long runs are binned to at most ``max_points`` steps
-after smoothing (see :func:`analysis.series.bin_steps`); seaborn's bootstrap is not used because it
-is slow over many points. A metric no run logged loses its panel, with a :class:`FigureWarning`.
+after smoothing (:func:`analysis.series.bin_steps`). A metric no run logged loses its panel, with a
+:class:`FigureWarning`.
 """
 
 from __future__ import annotations
@@ -113,19 +105,14 @@ def _prepare(data: pd.DataFrame, panel: Panel, max_points: int) -> tuple[dict, d
     if panel.log_scale:
         per_seed = per_seed.assign(value=10 ** per_seed["value"])
         agg[["mean", "low", "high"]] = 10 ** agg[["mean", "low", "high"]]
-    return _by(per_seed, ["model", "ablation"]), _by(agg, ["model", "ablation"])
-
-
-def _by(frame: pd.DataFrame, keys: list[str]) -> dict:
-    """Split a frame into a dict once (filtering it per panel and line was a hot spot)."""
-    return {key: group for key, group in frame.groupby(keys, observed=True, sort=False)}
+    # Split once into dicts: filtering the frames per panel and line was a hot spot.
+    return tuple({cell: rows for cell, rows in frame.groupby(["model", "ablation"], observed=True, sort=False)}
+                 for frame in (per_seed, agg))
 
 
 def _draw_panel(ax, per_seed: dict, agg: dict, model: str, layout: Layout) -> bool:
     """Draw one model's lines; returns False when the model logged nothing for this metric.
-
-    ``per_seed`` and ``agg`` map (model, ablation) to that cell's rows (see :func:`_by`).
-    """
+    ``per_seed`` and ``agg`` map (model, ablation) to that cell's rows (see :func:`_prepare`)."""
     drawn = False
     for ablation in layout.ablations:
         colour = layout.palette[ablation]
@@ -210,14 +197,11 @@ def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
 
 def _available(panels: tuple[Panel, ...], runs: list[Run], figure: str) -> list[Panel]:
     logged = set().union(*(r.wide.columns for r in runs)) if runs else set()
-    kept = []
     for panel in panels:
-        if panel.metric in logged:
-            kept.append(panel)
-        else:
+        if panel.metric not in logged:
             warnings.warn(f"{figure}: metric {panel.metric!r} not logged by any run; panel skipped",
                           FigureWarning, stacklevel=3)
-    return kept
+    return [panel for panel in panels if panel.metric in logged]
 
 
 def score_figure(runs, stability, cfg: AnalysisConfig, layout: Layout, out_dir: Path, max_points: int) -> list[Path]:

@@ -1,22 +1,11 @@
 """Read run logs (verl file-logger format) into tidy tables.
 
-Layout: ``{runs}/{model}/{ablation}/seed{seed}/`` holds ``metrics.jsonl`` (one JSON line per step,
-``{"step": N, "data": {metric: value}}``), or ``metrics.running.jsonl`` for a cell that has not
-finished, and, after a resumed verl run, earlier parts ``metrics.part-*.jsonl``
-(:mod:`rla.metricslog`). Parts are read in name order, then the main file; when a step appears
-twice the later record replaces the earlier one as a whole (a resumed run re-logs whole steps).
-Earlier runs moved aside by a rerun (``seed0.replaced-<time>``) are not read.
-
-What real runs leave behind, and what happens to it (each announced with a :class:`LogWarning`
-that names the file and line, so nothing is dropped silently):
-
-- a truncated last line (crash mid-write), a malformed line, a line without an integer ``step``
-  and a ``data`` mapping, an unreadable file: skipped (:func:`rla.metricslog.read`);
-- a run directory without any metrics: kept as a run with no steps (stability reports steps=0);
-- non-numeric values (strings, lists): dropped;
-- NaN / inf values are kept. verl's file logger writes them with orjson, which turns NaN and
-  +-inf into ``null``; so ``null`` is read as NaN. Plain ``NaN`` / ``Infinity`` literals (Python's
-  json) are read as such. The tidy table flags every non-finite value in its ``finite`` column.
+Layout: ``{runs}/{model}/{ablation}/seed{seed}/``, read through :func:`rla.metricslog.cell_files`
+(``metrics.jsonl`` or ``metrics.running.jsonl``, after earlier parts ``metrics.part-*.jsonl`` of a resumed
+run); a step logged twice is replaced as a whole by its later record. Cells moved aside by a rerun
+(``seed0.replaced-<time>``) are not read. What happens to damaged logs: docs/reference.md; every problem is a
+:class:`LogWarning` naming the file and line. Non-numeric values are dropped; ``null`` (orjson's NaN and
++-inf) is read as NaN and kept, flagged in the tidy table's ``finite`` column.
 
 Speed: each line costs one ``json.loads``; values are gathered into flat lists and converted to
 numpy once per run, never row by row through pandas.
@@ -87,14 +76,6 @@ def find_run_dirs(runs_dir: str | Path) -> list[Path]:
     return found
 
 
-def _read_records(path: Path, records: dict[int, dict], origins: dict[int, str]) -> None:
-    """Parse one metrics file into ``records`` (step -> data) and ``origins`` (step -> "file:line");
-    later lines replace earlier ones."""
-    for number, step, data in metricslog.read(path, stacklevel=4):
-        records[step] = data
-        origins[step] = f"{path}:{number}"
-
-
 def _to_floats(values: list) -> tuple[np.ndarray, np.ndarray | None]:
     """Logged values as float64, and a mask of the kept ones (None: all kept).
 
@@ -137,11 +118,13 @@ def load_run(run_dir: str | Path) -> Run:
         raise ValueError(f"{run_dir}: the run directory must be named seed<N>")
     model, ablation, seed = run_dir.parent.parent.name, run_dir.parent.name, int(match.group(1))
 
-    records: dict[int, dict] = {}
-    origins: dict[int, str] = {}
+    records: dict[int, dict] = {}  # step -> data; a later line replaces an earlier one
+    origins: dict[int, str] = {}  # step -> "file:line"
     files = metricslog.cell_files(run_dir)
     for path in files:
-        _read_records(path, records, origins)
+        for number, step, data in metricslog.read(path, stacklevel=3):
+            records[step] = data
+            origins[step] = f"{path}:{number}"
 
     steps_list, codes_list, values, names = _flatten(records)
     floats, keep = _to_floats(values)

@@ -54,8 +54,8 @@ def bin_steps(frame: pd.DataFrame, max_points: int, by: list[str]) -> pd.DataFra
     return binned.groupby([*by, "step"], observed=True, sort=False)["value"].mean().reset_index()
 
 
-def mean_ci(frame: pd.DataFrame, by: list[str], value: str, level: float = 0.95) -> pd.DataFrame:
-    """Mean and a t-based ``level`` confidence interval of ``value`` over seeds, per ``by`` group.
+def mean_ci(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Mean and a 95% t-interval of ``value`` over seeds, per ``by`` group.
 
     Computed in one groupby instead of seaborn's bootstrap, which is slow over many points. With a
     single seed the interval collapses onto the mean.
@@ -66,7 +66,7 @@ def mean_ci(frame: pd.DataFrame, by: list[str], value: str, level: float = 0.95)
     half = np.zeros(len(out))
     many = n > 1
     if many.any():
-        half[many] = t_quantile(level, n[many] - 1) * out["std"].to_numpy()[many] / np.sqrt(n[many])
+        half[many] = t_quantile(n[many] - 1) * out["std"].to_numpy()[many] / np.sqrt(n[many])
     out["low"] = out["mean"] - half
     out["high"] = out["mean"] + half
     return out
@@ -81,9 +81,7 @@ _T95_DOF = np.array(sorted(_T95))
 _T95_VALUE = np.array([_T95[d] for d in _T95_DOF])
 
 
-def t_quantile(level: float, dof: np.ndarray) -> np.ndarray:
+def t_quantile(dof: np.ndarray) -> np.ndarray:
     """Two-sided Student-t quantile for a 95% interval (between table rows: the more conservative)."""
-    if abs(level - 0.95) > 1e-12:
-        raise ValueError(f"confidence level {level!r} is not supported; allowed: 0.95")
     rows = np.searchsorted(_T95_DOF, np.asarray(dof), side="right") - 1
     return _T95_VALUE[np.clip(rows, 0, len(_T95_DOF) - 1)]

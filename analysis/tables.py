@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.style import ablation_order, order
-
 from analysis.series import t_quantile
+from analysis.style import ablation_order, order
 
 SUMMARY_COLUMNS = [
     "model", "ablation", "seeds", "seeds_with_data", "collapsed", "frac_collapsed",
@@ -39,7 +38,7 @@ def t_interval(values) -> tuple[float, float, float]:
     mean = float(values.mean())
     if len(values) < 2:
         return mean, mean, mean
-    half = float(t_quantile(0.95, np.array([len(values) - 1]))[0] * values.std(ddof=1) / np.sqrt(len(values)))
+    half = float(t_quantile(np.array([len(values) - 1]))[0] * values.std(ddof=1) / np.sqrt(len(values)))
     return mean, mean - half, mean + half
 
 
@@ -53,6 +52,7 @@ def summarize(stability: pd.DataFrame, models: tuple[str, ...] = (), ablations: 
         steps = with_data["collapse_step"].dropna()
         k = int(with_data["collapsed"].sum())
         _, final_low, final_high = t_interval(with_data["final_score"])
+        frac_low, frac_high = wilson_interval(k, n)
         paired = [final[(model, ablation, s)] - final[(model, REFERENCE, s)] for s in with_data["seed"]
                   if ablation != REFERENCE and (model, REFERENCE, s) in final.index]
         diff, diff_low, diff_high = t_interval(paired)
@@ -63,8 +63,8 @@ def summarize(stability: pd.DataFrame, models: tuple[str, ...] = (), ablations: 
             "seeds_with_data": n,
             "collapsed": k,
             "frac_collapsed": float(with_data["collapsed"].mean()) if n else np.nan,
-            "frac_collapsed_low": wilson_interval(k, n)[0],
-            "frac_collapsed_high": wilson_interval(k, n)[1],
+            "frac_collapsed_low": frac_low,
+            "frac_collapsed_high": frac_high,
             "median_collapse_step": float(steps.median()) if len(steps) else np.nan,
             "mean_peak_score": float(with_data["peak_score"].mean()) if n else np.nan,
             "mean_final_score": float(with_data["final_score"].mean()) if n else np.nan,

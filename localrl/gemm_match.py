@@ -140,6 +140,5 @@ def match(engine, model_dir: str | Path, tie_word_embeddings: bool, dtype: torch
                     raise RuntimeError(f"GEMM check: {layer} gives {tuple(ref.shape)} in the engine, "
                                        f"{tuple(got[layer].shape)} on the training side")
                 differing[candidate][layer] = differing[candidate].get(layer, 0) + int((got[layer] != ref).sum())
-    exact = [c for c in CANDIDATES if sum(differing[c].values()) == 0]
-    choice = exact[0] if exact else min(CANDIDATES, key=lambda c: sum(differing[c].values()))
-    return GemmMatch(choice, differing, n_values)
+    # The first exact candidate, else the closest (min keeps the first of equals: CANDIDATES' order).
+    return GemmMatch(min(CANDIDATES, key=lambda c: sum(differing[c].values())), differing, n_values)

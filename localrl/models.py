@@ -36,8 +36,7 @@ def build_model(spec: dict, tokenizer, seed: int):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(model_config(spec, tokenizer), dtype=torch.float32)
-    return model
+    return AutoModelForCausalLM.from_config(model_config(spec, tokenizer), dtype=torch.float32)
 
 
 def num_parameters(model) -> int:

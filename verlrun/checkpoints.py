@@ -1,9 +1,6 @@
-"""Bounded checkpoints across restarts.
-
-verl's `trainer.max_actor_ckpt_to_keep` prunes only the checkpoints its running process saved: the
-ones a preempted run left behind are never deleted. Before each launch the launcher keeps just the
-checkpoint verl resumes from, and after a run the newest `keep`; a `global_step_N` newer than the
-tracked one is an interrupted save (verl writes its tracker last) and goes too.
+"""Bounded checkpoints across restarts: what the launcher prunes, since verl prunes only what its running process
+saved (docs/running.md, "Disk"). A `global_step_N` newer than the tracked one is an interrupted save (verl writes
+its tracker last) and goes too.
 """
 
 from __future__ import annotations

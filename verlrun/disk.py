@@ -22,11 +22,14 @@ def checkpoints_at_peak(keep: int | None, steps: int, save_every: int) -> int:
     return max(keep, 2) + 1
 
 
-def cell_bytes(cfg: dict, model: str) -> int:
+def checkpoints_per_cell(cfg: dict, model: str) -> int:
     rl = rl_settings(cfg, "verl", model)
+    return checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"]))
+
+
+def cell_bytes(cfg: dict, model: str) -> int:
     shape = memory.shape_of(model_spec(cfg, model, "verl"))
-    count = checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"]))
-    return count * checkpoint_bytes(shape) + SMALL_FILES
+    return checkpoints_per_cell(cfg, model) * checkpoint_bytes(shape) + SMALL_FILES
 
 
 def grid_rows(cfg: dict) -> list[dict]:
@@ -35,17 +38,10 @@ def grid_rows(cfg: dict) -> list[dict]:
     rows = []
     for model in cfg["models"]:
         shape = memory.shape_of(model_spec(cfg, model, "verl"))
-        rl = rl_settings(cfg, "verl", model)
-        cell = cell_bytes(cfg, model)
-        rows.append({
-            "model": model,
-            "checkpoint": checkpoint_bytes(shape),
-            "checkpoints_per_cell": checkpoints_at_peak(rl["keep_checkpoints"], int(cfg["steps"]), int(rl["checkpoint_every"])),
-            "cell": cell,
-            "cells": cells_per_model,
-            "staged_model": STAGED_BYTES_PER_PARAM * shape.params(),
-            "total": cells_per_model * cell + STAGED_BYTES_PER_PARAM * shape.params(),
-        })
+        cell, staged = cell_bytes(cfg, model), STAGED_BYTES_PER_PARAM * shape.params()
+        rows.append({"model": model, "checkpoint": checkpoint_bytes(shape),
+                     "checkpoints_per_cell": checkpoints_per_cell(cfg, model), "cell": cell, "cells": cells_per_model,
+                     "staged_model": staged, "total": cells_per_model * cell + staged})
     return rows
 
 
