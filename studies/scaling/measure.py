@@ -1,20 +1,10 @@
-"""Mismatch scaling: the training-vs-engine mismatch as one factor grows, the others at a base.
+"""Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a base.
 
-Random-weight Qwen2 / Qwen3 models (stated as such: no trained weights are downloaded), built as the
-RL rig builds its training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and
-attention through the shared `localrl.kernels` - against the compiled engine of `localrl.engine`.
-Per point: a batch of random prompts, responses sampled from the engine at temperature 1 (the tokens
-a rollout would score), the engine's full forward of prompt + response as the reference, and the
-training side's forward under every setting of the probe (`probe.probe_settings`): every subset of
-the three regions, all + the engine's norm summation order (CPU only), `compile`, and `fp16` (both
-sides in FP16 from the fp32 master; not at the real shapes, which keep no master copy). The probe's
-pieces do the work (`engine_forward`, `train_forward`, `Layout`, `mismatch_summary`, `token_frame`,
-`by_position`, `by_probability`).
-
-Factors (`FACTORS`): depth, width (Qwen ratios of heads, KV heads and intermediate size), vocabulary,
-response length, sharpness (output-layer scale -> entropy per token), attention sharpness (q/k scale),
-and `update` (error persistence: the same tokens scored after a weight update of a given size).
-`shape` points are the tiny grid's shapes and the published Qwen2.5-1.5B / Qwen3-1.7B shapes.
+Random-weight Qwen2 / Qwen3 models (no trained weights are downloaded), built as the RL rig builds its
+training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and attention through the shared
+`localrl.kernels` - against the compiled engine of `localrl.engine`. Per point, responses sampled from the
+engine at temperature 1 are scored by the engine and by the training side under every setting of the probe
+(`studies.probe.measure`). What each factor and metric shows: studies/scaling/page.md.
 
     python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]
@@ -35,7 +25,7 @@ import torch
 
 import patches
 from localrl import models
-from rla.config import load
+from rla.config import ConfigError, load
 from studies.probe import measure as probe
 
 ARCHS = ("qwen2", "qwen3")
@@ -201,10 +191,6 @@ def hf_config(shape: Shape, max_positions: int):
                        intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None, bos_token_id=None)
 
 
-def _attn_scaled(arch: str) -> tuple[str, ...]:
-    return ("q_norm", "k_norm") if arch == "qwen3" else ("q_proj", "k_proj")
-
-
 def build_model(point: Point, max_positions: int):
     """fp32 master weights of a random model with the point's output and attention scales."""
     from transformers import AutoModelForCausalLM
@@ -212,14 +198,15 @@ def build_model(point: Point, max_positions: int):
     torch.manual_seed(point.seed)
     model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
     bias_gen = torch.Generator().manual_seed(point.seed + 104729)
+    # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
+    attn_scaled = ("q_norm", "k_norm") if point.shape.arch == "qwen3" else ("q_proj", "k_proj")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(NORM_SPREAD * torch.randn_like(p))
             elif name == "lm_head.weight":
                 p.mul_(point.logit_scale)
-            # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
-            if point.attn_scale != 1 and any(f".{m}." in name for m in _attn_scaled(point.shape.arch)):
+            if point.attn_scale != 1 and any(f".{m}." in name for m in attn_scaled):
                 p.mul_(point.attn_scale)
             if point.qk_bias and (".q_proj.bias" in name or ".k_proj.bias" in name):
                 p.copy_(point.qk_bias * torch.randn(p.shape, generator=bias_gen))  # own stream: the rest unchanged
@@ -270,16 +257,12 @@ def entropy_per_token(logits: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return torch.cat(out).cpu()
 
 
-def _settings(device: torch.device | None = None, fp16: bool = True) -> list[probe.Setting]:
+def _settings(device: torch.device, fp16: bool) -> list[probe.Setting]:
     """Every subset of the regions, `compile`, `fp16` (only with the fp32 master weights at hand: the
     real shapes cast theirs in place), plus all + the compiled engine's norm summation order - on the
     CPU only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
-    settings = probe.probe_settings()
-    if device is not None and device.type != "cpu":
-        settings = [s for s in settings if s.name != probe.ENGINE_ORDER]
-    if not fp16:
-        settings = [s for s in settings if s.dtype == torch.bfloat16]
-    return settings
+    return [s for s in probe.probe_settings()
+            if (device.type == "cpu" or s.name != probe.ENGINE_ORDER) and (fp16 or s.dtype == torch.bfloat16)]
 
 
 def _logprobs_on_cpu(forward: probe.Forward) -> probe.Forward:
@@ -331,14 +314,11 @@ class PointResult:
 
 
 def describe(point: Point) -> dict:
-    shape = asdict(point.shape)
-    return {"factor": point.factor, "value": point.value, "shape_name": point.shape_name,
-            **{k: shape[k] for k in ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                                     "vocab", "rope_theta")},
-            "parameters": point.shape.parameters, "n_seq": point.n_seq, "prompt_len": point.prompt_len,
-            "response_len": point.response_len, "logit_scale": point.logit_scale, "attn_scale": point.attn_scale,
-            "qk_bias": point.qk_bias,
-            "update": point.update, "seed": point.seed}
+    """The point's fields, its shape's spelled out in their place after `shape_name`, then `parameters`."""
+    fields = asdict(point)
+    shape = fields.pop("shape")
+    head = {k: fields.pop(k) for k in ("factor", "value", "shape_name")}
+    return {**head, **shape, "parameters": point.shape.parameters, **fields}
 
 
 def sample(engine, point: Point):
@@ -456,23 +436,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 KEY = ["factor", "value", "arch", "shape_name"]
+TABLES = ("mismatch_scaling", "mismatch_scaling_by_position", "mismatch_scaling_by_probability")
 
 
 def point_key(point: Point) -> tuple:
     return (point.factor, float(point.value), point.shape.arch, point.shape_name)
 
 
-def _existing(out: Path, append: bool) -> dict[str, pd.DataFrame]:
-    names = ("mismatch_scaling", "mismatch_scaling_by_position", "mismatch_scaling_by_probability")
-    if not append:
-        return {}
-    return {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
-            for n in names if (out / f"{n}.csv").exists()}
-
-
 def _choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    from rla.config import ConfigError
-
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in allowed]
     if bad or not items:
@@ -504,8 +475,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one process per core
     from rla.files import write_csv
 
-    from rla.config import ConfigError
-
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -513,15 +482,16 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
     points = plan(factors, archs, args.big, args.real, args.quick, args.seed, args.real_length)
     out = Path(args.out)
-    existing = _existing(out, args.append)
-    if "mismatch_scaling" in existing:
-        done = set(map(tuple, existing["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
+    kept = {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
+            for n in TABLES if args.append and (out / f"{n}.csv").exists()}
+    rows = []
+    if "mismatch_scaling" in kept:
+        done = set(map(tuple, kept["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
         skipped = [p for p in points if point_key(p) in done]
         points = [p for p in points if point_key(p) not in done]
         log(f"--append: {len(skipped)} point(s) already in {out}/mismatch_scaling.csv, {len(points)} to measure")
-    rows = existing["mismatch_scaling"].to_dict("records") if "mismatch_scaling" in existing else []
-    pos = [existing["mismatch_scaling_by_position"]] if "mismatch_scaling_by_position" in existing else []
-    prob = [existing["mismatch_scaling_by_probability"]] if "mismatch_scaling_by_probability" in existing else []
+        rows = kept["mismatch_scaling"].to_dict("records")
+    pos, prob = ([kept[n]] if n in kept else [] for n in TABLES[1:])
     start = time.perf_counter()
     try:
         for i, point in enumerate(points, 1):
