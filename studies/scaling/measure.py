@@ -95,8 +95,8 @@ PAPER_SHAPES = {
     "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 1e6),
 }
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
-TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA)
-               for name, spec in load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"].items()}
+TINY_SPECS = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
+TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA) for name, spec in TINY_SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -213,21 +213,16 @@ def build_model(point: Point, max_positions: int):
     return model.eval().requires_grad_(False)
 
 
-def compute_copy(master, like=None, keep_master: bool = True):
-    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage. Without
-    `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
+def compute_copy(master, keep_master: bool = True):
+    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP). Without `keep_master` the master
+    itself is cast (real shapes: no second fp32 copy in memory)."""
     from localrl.kernels import use_local_kernels
 
-    if like is None and not keep_master:
-        for p in master.parameters():
-            p.data = p.data.to(torch.bfloat16)
-        return use_local_kernels(master)
-    if like is None:
+    if keep_master:
         return use_local_kernels(models.compute_copy(master))
-    with torch.no_grad():
-        for p, m in zip(like.parameters(), master.parameters()):
-            p.copy_(m)
-    return like
+    for p in master.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return use_local_kernels(master)
 
 
 def adam_like_update(master, size: float, seed: int) -> None:
@@ -380,7 +375,9 @@ def measure(point: Point, log=print) -> PointResult:
     if point.update:
         old = [p.clone() for p in model.parameters()]
         adam_like_update(master, point.update, point.seed)
-        model = compute_copy(master, like=model)
+        with torch.no_grad():  # the updated master into the same bf16 compute copy
+            for p, m in zip(model.parameters(), master.parameters()):
+                p.copy_(m)
         changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
         del old
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
@@ -417,7 +414,8 @@ def measure(point: Point, log=print) -> PointResult:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies run scaling", description="training-engine mismatch against depth, width, vocabulary, ...")
+    p = argparse.ArgumentParser(prog="python -m studies run scaling",
+                                description="training-engine mismatch against depth, width, vocabulary, ...")
     p.add_argument("--out", required=True, help="output dir: mismatch_scaling.csv, *_by_position.csv, ...")
     p.add_argument("--factors", default=",".join(FACTORS),
                    help=f"comma-separated, from {', '.join(FACTORS)}")

@@ -167,7 +167,8 @@ def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: 
         g = pos[pos["setting"] == setting].sort_values("position_low")
         mid = (g["position_low"] + g["position_high"] + 1) / 2
         keep = g["mean_abs_dlogprob"] > 0
-        slope = np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3 else np.nan
+        slope = (np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3
+                 else np.nan)
         pr = prob[prob["setting"] == setting]
         unlikely, likely = pr[pr["p_high"] <= 0.1], pr[pr["p_low"] >= 0.9]
         rows.append({"error_of": name, "setting": setting, "position_slope": slope,
@@ -228,7 +229,8 @@ def run(tables: Path, out: Path) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies report scaling", description="fits, figures and tables of the mismatch scaling study (its CSVs)")
+    p = argparse.ArgumentParser(prog="python -m studies report scaling",
+                                description="fits, figures and tables of the mismatch scaling study (its CSVs)")
     p.add_argument("--tables", required=True, help="dir with mismatch_scaling.csv (+ _by_position, _by_probability), "
                    "e.g. results/scaling")
     p.add_argument("--out", required=True, help="output dir, e.g. results/studies/scaling/report")
