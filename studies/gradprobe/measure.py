@@ -169,7 +169,8 @@ def token_stats(log_prob: Tensor, ref: Tensor, batch: Batch) -> dict:
             "frac_identical_ref": (d_ref == 0).double().mean().item(),
             "k3": verl["rollout_corr/k3_kl"], "chi2_seq": verl["rollout_corr/chi2_seq"],
             "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
-            "mean_abs_d_rollout": d_roll[mask].abs().mean().item(), "max_abs_log_ratio": d_roll[mask].abs().max().item(),
+            "mean_abs_d_rollout": d_roll[mask].abs().mean().item(),
+            "max_abs_log_ratio": d_roll[mask].abs().max().item(),
             "seq_logratio_var": seq.var().item(), "response_len": mask.sum(1).double().mean().item(),
             "n_tokens": int(mask.sum())}
 
@@ -181,7 +182,7 @@ def summarize(name: str, grads: list[BatchGradient], ref: list[BatchGradient], t
     mean_norm = float(ref_mean.norm())
     if mean_norm == 0:  # every group scored alike in every batch: GRPO's advantages, and the gradient, are 0
         raise NoSignal(f"the reference gradient is 0 in all {B} batches (no group with differing scores): "
-                          "this model and task give no learning signal to compare")
+                       "this model and task give no learning signal to compare")
     noise_abs = math.sqrt(sum(_sq(r.grad.double() - ref_mean) for r in ref) / max(B - 1, 1))
     diffs = [g.grad.double() - r.grad.double() for g, r in zip(grads, ref)]
     err_abs = math.sqrt(sum(_sq(d) for d in diffs) / B)

@@ -117,7 +117,8 @@ def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, lo
         log(f"[point {i}/{len(names)}] {name}: {point}")
         ensure_warm_start(point, log)
         spec = PointSpec(point["config"], point["model"], checkpoint_of(point, out, log),
-                         float(point.get("temperature", 1.0)), int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
+                         float(point.get("temperature", 1.0)),
+                         int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
                          point.get("max_new_tokens"), int(point.get("seed", 0)),
                          tuple(point.get("settings", plan.get("settings", SETTINGS))))
         try:
