@@ -343,10 +343,9 @@ def measure(point: Point, log=print) -> PointResult:
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     start = time.perf_counter()
-    rollout = sample(engine, point)
-    layout = probe.Layout.from_rollout(rollout)
-    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask,
-                                                                   layout.positions))}
+    layout = probe.Layout.from_rollout(sample(engine, point))
+    inputs = (layout.ids, layout.mask, layout.positions)
+    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, *inputs))}
     t_sample = time.perf_counter() - start
 
     settings = _settings(device, fp16=keep_master)
@@ -355,10 +354,9 @@ def measure(point: Point, log=print) -> PointResult:
 
     def step(setting: probe.Setting, train_model, engine_model) -> None:
         if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
-            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, layout.ids, layout.mask,
-                                                                        layout.positions))
+            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, *inputs))
         ref = refs[setting.dtype]
-        train = _logprobs_on_cpu(probe.train_forward(train_model, layout.ids, layout.mask, layout.positions))
+        train = _logprobs_on_cpu(probe.train_forward(train_model, *inputs))
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
@@ -381,19 +379,17 @@ def measure(point: Point, log=print) -> PointResult:
         changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
         del old
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
-        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
+        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, *inputs))
         for row, setting in zip(rows, settings):
-            if setting.dtype != torch.bfloat16:  # persistence is measured on the BF16 pair only
-                row["persistence_corr"] = row["frac_error_unchanged"] = float("nan")
-                row["frac_bf16_weights_changed"] = changed
-                continue
-            train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
-            after = (train.logprobs - ref2.logprobs)[layout.response].double()
-            before = errors[setting.name]
-            row["persistence_corr"] = float(np.corrcoef(before.numpy(), after.numpy())[0, 1]) \
-                if before.std() > 0 and after.std() > 0 else float("nan")
-            row["frac_error_unchanged"] = (before == after).double().mean().item()
-            row["frac_bf16_weights_changed"] = changed
+            corr = unchanged = float("nan")
+            if setting.dtype == torch.bfloat16:  # persistence is measured on the BF16 pair only
+                train = _logprobs_on_cpu(probe.train_forward(model, *inputs, setting))
+                after = (train.logprobs - ref2.logprobs)[layout.response].double()
+                before = errors[setting.name]
+                if before.std() > 0 and after.std() > 0:
+                    corr = float(np.corrcoef(before.numpy(), after.numpy())[0, 1])
+                unchanged = (before == after).double().mean().item()
+            row.update(persistence_corr=corr, frac_error_unchanged=unchanged, frac_bf16_weights_changed=changed)
 
     head = describe(point)
     out_rows = [{**head, **row} for row in rows]
