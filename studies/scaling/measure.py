@@ -26,6 +26,7 @@ import torch
 import patches
 from localrl import models
 from rla.config import ConfigError, load
+from rla.files import write_csv
 from studies.probe import measure as probe
 
 ARCHS = ("qwen2", "qwen3")
@@ -183,12 +184,11 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
 
 
 def hf_config(shape: Shape, max_positions: int):
-    from localrl.models import qwen_config
-
-    return qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
-                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-                       intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None, bos_token_id=None)
+    return models.qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
+                              num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                              num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                              intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None,
+                              bos_token_id=None)
 
 
 def build_model(point: Point, max_positions: int):
@@ -467,8 +467,6 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(1)  # one process per core
-    from rla.files import write_csv
-
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
