@@ -41,7 +41,8 @@ def seeded(plan_file: str | Path, plan: dict, points: dict[str, dict]) -> dict[s
     if not (isinstance(seeds, list) and seeds and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
         raise ConfigError(f"{plan_file}: gradprobe.seeds {seeds!r}: a list of integers")
     if fixed := [name for name, point in points.items() if "seed" in point]:
-        raise ConfigError(f"{plan_file}: gradprobe points {fixed} give a seed and the plan gives seeds; one or the other")
+        raise ConfigError(f"{plan_file}: gradprobe points {fixed} give a seed and the plan gives seeds; "
+                          "one or the other")
     # seeds outermost: a run stopped early has every point at its first seeds
     return {f"{name}-s{seed}": {**point, "seed": seed} for seed in seeds for name, point in points.items()}
 
@@ -133,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m studies report gradprobe",
                                 description="Judge the gradient probe's pre-registered hypotheses on measured points.")
     p.add_argument("--plan", required=True, help="the pre-registered plan, experiments/gradprobe.yaml")
-    p.add_argument("--out", required=True, help="the plan's output dir (one folder per point); hypotheses.csv goes here")
+    p.add_argument("--out", required=True,
+                   help="the plan's output dir (one folder per point); hypotheses.csv goes here")
     return p
 
 

@@ -36,7 +36,6 @@ Per setting s and batch b, with g the gradient and ḡ the reference's mean over
 
 from __future__ import annotations
 
-
 import json
 import math
 import time
@@ -170,7 +169,8 @@ def token_stats(log_prob: Tensor, ref: Tensor, batch: Batch) -> dict:
             "frac_identical_ref": (d_ref == 0).double().mean().item(),
             "k3": verl["rollout_corr/k3_kl"], "chi2_seq": verl["rollout_corr/chi2_seq"],
             "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
-            "mean_abs_d_rollout": d_roll[mask].abs().mean().item(), "max_abs_log_ratio": d_roll[mask].abs().max().item(),
+            "mean_abs_d_rollout": d_roll[mask].abs().mean().item(),
+            "max_abs_log_ratio": d_roll[mask].abs().max().item(),
             "seq_logratio_var": seq.var().item(), "response_len": mask.sum(1).double().mean().item(),
             "n_tokens": int(mask.sum())}
 
@@ -182,7 +182,7 @@ def summarize(name: str, grads: list[BatchGradient], ref: list[BatchGradient], t
     mean_norm = float(ref_mean.norm())
     if mean_norm == 0:  # every group scored alike in every batch: GRPO's advantages, and the gradient, are 0
         raise NoSignal(f"the reference gradient is 0 in all {B} batches (no group with differing scores): "
-                          "this model and task give no learning signal to compare")
+                       "this model and task give no learning signal to compare")
     noise_abs = math.sqrt(sum(_sq(r.grad.double() - ref_mean) for r in ref) / max(B - 1, 1))
     diffs = [g.grad.double() - r.grad.double() for g, r in zip(grads, ref)]
     err_abs = math.sqrt(sum(_sq(d) for d in diffs) / B)
@@ -229,17 +229,15 @@ def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str]
     ref_setting = replace(probe.Setting.of_ablation(REFERENCE_ABLATION), name=EXACT)
     with_is = {"none", *REGIONS, "all", REFERENCE_ABLATION, EXACT}
     chosen = [ref_setting] + [probe.Setting.of_ablation(s) for s in settings]
-    results: dict[str, list[BatchGradient]] = {}
     engine_check = {}
 
-    def step(setting: probe.Setting, model, engine_model):
+    def step(setting: probe.Setting, model, engine_model) -> list[BatchGradient]:
         grads = [batch_gradient(trainer, model, s, setting, setting.name in with_is) for s in samples]
-        results[setting.name] = grads
         if setting.name == EXACT:  # how exact the reference is: the engine's full forward and its sampling
             engine_check.update(_reference_check(engine_model, samples, grads, trainer.rl["temperature"]))
         return grads
 
-    probe.run_settings(chosen, sides, step, log)
+    results = dict(zip([s.name for s in chosen], probe.run_settings(chosen, sides, step, log)))
     ref = results[EXACT]
     refs = [g.log_prob for g in ref]
     rows, batch_rows = [], []
@@ -260,10 +258,13 @@ def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str]
 def _reference_check(engine_model, samples: list[Sample], ref: list[BatchGradient], temperature: float) -> dict:
     """Fractions of response tokens whose reference log-prob equals the engine's full forward and its
     sampling log-probs (both at the temperature, FP32 log-softmax of the engine's BF16 logits)."""
+    from localrl.engine.engine import Rollout
+
     equal_forward = equal_sampling = total = 0
     for sample, grad in zip(samples, ref):
         batch = sample.batch
-        layout = probe.Layout.from_rollout(_as_rollout(batch))
+        layout = probe.Layout.from_rollout(Rollout(batch.prompt_ids, batch.prompt_mask, batch.responses,
+                                                   batch.response_mask, batch.rollout_log_probs))
         logits = probe.engine_forward(engine_model, layout.ids, layout.mask, layout.positions).logits
         lp = torch.log_softmax(logits.float() / temperature, -1)[:, :-1]
         lp = lp.gather(-1, layout.ids[:, 1:, None].to(lp.device)).squeeze(-1).cpu()[:, layout.response_cols]
@@ -273,12 +274,6 @@ def _reference_check(engine_model, samples: list[Sample], ref: list[BatchGradien
         total += int(mask.sum())
     return {"frac_equal_engine_forward": equal_forward / total, "frac_equal_engine_sampling": equal_sampling / total,
             "response_tokens": total}
-
-
-def _as_rollout(batch: Batch):
-    from localrl.engine.engine import Rollout
-
-    return Rollout(batch.prompt_ids, batch.prompt_mask, batch.responses, batch.response_mask, batch.rollout_log_probs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,14 +348,12 @@ def run_point(spec: PointSpec, log=print) -> PointResult:
 
 
 def write(result: PointResult, out: str | Path) -> list[Path]:
-    from rla.files import write_csv
+    from rla.files import write_csv, write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "gradprobe.csv", out / "batches.csv", out / "gradprobe.json"]
     write_csv(result.rows, paths[0])
     write_csv(result.batches, paths[1])
-    from rla import files
-
-    files.write_text(paths[2], json.dumps(result.meta, indent=1, default=str) + "\n")
+    write_text(paths[2], json.dumps(result.meta, indent=1, default=str) + "\n")
     return paths

@@ -24,9 +24,10 @@ import fcntl
 import shutil
 from pathlib import Path
 
-from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, PointSpec, run_point, write
 from rla.config import ConfigError, load
+from rla.files import write_text
 from studies.gradprobe.judge import seeded
+from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, PointSpec, run_point, write
 
 POINT_KEYS = {"config", "model", "temperature", "rl_step", "rl_ablation", "batches", "max_new_tokens", "seed",
               "settings"}
@@ -116,15 +117,14 @@ def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, lo
         log(f"[point {i}/{len(names)}] {name}: {point}")
         ensure_warm_start(point, log)
         spec = PointSpec(point["config"], point["model"], checkpoint_of(point, out, log),
-                         float(point.get("temperature", 1.0)), int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
+                         float(point.get("temperature", 1.0)),
+                         int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
                          point.get("max_new_tokens"), int(point.get("seed", 0)),
                          tuple(point.get("settings", plan.get("settings", SETTINGS))))
         try:
             result = run_point(spec, log)
         except NoSignal as err:  # recorded, and the plan goes on: a pre-registered point is reported either way
-            from rla import files
-
-            files.write_text(out / name / "no_signal.txt", f"{err}\n")
+            write_text(out / name / "no_signal.txt", f"{err}\n")
             log(f"[point {i}/{len(names)}] {name}: no learning signal: {err}")
             continue
         result.meta["point"] = name

@@ -1,20 +1,10 @@
-"""Mismatch scaling: the training-vs-engine mismatch as one factor grows, the others at a base.
+"""Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a base.
 
-Random-weight Qwen2 / Qwen3 models (stated as such: no trained weights are downloaded), built as the
-RL rig builds its training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and
-attention through the shared `localrl.kernels` - against the compiled engine of `localrl.engine`.
-Per point: a batch of random prompts, responses sampled from the engine at temperature 1 (the tokens
-a rollout would score), the engine's full forward of prompt + response as the reference, and the
-training side's forward under every setting of the probe (`probe.probe_settings`): every subset of
-the three regions, all + the engine's norm summation order (CPU only), `compile`, and `fp16` (both
-sides in FP16 from the fp32 master; not at the real shapes, which keep no master copy). The probe's
-pieces do the work (`engine_forward`, `train_forward`, `Layout`, `mismatch_summary`, `token_frame`,
-`by_position`, `by_probability`).
-
-Factors (`FACTORS`): depth, width (Qwen ratios of heads, KV heads and intermediate size), vocabulary,
-response length, sharpness (output-layer scale -> entropy per token), attention sharpness (q/k scale),
-and `update` (error persistence: the same tokens scored after a weight update of a given size).
-`shape` points are the tiny grid's shapes and the published Qwen2.5-1.5B / Qwen3-1.7B shapes.
+Random-weight Qwen2 / Qwen3 models (no trained weights are downloaded), built as the RL rig builds its
+training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and attention through the shared
+`localrl.kernels` - against the compiled engine of `localrl.engine`. Per point, responses sampled from the
+engine at temperature 1 are scored by the engine and by the training side under every setting of the probe
+(`studies.probe.measure`). What each factor and metric shows: studies/scaling/page.md.
 
     python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]
@@ -35,7 +25,8 @@ import torch
 
 import patches
 from localrl import models
-from rla.config import load
+from rla.config import ConfigError, load
+from rla.files import write_csv
 from studies.probe import measure as probe
 
 ARCHS = ("qwen2", "qwen3")
@@ -105,8 +96,8 @@ PAPER_SHAPES = {
     "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 1e6),
 }
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
-TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA)
-               for name, spec in load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"].items()}
+TINY_SPECS = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
+TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA) for name, spec in TINY_SPECS.items()}
 
 
 @dataclass(frozen=True)
@@ -193,16 +184,11 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
 
 
 def hf_config(shape: Shape, max_positions: int):
-    from localrl.models import qwen_config
-
-    return qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
-                       num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                       num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-                       intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None, bos_token_id=None)
-
-
-def _attn_scaled(arch: str) -> tuple[str, ...]:
-    return ("q_norm", "k_norm") if arch == "qwen3" else ("q_proj", "k_proj")
+    return models.qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
+                              num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+                              num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+                              intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None,
+                              bos_token_id=None)
 
 
 def build_model(point: Point, max_positions: int):
@@ -212,35 +198,31 @@ def build_model(point: Point, max_positions: int):
     torch.manual_seed(point.seed)
     model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
     bias_gen = torch.Generator().manual_seed(point.seed + 104729)
+    # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
+    attn_scaled = ("q_norm", "k_norm") if point.shape.arch == "qwen3" else ("q_proj", "k_proj")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(NORM_SPREAD * torch.randn_like(p))
             elif name == "lm_head.weight":
                 p.mul_(point.logit_scale)
-            # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
-            if point.attn_scale != 1 and any(f".{m}." in name for m in _attn_scaled(point.shape.arch)):
+            if point.attn_scale != 1 and any(f".{m}." in name for m in attn_scaled):
                 p.mul_(point.attn_scale)
             if point.qk_bias and (".q_proj.bias" in name or ".k_proj.bias" in name):
                 p.copy_(point.qk_bias * torch.randn(p.shape, generator=bias_gen))  # own stream: the rest unchanged
     return model.eval().requires_grad_(False)
 
 
-def compute_copy(master, like=None, keep_master: bool = True):
-    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP); reuses `like`'s storage. Without
-    `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
+def compute_copy(master, keep_master: bool = True):
+    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP). Without `keep_master` the master
+    itself is cast (real shapes: no second fp32 copy in memory)."""
     from localrl.kernels import use_local_kernels
 
-    if like is None and not keep_master:
-        for p in master.parameters():
-            p.data = p.data.to(torch.bfloat16)
-        return use_local_kernels(master)
-    if like is None:
+    if keep_master:
         return use_local_kernels(models.compute_copy(master))
-    with torch.no_grad():
-        for p, m in zip(like.parameters(), master.parameters()):
-            p.copy_(m)
-    return like
+    for p in master.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return use_local_kernels(master)
 
 
 def adam_like_update(master, size: float, seed: int) -> None:
@@ -270,16 +252,12 @@ def entropy_per_token(logits: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     return torch.cat(out).cpu()
 
 
-def _settings(device: torch.device | None = None, fp16: bool = True) -> list[probe.Setting]:
+def _settings(device: torch.device, fp16: bool) -> list[probe.Setting]:
     """Every subset of the regions, `compile`, `fp16` (only with the fp32 master weights at hand: the
     real shapes cast theirs in place), plus all + the compiled engine's norm summation order - on the
     CPU only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
-    settings = probe.probe_settings()
-    if device is not None and device.type != "cpu":
-        settings = [s for s in settings if s.name != probe.ENGINE_ORDER]
-    if not fp16:
-        settings = [s for s in settings if s.dtype == torch.bfloat16]
-    return settings
+    return [s for s in probe.probe_settings()
+            if (device.type == "cpu" or s.name != probe.ENGINE_ORDER) and (fp16 or s.dtype == torch.bfloat16)]
 
 
 def _logprobs_on_cpu(forward: probe.Forward) -> probe.Forward:
@@ -331,14 +309,11 @@ class PointResult:
 
 
 def describe(point: Point) -> dict:
-    shape = asdict(point.shape)
-    return {"factor": point.factor, "value": point.value, "shape_name": point.shape_name,
-            **{k: shape[k] for k in ("arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
-                                     "vocab", "rope_theta")},
-            "parameters": point.shape.parameters, "n_seq": point.n_seq, "prompt_len": point.prompt_len,
-            "response_len": point.response_len, "logit_scale": point.logit_scale, "attn_scale": point.attn_scale,
-            "qk_bias": point.qk_bias,
-            "update": point.update, "seed": point.seed}
+    """The point's fields, its shape's spelled out in their place after `shape_name`, then `parameters`."""
+    fields = asdict(point)
+    shape = fields.pop("shape")
+    head = {k: fields.pop(k) for k in ("factor", "value", "shape_name")}
+    return {**head, **shape, "parameters": point.shape.parameters, **fields}
 
 
 def sample(engine, point: Point):
@@ -368,10 +343,9 @@ def measure(point: Point, log=print) -> PointResult:
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     start = time.perf_counter()
-    rollout = sample(engine, point)
-    layout = probe.Layout.from_rollout(rollout)
-    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask,
-                                                                   layout.positions))}
+    layout = probe.Layout.from_rollout(sample(engine, point))
+    inputs = (layout.ids, layout.mask, layout.positions)
+    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, *inputs))}
     t_sample = time.perf_counter() - start
 
     settings = _settings(device, fp16=keep_master)
@@ -380,10 +354,9 @@ def measure(point: Point, log=print) -> PointResult:
 
     def step(setting: probe.Setting, train_model, engine_model) -> None:
         if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
-            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, layout.ids, layout.mask,
-                                                                        layout.positions))
+            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, *inputs))
         ref = refs[setting.dtype]
-        train = _logprobs_on_cpu(probe.train_forward(train_model, layout.ids, layout.mask, layout.positions))
+        train = _logprobs_on_cpu(probe.train_forward(train_model, *inputs))
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
@@ -400,23 +373,23 @@ def measure(point: Point, log=print) -> PointResult:
     if point.update:
         old = [p.clone() for p in model.parameters()]
         adam_like_update(master, point.update, point.seed)
-        model = compute_copy(master, like=model)
+        with torch.no_grad():  # the updated master into the same bf16 compute copy
+            for p, m in zip(model.parameters(), master.parameters()):
+                p.copy_(m)
         changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
         del old
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
-        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions))
+        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, *inputs))
         for row, setting in zip(rows, settings):
-            if setting.dtype != torch.bfloat16:  # persistence is measured on the BF16 pair only
-                row["persistence_corr"] = row["frac_error_unchanged"] = float("nan")
-                row["frac_bf16_weights_changed"] = changed
-                continue
-            train = _logprobs_on_cpu(probe.train_forward(model, layout.ids, layout.mask, layout.positions, setting))
-            after = (train.logprobs - ref2.logprobs)[layout.response].double()
-            before = errors[setting.name]
-            row["persistence_corr"] = float(np.corrcoef(before.numpy(), after.numpy())[0, 1]) \
-                if before.std() > 0 and after.std() > 0 else float("nan")
-            row["frac_error_unchanged"] = (before == after).double().mean().item()
-            row["frac_bf16_weights_changed"] = changed
+            corr = unchanged = float("nan")
+            if setting.dtype == torch.bfloat16:  # persistence is measured on the BF16 pair only
+                train = _logprobs_on_cpu(probe.train_forward(model, *inputs, setting))
+                after = (train.logprobs - ref2.logprobs)[layout.response].double()
+                before = errors[setting.name]
+                if before.std() > 0 and after.std() > 0:
+                    corr = float(np.corrcoef(before.numpy(), after.numpy())[0, 1])
+                unchanged = (before == after).double().mean().item()
+            row.update(persistence_corr=corr, frac_error_unchanged=unchanged, frac_bf16_weights_changed=changed)
 
     head = describe(point)
     out_rows = [{**head, **row} for row in rows]
@@ -437,7 +410,8 @@ def measure(point: Point, log=print) -> PointResult:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies run scaling", description="training-engine mismatch against depth, width, vocabulary, ...")
+    p = argparse.ArgumentParser(prog="python -m studies run scaling",
+                                description="training-engine mismatch against depth, width, vocabulary, ...")
     p.add_argument("--out", required=True, help="output dir: mismatch_scaling.csv, *_by_position.csv, ...")
     p.add_argument("--factors", default=",".join(FACTORS),
                    help=f"comma-separated, from {', '.join(FACTORS)}")
@@ -456,23 +430,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 KEY = ["factor", "value", "arch", "shape_name"]
+TABLES = ("mismatch_scaling", "mismatch_scaling_by_position", "mismatch_scaling_by_probability")
 
 
 def point_key(point: Point) -> tuple:
     return (point.factor, float(point.value), point.shape.arch, point.shape_name)
 
 
-def _existing(out: Path, append: bool) -> dict[str, pd.DataFrame]:
-    names = ("mismatch_scaling", "mismatch_scaling_by_position", "mismatch_scaling_by_probability")
-    if not append:
-        return {}
-    return {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
-            for n in names if (out / f"{n}.csv").exists()}
-
-
 def _choices(text: str, allowed: tuple[str, ...], flag: str) -> list[str]:
-    from rla.config import ConfigError
-
     items = [t.strip() for t in text.split(",") if t.strip()]
     bad = [t for t in items if t not in allowed]
     if bad or not items:
@@ -502,10 +467,6 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(1)  # one process per core
-    from rla.files import write_csv
-
-    from rla.config import ConfigError
-
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -513,15 +474,16 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
     points = plan(factors, archs, args.big, args.real, args.quick, args.seed, args.real_length)
     out = Path(args.out)
-    existing = _existing(out, args.append)
-    if "mismatch_scaling" in existing:
-        done = set(map(tuple, existing["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
+    kept = {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
+            for n in TABLES if args.append and (out / f"{n}.csv").exists()}
+    rows = []
+    if "mismatch_scaling" in kept:
+        done = set(map(tuple, kept["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
         skipped = [p for p in points if point_key(p) in done]
         points = [p for p in points if point_key(p) not in done]
         log(f"--append: {len(skipped)} point(s) already in {out}/mismatch_scaling.csv, {len(points)} to measure")
-    rows = existing["mismatch_scaling"].to_dict("records") if "mismatch_scaling" in existing else []
-    pos = [existing["mismatch_scaling_by_position"]] if "mismatch_scaling_by_position" in existing else []
-    prob = [existing["mismatch_scaling_by_probability"]] if "mismatch_scaling_by_probability" in existing else []
+        rows = kept["mismatch_scaling"].to_dict("records")
+    pos, prob = ([kept[n]] if n in kept else [] for n in TABLES[1:])
     start = time.perf_counter()
     try:
         for i, point in enumerate(points, 1):

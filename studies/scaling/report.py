@@ -1,16 +1,7 @@
-"""Figures and fits of the mismatch scaling study (`python -m studies run scaling`), from its CSV files only.
-
-- :func:`fit_exponents`: per arch, factor, setting and metric, the least-squares slope of
-  log(metric) against log(factor value) - the growth exponent ("metric ~ value^slope").
-- ``mismatch_scaling``: one column per factor (log-log), one row per metric, one colour per ablation
-  (the fixed palette), Qwen2 solid and Qwen3 dashed.
-- ``mismatch_where.csv`` (+ ``.md``): the error of each region alone (the training side with the other
-  two regions aligned), next to none and all, against position and against the engine's probability
-  of the token, signed and absolute, at the longest responses measured.
-- ``mismatch_scaling_shares.csv``: per point, each region's Shapley share of the stock mean
-  |Δ logprob| and k3, then the summation order's and what remains (:func:`point_shares`).
-
-Figures are byte-reproducible (no timestamps: PDF CreationDate off, PNG without dates).
+"""Fits, shares, figures and tables of the mismatch scaling study (`python -m studies run scaling`), from its
+CSV files only: growth exponents (:func:`fit_exponents`), Shapley shares per point (:func:`point_shares`), the
+log-log figure ``mismatch_scaling`` and where each region's error sits (:func:`where_table`). What they show:
+studies/scaling/page.md.
 
     python -m studies report scaling --tables results/studies/scaling/measure --out results/studies/scaling/report
 """
@@ -107,13 +98,13 @@ FIT_COLUMNS = ["arch", "factor", "setting", "metric", "exponent", "r2", "n_point
                "metric_low", "metric_high"]
 
 
-def fit_exponents(table: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
+def fit_exponents(table: pd.DataFrame) -> pd.DataFrame:
     """Slope of log(metric) on log(value) for every (arch, factor, setting, metric) with >= 3 positive
     points; `r2` says how well a power law describes the points."""
     rows = []
     ladder = table[table["factor"].isin(FACTORS)]
     for (arch, factor, setting), group in ladder.groupby(["arch", "factor", "setting"], sort=True):
-        for metric in metrics:
+        for metric in METRICS:
             g = group[(group[metric] > 0) & (group["value"] > 0)]
             if g["value"].nunique() < 3:
                 continue
@@ -128,67 +119,43 @@ def fit_exponents(table: pd.DataFrame, metrics=tuple(METRICS)) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=FIT_COLUMNS)
 
 
-def _legend(fig, archs, settings):
-    handles = [plt.Line2D([], [], color=ABLATION_COLORS[a], lw=2, label=a) for a in ABLATIONS if a in settings]
-    handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
-    fig.legend(handles=handles, loc="center right", frameon=False, title="ablation / arch")
-
-
-def _plain_minor_ticks(ax) -> None:
-    """Unlabelled minor ticks: labelled ones overlap on short log axes."""
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_locator(LogLocator(numticks=5))
-
-
-def _line_grid(table: pd.DataFrame, factors: list[str], metrics: dict[str, str],
-               lines: dict[str, tuple[str, str]], log2_factors, figsize: tuple[float, float]):
-    """One panel per metric (rows) x factor (columns), log-log; `lines`: label -> (setting, colour),
-    one line per arch and label (solid Qwen2, dashed Qwen3)."""
+def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """One column per factor (log-log), one row per metric, one colour per ablation; Qwen2 solid, Qwen3 dashed."""
+    factors = [f for f in FACTORS if f in set(table["factor"])]
+    if not factors:
+        raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
     archs = sorted(set(table["arch"]))
-    fig, axes = plt.subplots(len(metrics), len(factors), figsize=figsize, squeeze=False)
+    fig, axes = plt.subplots(len(METRICS), len(factors), figsize=(2.6 * len(factors) + 1.6, 2.2 * len(METRICS)),
+                             squeeze=False)
     for col, factor in enumerate(factors):
         data = table[table["factor"] == factor]
-        for row, (metric, label) in enumerate(metrics.items()):
+        for row, (metric, label) in enumerate(METRICS.items()):
             ax = axes[row, col]
             for arch in archs:
-                for setting, colour in lines.values():
+                for setting in ABLATIONS:
                     line = data[(data["arch"] == arch) & (data["setting"] == setting)].sort_values("value")
                     line = line[(line[metric] > 0) & (line["value"] > 0)]
                     if len(line):
                         ax.plot(line["value"], line[metric], ARCH_STYLE.get(arch, ":"), marker="o", ms=2.5,
-                                color=colour, lw=1.2)
-            ax.set_xscale("log", base=2 if factor in log2_factors else 10)
+                                color=ABLATION_COLORS[setting], lw=1.2)
+            ax.set_xscale("log", base=2 if factor in ("depth", "attention") else 10)
             ax.set_yscale("log")
-            _plain_minor_ticks(ax)
+            for axis in (ax.xaxis, ax.yaxis):  # unlabelled minor ticks: labelled ones overlap on short log axes
+                axis.set_minor_formatter(NullFormatter())
+            ax.yaxis.set_major_locator(LogLocator(numticks=5))
             if row == 0:
                 ax.set_title(factor)
-            if row == len(metrics) - 1:
+            if row == len(METRICS) - 1:
                 ax.set_xlabel(FACTORS[factor])
             if col == 0:
                 ax.set_ylabel(label)
-    return fig, archs
-
-
-def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    factors = [f for f in FACTORS if f in set(table["factor"])]
-    if not factors:
-        raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
-    lines = {a: (a, ABLATION_COLORS[a]) for a in ABLATIONS}
-    fig, archs = _line_grid(table, factors, METRICS, lines, ("depth", "attention"),
-                            (2.6 * len(factors) + 1.6, 2.2 * len(METRICS)))
     fig.subplots_adjust(left=0.07, right=1 - 1.5 / fig.get_figwidth(), top=0.95, bottom=0.08, wspace=0.35,
                         hspace=0.3)
-    _legend(fig, archs, set(table["setting"]))
+    settings = set(table["setting"])
+    handles = [plt.Line2D([], [], color=ABLATION_COLORS[a], lw=2, label=a) for a in ABLATIONS if a in settings]
+    handles += [plt.Line2D([], [], color="0.3", ls=ARCH_STYLE.get(a, ":"), label=a) for a in archs]
+    fig.legend(handles=handles, loc="center right", frameon=False, title="ablation / arch")
     return figures.save_figure(fig, out_dir, "mismatch_scaling")
-
-
-def _region_lines() -> dict[str, tuple[str, str]]:
-    """label -> (setting, colour): none, each region alone, all."""
-    lines = {"none": ("none", ABLATION_COLORS["none"])}
-    lines.update({f"{r} alone": (s, ABLATION_COLORS[r]) for r, s in ALONE.items()})
-    lines["all"] = ("all", ABLATION_COLORS["all"])
-    return lines
 
 
 def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict) -> pd.DataFrame:
@@ -196,11 +163,12 @@ def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: 
     over the position bins), first and last bin, and its size on unlikely vs likely tokens."""
     pos, prob = _at(by_position, point), _at(by_probability, point)
     rows = []
-    for name, (setting, _) in _region_lines().items():
+    for name, setting in {"none": "none", **{f"{r} alone": s for r, s in ALONE.items()}, "all": "all"}.items():
         g = pos[pos["setting"] == setting].sort_values("position_low")
         mid = (g["position_low"] + g["position_high"] + 1) / 2
         keep = g["mean_abs_dlogprob"] > 0
-        slope = np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3 else np.nan
+        slope = (np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3
+                 else np.nan)
         pr = prob[prob["setting"] == setting]
         unlikely, likely = pr[pr["p_high"] <= 0.1], pr[pr["p_low"] >= 0.9]
         rows.append({"error_of": name, "setting": setting, "position_slope": slope,
@@ -219,14 +187,12 @@ def _weighted(frame: pd.DataFrame) -> float:
 
 
 def _at(frame: pd.DataFrame, point: dict) -> pd.DataFrame:
-    keep = np.ones(len(frame), dtype=bool)
-    for key, value in point.items():
-        keep &= frame[key].to_numpy() == value
-    return frame[keep]
+    return frame[(frame[list(point)] == pd.Series(point)).all(axis=1)]
 
 
-def fits_markdown(fits: pd.DataFrame, metrics=("mean_abs_dlogprob", "k3_kl", "seq_logratio_var")) -> str:
-    """Exponents of none and all per factor and arch, one column per metric."""
+def fits_markdown(fits: pd.DataFrame) -> str:
+    """Exponents of none, rope and all per factor and arch, one column per metric."""
+    metrics = ("mean_abs_dlogprob", "k3_kl", "seq_logratio_var")
     keep = fits[fits["setting"].isin(["none", "rope", "all"]) & fits["metric"].isin(metrics)]
     if keep.empty:
         return "No factor has 3 or more points with a positive metric: nothing to fit.\n"
@@ -263,7 +229,8 @@ def run(tables: Path, out: Path) -> list[Path]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies report scaling", description="fits, figures and tables of the mismatch scaling study (its CSVs)")
+    p = argparse.ArgumentParser(prog="python -m studies report scaling",
+                                description="fits, figures and tables of the mismatch scaling study (its CSVs)")
     p.add_argument("--tables", required=True, help="dir with mismatch_scaling.csv (+ _by_position, _by_probability), "
                    "e.g. results/scaling")
     p.add_argument("--out", required=True, help="output dir, e.g. results/studies/scaling/report")
