@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import torch
 
+from patches.fused import compiled
 from patches.targets import DEFAULT_TARGET, TARGETS, Target
 
 REDUCTIONS = ("eager", "inductor_cpu", "vllm_cpu_graph")
@@ -130,11 +131,7 @@ def uses_fused(device: torch.device) -> bool:
 
 def kernel(fn: Callable, like: torch.Tensor) -> Callable:
     """`fn` itself, or its compiled version when the fused implementation is selected for `like`'s device."""
-    if not uses_fused(like.device):
-        return fn
-    from patches import fused  # imported on first use: compiling needs Inductor, eager does not
-
-    return fused.compiled(fn)
+    return compiled(fn) if uses_fused(like.device) else fn
 
 
 def sums_by_inductor() -> bool:
@@ -159,9 +156,7 @@ def inductor_sums(fn: Callable, *args):
     """`fn(*args)` compiled on its own, where `fn` computes sums from a region's bf16 inputs with the
     region's own expression: Inductor then tiles and orders them as inside the region's kernel (the
     tiling follows the inputs' dtypes, so the inputs must be the kernel's, not fp32 copies)."""
-    from patches import fused
-
-    return fused.compiled(fn)(*args)
+    return compiled(fn)(*args)
 
 
 def rows_total(x: torch.Tensor) -> torch.Tensor:

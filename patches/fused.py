@@ -66,15 +66,3 @@ def compiled(fn: Callable) -> Callable:
         _compiled[fn] = run
     return _compiled[fn]
 
-
-def region_functions() -> dict[str, tuple[Callable, Callable]]:
-    """(forward, backward) of every region, by name: what the fused implementation compiles."""
-    from patches import rmsnorm, rope, swiglu
-
-    return {
-        "rope": (rope.rope_forward, rope.rope_backward),
-        "qk_norm_rope": (rope.norm_rope_forward, rope.norm_rope_backward),
-        "swiglu": (swiglu.swiglu_forward, swiglu.swiglu_backward),
-        "rmsnorm": (rmsnorm.rms_norm_forward, rmsnorm.rms_norm_backward),
-        "add_rmsnorm": (rmsnorm.add_rms_norm_forward, rmsnorm.add_rms_norm_backward),
-    }
