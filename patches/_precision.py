@@ -159,6 +159,23 @@ def inductor_sums(fn: Callable, *args):
     return compiled(fn)(*args)
 
 
-def rows_total(x: torch.Tensor) -> torch.Tensor:
-    """Sum over every dim but the last: a weight's gradient over all tokens (and heads)."""
-    return x.reshape(-1, x.shape[-1]).sum(0)
+def mean_square(s: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm's variance: the row mean of s^2."""
+    return s.pow(2).mean(dim=-1, keepdim=True)
+
+
+def norm_sums(g: torch.Tensor, w: torch.Tensor, x_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An RMSNorm backward's sums: the row mean of g_hat * x_hat (g_hat = g * w), and the weight gradient,
+    g * x_hat summed over every dim but the last (all tokens and heads)."""
+    mean = ((g * w) * x_hat).mean(dim=-1, keepdim=True)
+    per_feature = g * x_hat
+    return mean, per_feature.reshape(-1, per_feature.shape[-1]).sum(0)
+
+
+def norm_backward(g: torch.Tensor, w: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor,
+                  sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """An RMSNorm's (input gradient, weight gradient) in the compute dtype, from the upstream gradient `g`,
+    the weight `w` and the normalized input `x_hat`; `sums`: `norm_sums` summed in Inductor's order
+    (`inductor_sums`), or None for torch's."""
+    mean, d_weight = norm_sums(g, w, x_hat) if sums is None else sums
+    return rstd * ((g * w) - x_hat * mean), d_weight

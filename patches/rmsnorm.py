@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from patches import stream
-from patches._precision import (check_kernel_roundings, inductor_sums, kernel, round_if, rows_total, stored,
-                                sums_by_inductor, wide)
+from patches._precision import (check_kernel_roundings, inductor_sums, kernel, mean_square, norm_backward, norm_sums,
+                                round_if, stored, sums_by_inductor, wide)
 
 
 def _stream(x: Tensor, residual: Tensor | None, sum_to: torch.dtype | None = None) -> Tensor:
@@ -33,22 +33,13 @@ def _stream(x: Tensor, residual: Tensor | None, sum_to: torch.dtype | None = Non
     return wide(x) if residual is None else round_if(wide(x) + wide(residual), sum_to)
 
 
-def _mean_square(s: Tensor) -> Tensor:
-    return s.pow(2).mean(dim=-1, keepdim=True)
-
-
-def _sums(g: Tensor, w: Tensor, x_hat: Tensor) -> tuple[Tensor, Tensor]:
-    """The backward's sums: row mean of g_hat * x_hat (g_hat = g * w) and the weight gradient."""
-    return ((g * w) * x_hat).mean(dim=-1, keepdim=True), rows_total(g * x_hat)
-
-
 # The same sums from the kernel's own inputs (reduction="inductor_cpu" compiles these on their own).
 def _variance(x: Tensor, residual: Tensor | None) -> Tensor:
-    return _mean_square(_stream(x, residual))
+    return mean_square(_stream(x, residual))
 
 
 def _backward_sums(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None):
-    return _sums(wide(g_out), wide(weight), _stream(x, residual) * rstd)
+    return norm_sums(wide(g_out), wide(weight), _stream(x, residual) * rstd)
 
 
 def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
@@ -56,19 +47,16 @@ def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
     """((s * rstd) * w, s, rstd); `normalized_to`/`sum_to`: where the table stores `rmsnorm.normalized`
     and `residual.post_attention`, the dtype they are rounded to (the rounding only: eager code's)."""
     s = _stream(x, residual, sum_to)
-    variance = inductor_sums(_variance, x, residual) if sums_by_inductor() else _mean_square(s)
+    variance = inductor_sums(_variance, x, residual) if sums_by_inductor() else mean_square(s)
     rstd = torch.rsqrt(variance + eps)
     return round_if(s * rstd, normalized_to) * wide(weight), s, rstd
 
 
 def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None,
                         sum_to: torch.dtype | None = None):
-    g, w, x_hat = wide(g_out), wide(weight), _stream(x, residual, sum_to) * rstd
-    if sums_by_inductor():
-        mean, d_weight = inductor_sums(_backward_sums, g_out, weight, rstd, x, residual)
-    else:
-        mean, d_weight = _sums(g, w, x_hat)
-    return rstd * ((g * w) - x_hat * mean), d_weight.to(weight.dtype)
+    sums = inductor_sums(_backward_sums, g_out, weight, rstd, x, residual) if sums_by_inductor() else None
+    d_x, d_weight = norm_backward(wide(g_out), wide(weight), _stream(x, residual, sum_to) * rstd, rstd, sums)
+    return d_x, d_weight.to(weight.dtype)
 
 
 def rms_norm_forward(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype,
