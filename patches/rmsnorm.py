@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from patches import stream
+from patches import _precision, stream
 from patches._precision import (check_kernel_roundings, inductor_sums, kernel, mean_square, norm_backward, norm_sums,
                                 round_if, stored, sums_by_inductor, wide)
 
@@ -140,20 +140,23 @@ def norm_forward(self, hidden_states: Tensor) -> Tensor:
     FP32; plain inputs stay stock, which keeps Qwen3's q_norm/k_norm (the RoPE region's) untouched."""
     width = self.weight.shape[-1]
     if stream.is_packed(hidden_states, width):
-        s = stream.unpack(hidden_states, width)
-        if (added := _graph_addends(hidden_states, s)) is not None:
-            return add_rms_norm(*added, self.weight, self.variance_epsilon, hidden_states.dtype)[0]
-        s = _norm_input(s, hidden_states.dtype)
-        return rms_norm(s, self.weight, self.variance_epsilon, hidden_states.dtype)
+        return _stream_norm(self, hidden_states, stream.unpack(hidden_states, width))
     return type(self)._rla_stock_forward(self, hidden_states)
+
+
+def _stream_norm(norm, hidden_states: Tensor, s: Tensor) -> Tensor:
+    """`norm` of the stream `s` that `hidden_states` carries (packed, or the embeddings), as the engine's
+    norm reads it: from its two addends (`_graph_addends`), else from `s` itself (`_norm_input`)."""
+    dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
+    if (added := _graph_addends(hidden_states, s)) is not None:
+        return add_rms_norm(*added, norm.weight, norm.variance_epsilon, dtype)[0]
+    return rms_norm(_norm_input(s, dtype), norm.weight, norm.variance_epsilon, dtype)
 
 
 def _graph_addends(packed: Tensor, s: Tensor) -> tuple[Tensor, Tensor] | None:
     """With reduction="vllm_cpu_graph", the (previous layer's output, stream before it) a norm sums from,
     as the engine's add + norm kernel does; None where the norm reads the stream itself (another order,
     a first layer, a table that rounds the stream the norm reads, addends outside autograd)."""
-    from patches import _precision
-
     if not _precision.sums_as_the_graph() or _norm_input(s, packed.dtype) is not s:
         return None
     added = stream.parts(packed)
@@ -170,16 +173,9 @@ def _norm_input(s: Tensor, dtype: torch.dtype) -> Tensor:
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                           use_cache=False, position_embeddings=None, **kwargs):
     """Qwen2/Qwen3 DecoderLayer.forward on the FP32 residual stream, rounded where the target rounds."""
-    from patches import _precision
-
-    width = self.input_layernorm.weight.shape[-1]
     dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
-    s = stream.unpack(hidden_states, width)
-    norm = self.input_layernorm
-    if (added := _graph_addends(hidden_states, s)) is not None:
-        h = add_rms_norm(*added, norm.weight, norm.variance_epsilon, dtype)[0]
-    else:
-        h = rms_norm(_norm_input(s, dtype), norm.weight, norm.variance_epsilon, dtype)
+    s = stream.unpack(hidden_states, self.input_layernorm.weight.shape[-1])
+    h = _stream_norm(self.input_layernorm, hidden_states, s)
     residual = s.to(dtype) if _precision.target().rounds_layer_output else s  # residual.layer_output
     if past_key_values is not None:  # the KV cache by the release's name (`cache` from 5.24: then in kwargs)
         kwargs[self._rla_cache_arg] = past_key_values
