@@ -236,9 +236,9 @@ def check_rope(module) -> None:
 
     params = getattr(module.config, "rope_parameters", None) or {}
     if module.rope_type not in ENGINE_ROPES or "mrope_section" in params:
-        what = "with mrope_section" if module.rope_type in ENGINE_ROPES else ""
+        what = " with mrope_section" if module.rope_type in ENGINE_ROPES else ""
         raise UnsupportedModelError(
-            f"{type(module).__name__}: rope_type {module.rope_type!r}{' ' + what if what else ''} is not covered by "
+            f"{type(module).__name__}: rope_type {module.rope_type!r}{what} is not covered by "
             f"the aligned RoPE (it implements vLLM's tables for {', '.join(ENGINE_ROPES)}); leave the rope region "
             "off for this model")
 
