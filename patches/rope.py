@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from patches._precision import (check_kernel_roundings, inductor_sums, kernel, round_if, rows_total, stored,
-                                sums_by_inductor, wide)
+from patches._precision import (check_kernel_roundings, inductor_sums, kernel, mean_square, norm_backward, norm_sums,
+                                round_if, stored, sums_by_inductor, wide)
 
 
 def _halves(x: Tensor, cos: Tensor, sin: Tensor):
@@ -59,18 +59,13 @@ def rope_backward(grad: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return _rotate_backward(wide(grad), wide(cos), wide(sin)).to(grad.dtype)
 
 
-def _norm_sums(g_normed: Tensor, w: Tensor, x_hat: Tensor) -> tuple[Tensor, Tensor]:
-    """The backward's sums: row mean of g_hat * x_hat (g_hat = g_normed * w) and the weight gradient."""
-    return ((g_normed * w) * x_hat).mean(dim=-1, keepdim=True), rows_total(g_normed * x_hat)
-
-
 # The same sums from the kernel's bf16 inputs (reduction="inductor_cpu" compiles these on their own).
 def _variance(x: Tensor) -> Tensor:
-    return wide(x).pow(2).mean(dim=-1, keepdim=True)
+    return mean_square(wide(x))
 
 
 def _backward_sums(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, rstd: Tensor):
-    return _norm_sums(_rotate_backward(wide(grad), wide(cos), wide(sin)), wide(weight), wide(x) * rstd)
+    return norm_sums(_rotate_backward(wide(grad), wide(cos), wide(sin)), wide(weight), wide(x) * rstd)
 
 
 def norm_rope_forward(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float,
@@ -78,19 +73,16 @@ def norm_rope_forward(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: 
     """`stores`: whether the table stores qk_norm.normalized, qk_norm.out and rope.product."""
     normalized, out, products = (x.dtype if s else None for s in stores)
     xf = wide(x)
-    variance = inductor_sums(_variance, x) if sums_by_inductor() else xf.pow(2).mean(dim=-1, keepdim=True)
+    variance = inductor_sums(_variance, x) if sums_by_inductor() else mean_square(xf)
     rstd = torch.rsqrt(variance + eps)
     normed = round_if(round_if(xf * rstd, normalized) * wide(weight), out)
     return _rotate(normed, wide(cos), wide(sin), products).to(x.dtype), rstd
 
 
 def norm_rope_backward(grad: Tensor, x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, rstd: Tensor):
-    g_normed, w, x_hat = _rotate_backward(wide(grad), wide(cos), wide(sin)), wide(weight), wide(x) * rstd
-    if sums_by_inductor():
-        mean, dw = inductor_sums(_backward_sums, grad, x, weight, cos, sin, rstd)
-    else:
-        mean, dw = _norm_sums(g_normed, w, x_hat)
-    dx = rstd * ((g_normed * w) - x_hat * mean)
+    sums = inductor_sums(_backward_sums, grad, x, weight, cos, sin, rstd) if sums_by_inductor() else None
+    g_normed = _rotate_backward(wide(grad), wide(cos), wide(sin))
+    dx, dw = norm_backward(g_normed, wide(weight), wide(x) * rstd, rstd, sums)
     return dx.to(x.dtype), dw.to(weight.dtype)  # dw: the broadcast weight's gradient, (head_dim,)
 
 
@@ -244,9 +236,9 @@ def check_rope(module) -> None:
 
     params = getattr(module.config, "rope_parameters", None) or {}
     if module.rope_type not in ENGINE_ROPES or "mrope_section" in params:
-        what = "with mrope_section" if module.rope_type in ENGINE_ROPES else ""
+        what = " with mrope_section" if module.rope_type in ENGINE_ROPES else ""
         raise UnsupportedModelError(
-            f"{type(module).__name__}: rope_type {module.rope_type!r}{' ' + what if what else ''} is not covered by "
+            f"{type(module).__name__}: rope_type {module.rope_type!r}{what} is not covered by "
             f"the aligned RoPE (it implements vLLM's tables for {', '.join(ENGINE_ROPES)}); leave the rope region "
             "off for this model")
 

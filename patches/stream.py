@@ -1,18 +1,13 @@
-"""The residual stream between aligned decoder layers: an FP32 tensor carried in BF16 clothing.
+"""The residual stream between aligned decoder layers: an FP32 tensor carried in BF16 clothing
+(docs/patches.md: "How the residual stream travels").
 
-With the rmsnorm region, a layer's output is the FP32 sum `residual + mlp_out` (never rounded on
-either target; `vllm` rounds it when the next layer reads it as its residual, `vllm-cpu` never).
-FSDP2's `MixedPrecisionPolicy(cast_forward_inputs=True)`, which verl uses, casts every floating
-input of a wrapped decoder layer to BF16, and would round it. So the FP32 tensor travels *bit-cast*:
-`pack` views its bytes as a BF16 tensor of twice the width (no copy, no arithmetic; the same bytes
-as one FP32 tensor), which a BF16 cast leaves untouched, and `unpack` views them back.
-
-Autograd: gradients flow through the packed tensor itself (`Unpack`'s backward bit-casts the FP32
-gradient the same way), so hooks on a layer's output - FSDP's pre-backward all-gather, checkpointing -
-see them. Every reader of one packed tensor gets the same unpacked view (`_rla_unpacked`), so the
-gradients of several readers (the next layer, a caller's `output_hidden_states`) add up in FP32
-before the one bit-cast; two bit-cast gradients added by autograd as BF16 would be garbage in the low
-bits. A packed tensor is never used in arithmetic: its BF16 values are meaningless.
+FSDP2's `cast_forward_inputs=True` would round an FP32 layer output to BF16, so `pack` views its bytes
+as a BF16 tensor of twice the width (no copy, no arithmetic), which a BF16 cast leaves untouched, and
+`unpack` views them back. Gradients flow through the packed tensor itself (hooks on a layer's output
+see them). Every reader of one packed tensor gets the same unpacked view (`_rla_unpacked`), so the
+gradients of several readers add up in FP32 before the one bit-cast: two bit-cast gradients added by
+autograd as BF16 would be garbage in the low bits. A packed tensor is never used in arithmetic: its
+BF16 values are meaningless.
 """
 
 from __future__ import annotations

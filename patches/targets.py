@@ -1,24 +1,11 @@
-"""Alignment targets: which engine build the training side rounds like, and where that build stores BF16.
+"""Alignment targets: which engine build the training side rounds like, and where that build stores BF16
+(docs/patches.md: "Targets").
 
-Inductor computes a fused chain in FP32 and rounds where it stores a buffer; it drops a BF16 downcast
-whose value is only upcast again (`torch._inductor.config.emulate_precision_casts` is off by default,
-and vLLM does not set it; with it on, `target="auto"` reads the table that results). So where vLLM
-rounds follows from where its compiled graph stores values, and that follows from how vLLM cuts the
-model into graphs:
-
-- `vllm`: vLLM's default path on a GPU (compilation mode VLLM_COMPILE). The model is split into
-  pieces at the attention ops (`CompilationConfig.splitting_ops`: the attention and
-  `vllm::unified_kv_cache_update`); a piece runs from one layer's o_proj through add + norm, the
-  MLP, add + norm of the next layer, its qkv GEMM and RoPE. Piece outputs keep their graph dtype:
-  the residual leaves each piece as BF16, once per layer (after the MLP add); the post-attention
-  sum stays inside the piece and is never rounded.
-- `vllm-cpu`: vLLM's CPU build (`vllm/platforms/cpu.py`: mode DYNAMO_TRACE_ONCE, one graph for the
-  whole model, attention an opaque op inside it). No piece boundary: the residual is never
-  rounded; Inductor re-sums it in FP32 or stores it as FP32.
-
-Everything else rounds the same on both: each value below is stored (rounded) or stays in FP32 inside
-a fused kernel. `python -m studies run roundmap` reads these off the compiled graphs, and the tests check
-that the table equals what vLLM's own graph stores.
+Inductor computes a fused chain in FP32 and rounds where it stores a buffer, so where vLLM rounds
+follows from how it cuts the model into graphs: `vllm` (its default GPU path, pieces split at the
+attention ops) stores the residual once per layer as a piece output; `vllm-cpu` (its CPU build, one graph
+for the whole model) never rounds it. Everything else rounds the same on both. `python -m studies run
+roundmap` reads these tables off the compiled graphs, and the tests check them against vLLM's own graph.
 
 A Target is its table: the regions read `stores`, never the name, so a new engine's table needs no new
 code (`check` refuses one the regions cannot compute, naming the value).

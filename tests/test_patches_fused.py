@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import patches
-from patches import _precision, fused, rope
+from patches import _precision, fused, rmsnorm, rope, swiglu
 from tests.model_factory import tiny_model, to_bf16_fsdp_style
 from tests.numerics import max_ulp
 from tests.test_patches_backward import CASES, saved_bytes
@@ -58,8 +58,18 @@ def share_differing(a, b):
 ORDER_OF_ITS_OWN = ("add_rmsnorm",)
 
 
+# (forward, backward) of every region, by name: what the fused implementation compiles
+REGION_FUNCTIONS = {
+    "rope": (rope.rope_forward, rope.rope_backward),
+    "qk_norm_rope": (rope.norm_rope_forward, rope.norm_rope_backward),
+    "swiglu": (swiglu.swiglu_forward, swiglu.swiglu_backward),
+    "rmsnorm": (rmsnorm.rms_norm_forward, rmsnorm.rms_norm_backward),
+    "add_rmsnorm": (rmsnorm.add_rms_norm_forward, rmsnorm.add_rms_norm_backward),
+}
+
+
 def compiled_runs(region) -> int:
-    forward, backward = fused.region_functions()[region]
+    forward, backward = REGION_FUNCTIONS[region]
     return fused.RUNS[forward.__name__] + fused.RUNS[backward.__name__]
 
 
@@ -69,7 +79,7 @@ def test_fused_equals_eager_bitwise(region, size):
     before = compiled_runs(region)
     eager_outs, eager_grads = with_impl("eager", "inductor_cpu", run, aligned, inputs, upstream)
     assert compiled_runs(region) == before  # eager ran no compiled region code
-    forward, backward = fused.region_functions()[region]
+    forward, backward = REGION_FUNCTIONS[region]
     runs_before = fused.RUNS[forward.__name__], fused.RUNS[backward.__name__]
     fused_outs, fused_grads = with_impl("fused", "inductor_cpu", run, aligned, inputs, upstream)
     # the forward and the backward each ran compiled, once (RUNS counts calls of the compiled graphs)
