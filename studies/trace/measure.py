@@ -171,21 +171,19 @@ def training_side(model, calls: list, sequences: list[dict], spec: str, reductio
 def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -> dict:
     """`got` (each sequence's values) against the engine's decode `ref`, over the decode's positions."""
     layers = ref[0]["decode"]["q"].shape[0]
-    equal = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
-    count = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
-    diff2 = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
-    ref2 = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
+    # per value and layer: elements equal, elements, squared difference, squared reference
+    equal, count, diff2, ref2 = (torch.zeros(len(VALUES), layers, dtype=torch.float64) for _ in range(4))
     positions_differing, positions, first = torch.zeros(layers, dtype=torch.float64), 0, []
     for values, s in zip(got, ref):
         rows = s["decode"]["q"].shape[1]
         differs = torch.zeros(layers, rows, dtype=torch.bool)
-        for n in VALUES:
+        for j, n in enumerate(VALUES):
             a, b = values[n][:, :rows].double(), s["decode"][n].double()
             ne = (a != b).flatten(2)
-            equal[n] += (~ne).double().sum((1, 2))
-            count[n] += ne[0].numel()
-            diff2[n] += (a - b).pow(2).flatten(1).sum(1)
-            ref2[n] += b.pow(2).flatten(1).sum(1)
+            equal[j] += (~ne).double().sum((1, 2))
+            count[j] += ne[0].numel()
+            diff2[j] += (a - b).pow(2).flatten(1).sum(1)
+            ref2[j] += b.pow(2).flatten(1).sum(1)
             differs |= ne.any(2)
         positions_differing += differs.double().sum(1)
         positions += rows
@@ -200,10 +198,10 @@ def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -
         [x for s in ref for x in s["decode_logprobs"]], dtype=torch.float64)
     return {"k3": float((torch.exp(d) - 1 - d).mean()), "bit_equal": float((d == 0).double().mean()),
             "mean_abs": float(d.abs().mean()), "first": first,
-            "layers": [{"layer": i, "value": n, "bit_equal": float(equal[n][i] / count[n][i]),
-                        "rel_l2": float((diff2[n][i] / ref2[n][i]).sqrt()),
+            "layers": [{"layer": i, "value": n, "bit_equal": float(equal[j, i] / count[j, i]),
+                        "rel_l2": float((diff2[j, i] / ref2[j, i]).sqrt()),
                         "positions_differing": float(positions_differing[i] / positions)}
-                       for i in range(layers) for n in VALUES]}
+                       for i in range(layers) for j, n in enumerate(VALUES)]}
 
 
 def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, settings: list[str], log) -> dict:
