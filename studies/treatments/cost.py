@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import random
 import shlex
@@ -47,11 +48,7 @@ def peak_bytes(run) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    level = peak = 0
-    for _, nbytes in events:
-        level += nbytes
-        peak = max(peak, level)
-    return peak
+    return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
 def rl_batch(cfg: dict, model_dir: Path, data_dir: Path, rl: dict):
