@@ -27,10 +27,9 @@ VAL = "val/score/mean"
 def per_run(runs) -> pd.DataFrame:
     rows = []
     for run in runs:
-        val = run.wide[VAL].dropna() if VAL in run.wide else pd.Series(dtype=float)
-        rejected = run.wide[REJECTED].dropna() if REJECTED in run.wide else pd.Series(dtype=float)
+        val = run.wide.get(VAL, pd.Series(dtype=float)).dropna()
         rows.append({"model": run.model, "ablation": run.ablation, "seed": run.seed, "steps": run.steps,
-                     "rejected_frac": rejected.mean() if len(rejected) else math.nan,
+                     "rejected_frac": run.wide.get(REJECTED, pd.Series(dtype=float)).dropna().mean(),  # NaN: none
                      "val_first": val.iloc[0] if len(val) else math.nan,
                      "val_last": val.iloc[-1] if len(val) else math.nan})
     frame = pd.DataFrame(rows)
