@@ -207,16 +207,12 @@ def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> li
     return [out_dir / "treatments.csv", out_dir / "treatments.md"] + plot(frame, out_dir)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies report treatments", description="the fixes side by side: mismatch, cost, stability")
     p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
     p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     written = run(args.tables, args.bench, args.out)
     log.info("wrote %s", ", ".join(str(p) for p in written))
     return 0
