@@ -156,7 +156,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if (header := alignment.start("depth", argv)) is None:
         return 2
-    log = print
     results = {**header, "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
                "engine_attention_isa": attention_isa(), "shapes": {}}
@@ -187,10 +186,11 @@ def main(argv: list[str] | None = None) -> int:
                 sets = resumed.setdefault("commits", {}).setdefault(resumed["points"][name][k], [])
                 sets += [k] if k not in sets else []
         if not missing:
-            log(f"[{i + 1}/{len(points)}] {name}: measured already ({path if not taken else args.resume_from})")
+            print(f"[{i + 1}/{len(points)}] {name}: measured already ({path if not taken else args.resume_from})")
             results["shapes"][name] = merged(entries, args.kernels)
             continue
-        log(f"[{i + 1}/{len(points)}] {name}" + (f": {' '.join(missing)} (the rest measured already)" if entries else ""))
+        print(f"[{i + 1}/{len(points)}] {name}"
+              + (f": {' '.join(missing)} (the rest measured already)" if entries else ""))
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
             alignment.make_checkpoint({**spec, "num_hidden_layers": full_depth or spec["num_hidden_layers"]}, full,
                                       seed=seed)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             # its sets scored again, which must give its rows back to the bit.
             check = [next(iter(e["sequences"])) for e in entries if "samples_sha256" not in e["vllm"]]
             new = measure_point(alignment.kept_checkpoint(rung if full_depth else full), spec, prompts, seed,
-                                list(dict.fromkeys(missing + check)), log)
+                                list(dict.fromkeys(missing + check)), print)
         for e in entries:
             known = e["vllm"].get("samples_sha256")
             if (known and known != new["vllm"]["samples_sha256"]) or (
@@ -215,5 +215,5 @@ def main(argv: list[str] | None = None) -> int:
                                                          "entry": merged(here, everything)}))
         path.with_suffix(".part").replace(path)  # whole or absent, never half written
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
-    log(f"wrote {out}")
+    print(f"wrote {out}")
     return 0
