@@ -1,13 +1,9 @@
 """Publishing a study: copy what its target made into the study's tracked folder, beside a
-provenance.json that says how it was made.
+provenance.json that says how it was made (what it holds: docs/running.md, "The studies").
 
-provenance.json holds: the command (the Snakemake target), the commit of the code (and whether the
-checkout had uncommitted changes), the machine that ran the measurement (written by the measuring
-process itself, once it ran: `python -m studies run NAME --machine FILE`, or `python -m studies machine`
-on the node of a job that runs no study step), the versions of torch / vLLM / transformers /
-verl there, each job's wall time (Snakemake's benchmark files), the engine and the training side's
-attention, and the files published. Torch-free: a study can be published where its tables were
-copied to (the machine is the measuring one, read from its file).
+The machine recorded is the measuring one, written by the measuring process itself once it ran
+(`python -m studies run NAME --machine FILE`, or `python -m studies machine` on the node of a job that
+runs no study step). Torch-free: a study can be published where its tables were copied to.
 """
 
 from __future__ import annotations
