@@ -128,16 +128,13 @@ def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
         peaks[ablation] = peak_bytes(lambda: trainers[ablation].update(batches[ablation]))
     patches.remove()
 
-    def ratios(ablation: str, what: str) -> list[float]:
-        return [t / s for t, s in zip(times[ablation][what], times["none"][what])]
-
     out = {"responses": int(stock_batch.responses.shape[0]), "response_tokens": int(stock_batch.response_mask.sum()),
            "ablations": {}}
     for ablation in ablations:
         row = {"first_update_s": round(first[ablation], 4), "update_peak_bytes": peaks[ablation],
                "update_peak_vs_none": round(peaks[ablation] / peaks["none"], 4)}
         for what in ("update", "log_prob"):
-            r = ratios(ablation, what)
+            r = [t / s for t, s in zip(times[ablation][what], times["none"][what])]  # to stock's in the same round
             row[f"{what}_s_median"] = round(statistics.median(times[ablation][what]), 5)
             row[f"{what}_vs_none_median"] = round(statistics.median(r), 4)
             row[f"{what}_vs_none_range"] = [round(min(r), 4), round(max(r), 4)]
