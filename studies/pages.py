@@ -168,7 +168,7 @@ class Record:
         if isinstance(self.data, dict) and key not in self.data:
             raise KeyError(f"{self.source} has no {key!r}; it has {list(self.data)[:20]}")
         value, source = self.data[key], f"{self.source}[{key!r}]"
-        if isinstance(value, bool) or value is None or isinstance(value, str):
+        if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, (int, float)):
             return Num(value, source)
@@ -351,8 +351,7 @@ class Page:
 def pages() -> dict[str, Page]:
     """Every rendered page: the README, the results index, each study's page."""
     found = [Page("README.md", "docs/templates/README.md"), Page("docs/results.md", "docs/templates/results.md")]
-    found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES
-              if (ROOT / "studies" / name / "page.md").is_file()]
+    found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES]
     return {p.output: p for p in found if (ROOT / p.template).is_file()}
 
 
