@@ -51,7 +51,7 @@ def peak_bytes(run) -> int:
     return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
-def rl_batch(cfg: dict, model_dir: Path, data_dir: Path, rl: dict):
+def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
     """One batch as `rl_step` draws it, sampled by the stock BF16 engine; returns (batch, scores, groups)."""
     import numpy as np
     import torch
@@ -89,7 +89,7 @@ def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
 
     rl = rl_settings(cfg, "local", model)
     model_dir, data_dir = results / "models" / model, results / "data"
-    stock_batch, scores, groups = rl_batch(cfg, model_dir, data_dir, rl)
+    stock_batch, scores, groups = rl_batch(model_dir, data_dir, rl)
     trainers, batches, first = {}, {}, {}
     for ablation in ablations:
         trainer = Trainer(str(model_dir), rl, ablation)
