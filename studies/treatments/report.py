@@ -163,7 +163,7 @@ PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[Path]:
+def plot(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
     apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
@@ -189,7 +189,7 @@ def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[P
         ax.set_xticks(range(len(ablations)), ablations, rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=8)
     axes[0, -1].legend(fontsize=6, title="model", title_fontsize=6)
-    return figures.save_figure(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, "treatments")
 
 
 def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> list[Path]:
