@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from rla.files import write_text
+
 LADDER = (2, 4, 8, 16, 28)
 HIDDEN_256 = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 # the paper models' widths (their config.json), at 28 layers
@@ -211,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         results["shapes"][name] = merged(entries, args.kernels)
         here = [e for e in entries if e is not theirs]  # kept: what this file's runs measured, never the earlier's
         everything = list(dict.fromkeys(k for e in here for k in e["sequences"]))
-        path.with_suffix(".part").write_text(json.dumps({"made_by": {**made_by, "kernels": everything},
-                                                         "entry": merged(here, everything)}))
-        path.with_suffix(".part").replace(path)  # whole or absent, never half written
+        kept_point = {"made_by": {**made_by, "kernels": everything}, "entry": merged(here, everything)}
+        write_text(path, json.dumps(kept_point))  # whole or absent, never half written
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
     print(f"wrote {out}")
     return 0

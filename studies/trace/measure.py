@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if (header := start("trace", argv)) is None:
         return 2
-    from rla.files import atomic_path
+    from rla.files import write_text
     from studies.depth.measure import HIDDEN_256, VERSIONS  # a point measured with other versions is measured again
 
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
@@ -299,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                      **measure_point(kept_checkpoint(model_dir), args.prompts, args.prompt_seed + seed, batch,
                                      args.settings if training else [], print)}
         results["points"][name] = entry
-        with atomic_path(path) as part:  # whole or absent
-            part.write_text(json.dumps({"made_by": made_by, "entry": entry}))
+        write_text(path, json.dumps({"made_by": made_by, "entry": entry}))  # whole or absent
     out.write_text(json.dumps(results) + "\n")
     print(f"wrote {out}")
     return 0
