@@ -125,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         from rla.files import write_csv
 
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         write_csv(calibration_row(stability, cfg.patience, cfg.smooth_window), out / "calibration.csv")
         columns = ["alternative", *THRESHOLDS, "runs", "collapsed", "never_rose"]
         write_csv(pd.DataFrame(rows, columns=columns), out / "alternatives.csv")

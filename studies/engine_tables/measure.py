@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from rla.files import write_csv
 from rla.names import ENGINE_KEEPS_CASTS
 
 CONFIGS: dict[str, dict] = {
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
             engines.append(info)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "engine_tables.csv", index=False)
-    pd.DataFrame(engines).to_csv(out / "engines.csv", index=False)
+    write_csv(pd.DataFrame(rows), out / "engine_tables.csv")
+    write_csv(pd.DataFrame(engines), out / "engines.csv")
     print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
     return 0

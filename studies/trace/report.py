@@ -129,7 +129,6 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def run(result: str | Path, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     layers, firsts, points = frames(json.loads(Path(result).read_text()))
     table = layer_table(layers)
     tables = {"layers.csv": table, "first.csv": first_table(firsts), "summary.csv": summary_table(points)}

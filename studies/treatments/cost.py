@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from rla import files
 from rla.machine import describe
 
 CONFIGS = ("experiments/tiny.yaml", "experiments/treatments.yaml")
@@ -173,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
               "rounds": args.rounds, "warmup": WARMUP, "models": {}}
     for model in models:
         report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    out = files.write_text(args.out, json.dumps(report, indent=1) + "\n")
     log(f"wrote {out}")
     return 0
