@@ -83,14 +83,10 @@ def probe_mismatch(probe: pd.DataFrame) -> pd.DataFrame:
 def costs(bench: dict) -> pd.DataFrame:
     """model, ablation, update_time and update_peak (absolute: seconds, bytes) and their ratios to none
     as measured (the median over rounds of each round's ratio)."""
-    rows = []
-    for model, result in bench["models"].items():
-        for ablation, r in result["ablations"].items():
-            rows.append({"model": model, "ablation": ablation, "update_s": r["update_s_median"],
-                         "update_time_vs_none": r["update_vs_none_median"],
-                         "update_peak_bytes": r["update_peak_bytes"], "update_peak_vs_none": r["update_peak_vs_none"],
-                         "first_update_s": r["first_update_s"]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"model": model, "ablation": ablation, "update_s": r["update_s_median"],
+                          "update_time_vs_none": r["update_vs_none_median"], "update_peak_bytes": r["update_peak_bytes"],
+                          "update_peak_vs_none": r["update_peak_vs_none"], "first_update_s": r["first_update_s"]}
+                         for model, result in bench["models"].items() for ablation, r in result["ablations"].items()])
 
 
 def stability(table: pd.DataFrame) -> pd.DataFrame:
