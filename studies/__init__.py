@@ -5,10 +5,9 @@
     python -m studies report NAME [ARGS]    its tables, figures and verdicts, from the measurement's files
     snakemake --cores N NAME                the whole study through the DAG, published with its provenance
 
-What the docs quote is what a study's target published into `studies/NAME/published/` (a study whose
-numbers depend on the machine: into its subfolder for the machine's kind, e.g. `avx512-amx/`), beside a
-`provenance.json` (workflows/rules/studies.smk). Report and judge modules import no torch: they run on
-tables copied from another machine. Nothing outside this folder imports a study.
+A target publishes into `studies/NAME/published/` (docs/running.md, "The studies"). Report and judge
+modules import no torch: they run on tables copied from another machine. Nothing outside this folder
+imports a study.
 """
 
 from __future__ import annotations

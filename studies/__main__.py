@@ -30,8 +30,10 @@ def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None
         how = "its grid's Snakemake DAG" if kind == "measure" else "its grid's own tables and figures"
         raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
                           f"{how} (snakemake --cores N {entry.name})")
-    if kind == "measure" or machine_file:
-        _remember_isa_checks()
+    if kind == "measure" or machine_file:  # before this process's first compile or description of its machine
+        from localrl.inductor_isa_check import remember_isa_checks
+
+        remember_isa_checks()
     status = importlib.import_module(module).main(argv)
     if machine_file:  # described by the process that measured, after it ran: the ISA its Inductor used
         from rla import files
@@ -41,17 +43,11 @@ def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None
     return status
 
 
-def _remember_isa_checks() -> None:
-    """Before this process's first compile or description of its machine (Inductor's ISA checks)."""
-    from localrl.inductor_isa_check import remember_isa_checks
-
-    remember_isa_checks()
-
-
 def _machine(_args) -> int:
+    from localrl.inductor_isa_check import remember_isa_checks
     from studies.provenance import machine
 
-    _remember_isa_checks()
+    remember_isa_checks()
     print(json.dumps(machine(), indent=1))
     return 0
 

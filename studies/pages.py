@@ -1,13 +1,9 @@
-"""The docs' results pages, rendered from what the studies published.
+"""The docs' results pages, rendered from what the studies published (docs/running.md, "The results pages").
 
-A page is a Jinja2 template (a study's `studies/NAME/page.md`; the README and the results index in
-`docs/templates/`). A number reaches a page only through a placeholder that reads it from a committed
-table - a published file of a study, or an experiment config - and every number printed is recorded,
-with the table, row and column it came from (and any min / max / ratio taken on the way), in the
-page's ledger `docs/numbers/PAGE.csv`. A template's own text holds no number, in digits or in words
-("a third", "tenfold"): `typed_numbers()` finds any that is not a placeholder's, a code span's or an
-included table's, and names it. A claim in words that is no number ("bit for bit", "nothing is
-left") is beyond it: such a claim is a test's (named beside it) or the table's, read by a reviewer.
+A page is a Jinja2 template (`studies/NAME/page.md`; the README and the results index in `docs/templates/`)
+whose numbers come only from placeholders reading committed tables (Table, Record, config); each printed
+number goes with its source into the page's ledger `docs/numbers/PAGE.csv`. `typed_numbers()` names any
+number in a template's own text, in digits or in words ("a third", "tenfold").
 
     python -m studies pages            render every page and its ledger
     python -m studies pages --check    exit 1 naming each page that differs from its render
@@ -17,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import re
 from dataclasses import dataclass
@@ -43,22 +40,19 @@ class Num:
     value: float
     source: str
 
-    def _other(self, other) -> Num:
+    def _combined(self, other, sign: str, value) -> Num:
         if not isinstance(other, Num):
             raise TypeError(f"{other!r} is a number typed into a template; numbers come from tables (Num)")
-        return other
+        return Num(value(self.value, other.value), f"({self.source}) {sign} ({other.source})")
 
     def __truediv__(self, other) -> Num:
-        other = self._other(other)
-        return Num(self.value / other.value, f"({self.source}) / ({other.source})")
+        return self._combined(other, "/", operator.truediv)
 
     def __sub__(self, other) -> Num:
-        other = self._other(other)
-        return Num(self.value - other.value, f"({self.source}) - ({other.source})")
+        return self._combined(other, "-", operator.sub)
 
     def __mul__(self, other) -> Num:
-        other = self._other(other)
-        return Num(self.value * other.value, f"({self.source}) * ({other.source})")
+        return self._combined(other, "*", operator.mul)
 
     def __float__(self) -> float:
         return float(self.value)
@@ -174,7 +168,7 @@ class Record:
         if isinstance(self.data, dict) and key not in self.data:
             raise KeyError(f"{self.source} has no {key!r}; it has {list(self.data)[:20]}")
         value, source = self.data[key], f"{self.source}[{key!r}]"
-        if isinstance(value, bool) or value is None or isinstance(value, str):
+        if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, (int, float)):
             return Num(value, source)
@@ -204,17 +198,14 @@ class Published:
             raise FileNotFoundError(f"study {self.name!r} published no {path.relative_to(ROOT)}")
         return path
 
-    def _source(self, path: Path) -> str:
-        return str(path.relative_to(ROOT))
-
     def csv(self, file: str, sub: str | None = None) -> Table:
         path = self.path(file, sub)
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-        return Table(frame, self._source(path))
+        return Table(frame, str(path.relative_to(ROOT)))
 
     def json(self, file: str, sub: str | None = None) -> Record:
         path = self.path(file, sub)
-        return Record(json.loads(path.read_text()), self._source(path))
+        return Record(json.loads(path.read_text()), str(path.relative_to(ROOT)))
 
     def flat(self, file: str, pattern: str, sub: str | None = None) -> Table:
         """A JSON file's records as a table: `pattern` is a dotted path whose `*` steps over a dict's keys
@@ -240,7 +231,7 @@ class Published:
                 walk(node[step], rest, keys, f"{where}.{step}" if where else step)
 
         walk(json.loads(path.read_text()), pattern.split("."), {}, "")
-        return Table(pd.DataFrame(rows), f"{self._source(path)}:{pattern}")
+        return Table(pd.DataFrame(rows), f"{str(path.relative_to(ROOT))}:{pattern}")
 
     def provenance(self, sub: str | None = None) -> Record:
         return self.json(PROVENANCE, sub)
@@ -248,7 +239,7 @@ class Published:
     def table(self, file: str, sub: str | None = None) -> str:
         """A published markdown table, verbatim: its numbers are the table's own."""
         path = self.path(file, sub)
-        self.ledger.tables.append(self._source(path))
+        self.ledger.tables.append(str(path.relative_to(ROOT)))
         return self.ledger.mark(path.read_text().rstrip("\n"))
 
     def figure(self, file: str, sub: str | None = None) -> str:
@@ -360,8 +351,7 @@ class Page:
 def pages() -> dict[str, Page]:
     """Every rendered page: the README, the results index, each study's page."""
     found = [Page("README.md", "docs/templates/README.md"), Page("docs/results.md", "docs/templates/results.md")]
-    found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES
-              if (ROOT / "studies" / name / "page.md").is_file()]
+    found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES]
     return {p.output: p for p in found if (ROOT / p.template).is_file()}
 
 

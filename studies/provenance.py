@@ -1,13 +1,9 @@
 """Publishing a study: copy what its target made into the study's tracked folder, beside a
-provenance.json that says how it was made.
+provenance.json that says how it was made (what it holds: docs/running.md, "The studies").
 
-provenance.json holds: the command (the Snakemake target), the commit of the code (and whether the
-checkout had uncommitted changes), the machine that ran the measurement (written by the measuring
-process itself, once it ran: `python -m studies run NAME --machine FILE`, or `python -m studies machine`
-on the node of a job that runs no study step), the versions of torch / vLLM / transformers /
-verl there, each job's wall time (Snakemake's benchmark files), the engine and the training side's
-attention, and the files published. Torch-free: a study can be published where its tables were
-copied to (the machine is the measuring one, read from its file).
+The machine recorded is the measuring one, written by the measuring process itself once it ran
+(`python -m studies run NAME --machine FILE`, or `python -m studies machine` on the node of a job that
+runs no study step). Torch-free: a study can be published where its tables were copied to.
 """
 
 from __future__ import annotations
@@ -94,26 +90,25 @@ def publish(sources: list[str], dest: str | Path, *, command: str, engine: str, 
         raise FileNotFoundError(f"nothing to publish at {', '.join(missing)}: run the study's target first")
     measured_on = json.loads(Path(machine_file).read_text()) if machine_file else machine()
     dest = Path(dest) / machine_class(measured_on) if per_machine else Path(dest)
-    pairs = []
+    # target -> source file; a file under the same name in a later source replaces the earlier one (the
+    # report rewrites a measured table): copied once, listed once
+    copies = {}
     for source in map(Path, sources):
         items = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
         for item in items:
             rel = item.name if source.is_file() else item.relative_to(source).as_posix()
             if source.is_file() or not include or any(fnmatch.fnmatch(rel, pattern) for pattern in include):
-                pairs.append((item, dest / rel))
-    # a file under the same name in a later source replaces the earlier one (the report rewrites a
-    # measured table): copied once, listed once
-    pairs = list({target: (item, target) for item, target in pairs}.values())
+                copies[dest / rel] = item
     stage, old = dest.with_name(f".{dest.name}.new"), dest.with_name(f".{dest.name}.old")
     for leftover in (stage, old):
         shutil.rmtree(leftover, ignore_errors=True)
-    for item, target in pairs:
+    for target, item in copies.items():
         target = stage / target.relative_to(dest)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(item, target)
     record = {"command": command, **commit(), "published": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
               "machine": measured_on, "engine": engine, "training_attention": attention,
-              "wall_s": wall_times(benchmarks), "files": sorted(str(t.relative_to(dest)) for _, t in pairs)}
+              "wall_s": wall_times(benchmarks), "files": sorted(str(t.relative_to(dest)) for t in copies)}
     files.write_text(stage / PROVENANCE, json.dumps(record, indent=1) + "\n")
     # The new folder replaces the old one only once it is complete: a failed publish keeps the old.
     if dest.exists():

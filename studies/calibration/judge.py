@@ -82,7 +82,7 @@ def alternative_row(text: str, cfg, table: pd.DataFrame) -> dict:
             "collapsed": int(table["collapsed"].sum()), "never_rose": int((table["reason"] == "no_rise").sum())}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies report calibration", description="the collapse rule's false positives on runs with no mismatch")
     p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
     p.add_argument("--config", required=True, nargs="+", help="their config(s), later laid over earlier (its "
@@ -92,11 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="thresholds to try instead, e.g. min_rise=0.05,patience=5 (repeatable; default: the "
                         "config's report.alternatives)")
     p.add_argument("--out", help="also write calibration.csv and alternatives.csv into this folder")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     from analysis.config import CollapseConfig
     from rla.config import load_all
 
@@ -129,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         from rla.files import write_csv
 
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         write_csv(calibration_row(stability, cfg.patience, cfg.smooth_window), out / "calibration.csv")
         columns = ["alternative", *THRESHOLDS, "runs", "collapsed", "never_rose"]
         write_csv(pd.DataFrame(rows, columns=columns), out / "alternatives.csv")

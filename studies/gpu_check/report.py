@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     for table, frame in tables(args.runs).items():
         files.write_text(args.out / table, frame.to_csv(index=False))
-        if table in VIEWS and not frame.empty:
+        if not frame.empty:
             files.write_text(args.out / table.replace(".csv", ".md"), to_markdown(VIEWS[table](frame)) + "\n")
         print(f"{table}: {len(frame)} rows")
     return 0

@@ -20,8 +20,6 @@ import torch
 from localrl.models import REAL_SHAPES, real_shape_config
 from patches.engine_table import FROM_SOURCE, Graph, capture, compare, rounding_map, vllm_graphs
 
-# ---- the graphs of each engine -------------------------------------------------------------------
-
 def local_graphs(config, tokens: int = 16) -> list[Graph]:
     """The local engine's pieces (first, middle, last), compiled for a model of `config` on the CPU
     (Inductor's C++; its Triton for a GPU may store differently: studies/scaling/check_model.py reads that)."""
@@ -40,8 +38,6 @@ def local_graphs(config, tokens: int = 16) -> list[Graph]:
         engine(ids, torch.arange(tokens)[None])
     return graphs
 
-
-# ---- shapes and the command line ------------------------------------------------------------------
 
 # Layer shapes the map is read at: Inductor's realize heuristics depend on the graph, so the tiny grid's
 # shapes and two real ones (28 layers). The vocabulary is kept small: the embedding lookup and the

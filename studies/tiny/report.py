@@ -37,15 +37,11 @@ def headline(tidy: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies report tiny", description=__doc__.split("\n")[0])
     p.add_argument("--tables", required=True, help="the grid's tables (metrics.parquet)")
     p.add_argument("--out", required=True, help="where headline.csv and headline.md go")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     table = headline(pd.read_parquet(Path(args.tables) / "metrics.parquet"))
     out = Path(args.out)
     write_csv(table, out / "headline.csv")

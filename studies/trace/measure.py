@@ -1,28 +1,18 @@
-"""Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows.
+"""Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows
+(setup and results: studies/trace/page.md).
 
     python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
                                 [--prompts 32] [--batches 32 8 4 1] [--training-batches 32] [--settings ...]
 
-Per architecture and seed: the depth study's random checkpoint (hidden 256, `--layers` layers;
-`studies.vllm_alignment.measure.make_checkpoint`) and its prompts. In a child process vLLM-CPU (its
-default compiled graph) samples the prompts (64 tokens, temperature 1), `--batches` at a time (all at
-once, as the other studies sample, or fewer: a decode step multiplies as many rows as sequences run):
-its **decode**; then it teacher-forces each sampled sequence alone as one prompt
-(`prompt_logprobs`): its own **prefill** of the same tokens. A tap on its attention backend
-(`engine_tap.py`) copies, at every layer, the q, k, v that its graph stored for the attention op and the
-op's output, for every position. The tap changes nothing the engine computes: the same prompts sampled
-without it (`studies.vllm_alignment.measure.sample_in_child`) give the same tokens and logprobs, checked
-at each point sampled all at once (`untapped`). At `--training-batches` the training side (HF +
-patches, target `vllm-cpu`) teacher-forces the same sequences under `SETTINGS`, recording the same four
-values at its attention interface; at the other batches the engine's prefill alone is compared.
-
-Against the engine's decode (what the engine computed while sampling, and what its logprobs are), per
-setting and per layer: the fraction of each value's elements that are bit-equal, the relative L2
-difference, the fraction of positions where any of the four differs; per sequence, the first layer (and
-value and position) that differs; and the logprobs' k3 and bit-equal fraction. The engine's own prefill
-is one more row: what the engine itself computes when it teacher-forces. `PAIRS` compare two training
-sides with each other the same way: the same rounding locations run op by op and compiled by Inductor,
-a yardstick for what FP32 arithmetic alone (summation order inside a kernel, exp) does over depth.
+Per architecture, seed and decode batch: in a child process (`engine_side`) vLLM-CPU samples the prompts
+`batch` at a time (its decode), then teacher-forces each sampled sequence alone (its prefill), while a tap
+on its attention backend (`engine_tap.py`) copies each layer's q, k, v and output at every position. At
+`--training-batches` the training side (`recording`, `training_side`) records the same four values under
+each of SETTINGS. `compare` sets either against the engine's decode: per layer and value the bit-equal
+fraction, relative L2 difference and positions differing; per sequence the first layer, value and
+position that differ; the logprobs' k3 and bit-equal fraction. PAIRS compare two training sides with
+each other the same way (a yardstick for FP32 arithmetic alone). Where the engine sampled all prompts at
+once, the untapped sampler's tokens and logprobs are checked against the tapped engine's (`untapped`).
 
 Each point is kept as measured in `FILE.json.points/` with the options that made it; a rerun resumes.
 """
@@ -171,21 +161,19 @@ def training_side(model, calls: list, sequences: list[dict], spec: str, reductio
 def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -> dict:
     """`got` (each sequence's values) against the engine's decode `ref`, over the decode's positions."""
     layers = ref[0]["decode"]["q"].shape[0]
-    equal = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
-    count = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
-    diff2 = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
-    ref2 = {n: torch.zeros(layers, dtype=torch.float64) for n in VALUES}
+    # per value and layer: elements equal, elements, squared difference, squared reference
+    equal, count, diff2, ref2 = (torch.zeros(len(VALUES), layers, dtype=torch.float64) for _ in range(4))
     positions_differing, positions, first = torch.zeros(layers, dtype=torch.float64), 0, []
     for values, s in zip(got, ref):
         rows = s["decode"]["q"].shape[1]
         differs = torch.zeros(layers, rows, dtype=torch.bool)
-        for n in VALUES:
+        for j, n in enumerate(VALUES):
             a, b = values[n][:, :rows].double(), s["decode"][n].double()
             ne = (a != b).flatten(2)
-            equal[n] += (~ne).double().sum((1, 2))
-            count[n] += ne[0].numel()
-            diff2[n] += (a - b).pow(2).flatten(1).sum(1)
-            ref2[n] += b.pow(2).flatten(1).sum(1)
+            equal[j] += (~ne).double().sum((1, 2))
+            count[j] += ne[0].numel()
+            diff2[j] += (a - b).pow(2).flatten(1).sum(1)
+            ref2[j] += b.pow(2).flatten(1).sum(1)
             differs |= ne.any(2)
         positions_differing += differs.double().sum(1)
         positions += rows
@@ -200,10 +188,10 @@ def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -
         [x for s in ref for x in s["decode_logprobs"]], dtype=torch.float64)
     return {"k3": float((torch.exp(d) - 1 - d).mean()), "bit_equal": float((d == 0).double().mean()),
             "mean_abs": float(d.abs().mean()), "first": first,
-            "layers": [{"layer": i, "value": n, "bit_equal": float(equal[n][i] / count[n][i]),
-                        "rel_l2": float((diff2[n][i] / ref2[n][i]).sqrt()),
+            "layers": [{"layer": i, "value": n, "bit_equal": float(equal[j, i] / count[j, i]),
+                        "rel_l2": float((diff2[j, i] / ref2[j, i]).sqrt()),
                         "positions_differing": float(positions_differing[i] / positions)}
-                       for i in range(layers) for n in VALUES]}
+                       for i in range(layers) for j, n in enumerate(VALUES)]}
 
 
 def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, settings: list[str], log) -> dict:
@@ -278,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if (header := start("trace", argv)) is None:
         return 2
-    from rla.files import atomic_path
+    from rla.files import write_text
     from studies.depth.measure import HIDDEN_256, VERSIONS  # a point measured with other versions is measured again
 
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
@@ -311,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                      **measure_point(kept_checkpoint(model_dir), args.prompts, args.prompt_seed + seed, batch,
                                      args.settings if training else [], print)}
         results["points"][name] = entry
-        with atomic_path(path) as part:  # whole or absent
-            part.write_text(json.dumps({"made_by": made_by, "entry": entry}))
+        write_text(path, json.dumps({"made_by": made_by, "entry": entry}))  # whole or absent
     out.write_text(json.dumps(results) + "\n")
     print(f"wrote {out}")
     return 0

@@ -35,9 +35,7 @@ import pandas as pd
 
 from rla.files import write_csv
 
-ORDER = ("stock", "all", "all_amx_rounding", "all_amx_rounding_engine_gemm", "all_engine_kernels",
-         "all_engine_kernels_fused", "engine_prefill", "fused_vs_eager")
-LABELS = {"stock": "stock (SDPA, eager order)", "all": "`all`, attention rounded once, engine order",
+LABELS = {"stock": "stock (SDPA, eager order)", "all": "`all`, attention rounded once, engine order",  # figure's order
           "all_amx_rounding": "`all`, attention rounding where the AMX kernel does, engine order",
           "all_amx_rounding_engine_gemm": "the same with vLLM-CPU's GEMMs",
           "all_engine_kernels": "`all`, vLLM-CPU's attention and GEMMs, engine order",
@@ -109,7 +107,7 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     out = out.assign(compared=out["compared"].map(LABELS))
     archs = sorted(out["arch"].unique())
     fig, axes = plt.subplots(2, len(archs), figsize=(5.5 * len(archs), 7), squeeze=False, sharex=True)
-    hue_order = [LABELS[c] for c in ORDER if LABELS[c] in set(out["compared"])]
+    hue_order = [label for label in LABELS.values() if label in set(out["compared"])]
     for col, arch in enumerate(archs):
         rows = out[out["arch"] == arch]
         for row, (column, label) in enumerate((("rel_l2", "attention output: relative L2 difference"),
@@ -129,7 +127,6 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
 
 def run(result: str | Path, out_dir: str | Path) -> list[Path]:
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     layers, firsts, points = frames(json.loads(Path(result).read_text()))
     table = layer_table(layers)
     tables = {"layers.csv": table, "first.csv": first_table(firsts), "summary.csv": summary_table(points)}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import random
 import shlex
@@ -34,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+from rla import files
 from rla.machine import describe
 
 CONFIGS = ("experiments/tiny.yaml", "experiments/treatments.yaml")
@@ -47,14 +49,10 @@ def peak_bytes(run) -> int:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    level = peak = 0
-    for _, nbytes in events:
-        level += nbytes
-        peak = max(peak, level)
-    return peak
+    return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
-def rl_batch(cfg: dict, model_dir: Path, data_dir: Path, rl: dict):
+def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
     """One batch as `rl_step` draws it, sampled by the stock BF16 engine; returns (batch, scores, groups)."""
     import numpy as np
     import torch
@@ -92,7 +90,7 @@ def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
 
     rl = rl_settings(cfg, "local", model)
     model_dir, data_dir = results / "models" / model, results / "data"
-    stock_batch, scores, groups = rl_batch(cfg, model_dir, data_dir, rl)
+    stock_batch, scores, groups = rl_batch(model_dir, data_dir, rl)
     trainers, batches, first = {}, {}, {}
     for ablation in ablations:
         trainer = Trainer(str(model_dir), rl, ablation)
@@ -131,16 +129,13 @@ def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
         peaks[ablation] = peak_bytes(lambda: trainers[ablation].update(batches[ablation]))
     patches.remove()
 
-    def ratios(ablation: str, what: str) -> list[float]:
-        return [t / s for t, s in zip(times[ablation][what], times["none"][what])]
-
     out = {"responses": int(stock_batch.responses.shape[0]), "response_tokens": int(stock_batch.response_mask.sum()),
            "ablations": {}}
     for ablation in ablations:
         row = {"first_update_s": round(first[ablation], 4), "update_peak_bytes": peaks[ablation],
                "update_peak_vs_none": round(peaks[ablation] / peaks["none"], 4)}
         for what in ("update", "log_prob"):
-            r = ratios(ablation, what)
+            r = [t / s for t, s in zip(times[ablation][what], times["none"][what])]  # to stock's in the same round
             row[f"{what}_s_median"] = round(statistics.median(times[ablation][what]), 5)
             row[f"{what}_vs_none_median"] = round(statistics.median(r), 4)
             row[f"{what}_vs_none_range"] = [round(min(r), 4), round(max(r), 4)]
@@ -179,8 +174,6 @@ def main(argv: list[str] | None = None) -> int:
               "rounds": args.rounds, "warmup": WARMUP, "models": {}}
     for model in models:
         report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    out = files.write_text(args.out, json.dumps(report, indent=1) + "\n")
     log(f"wrote {out}")
     return 0

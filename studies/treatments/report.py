@@ -83,14 +83,10 @@ def probe_mismatch(probe: pd.DataFrame) -> pd.DataFrame:
 def costs(bench: dict) -> pd.DataFrame:
     """model, ablation, update_time and update_peak (absolute: seconds, bytes) and their ratios to none
     as measured (the median over rounds of each round's ratio)."""
-    rows = []
-    for model, result in bench["models"].items():
-        for ablation, r in result["ablations"].items():
-            rows.append({"model": model, "ablation": ablation, "update_s": r["update_s_median"],
-                         "update_time_vs_none": r["update_vs_none_median"],
-                         "update_peak_bytes": r["update_peak_bytes"], "update_peak_vs_none": r["update_peak_vs_none"],
-                         "first_update_s": r["first_update_s"]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"model": model, "ablation": ablation, "update_s": r["update_s_median"],
+                          "update_time_vs_none": r["update_vs_none_median"], "update_peak_bytes": r["update_peak_bytes"],
+                          "update_peak_vs_none": r["update_peak_vs_none"], "first_update_s": r["first_update_s"]}
+                         for model, result in bench["models"].items() for ablation, r in result["ablations"].items()])
 
 
 def stability(table: pd.DataFrame) -> pd.DataFrame:
@@ -163,7 +159,7 @@ PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[Path]:
+def plot(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
     apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
@@ -189,7 +185,7 @@ def plot(frame: pd.DataFrame, out_dir: Path, name: str = "treatments") -> list[P
         ax.set_xticks(range(len(ablations)), ablations, rotation=60, ha="right", fontsize=7)
         ax.set_title(label, fontsize=8)
     axes[0, -1].legend(fontsize=6, title="model", title_fontsize=6)
-    return figures.save_figure(fig, out_dir, name)
+    return figures.save_figure(fig, out_dir, "treatments")
 
 
 def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> list[Path]:
@@ -207,16 +203,12 @@ def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> li
     return [out_dir / "treatments.csv", out_dir / "treatments.md"] + plot(frame, out_dir)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies report treatments", description="the fixes side by side: mismatch, cost, stability")
     p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
     p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     written = run(args.tables, args.bench, args.out)
     log.info("wrote %s", ", ".join(str(p) for p in written))
     return 0

