@@ -29,7 +29,6 @@ probe.json (engine, GEMM checks, machine, timings); `studies.probe.report` draws
 from __future__ import annotations
 
 import gc
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -41,9 +40,10 @@ from torch import Tensor
 
 from rla.config import ConfigError
 from rla.names import TARGETS
-from studies.probe import ENGINE_ORDER, SAMPLING_REFERENCE
 from studies import provenance
-from studies.probe.measure import Setting, describe, probe_settings
+from studies.probe import ENGINE_ORDER
+from studies.probe.measure import (Layout, Setting, SettingRows, describe, describe_main, next_token_logprobs,
+                                   probe_settings, run_settings, sample_rollout)
 
 DEFAULT_BATCH = 16
 DEFAULT_CHECKPOINT_TOKENS = 256
@@ -57,16 +57,12 @@ def settings_for(target: str, engine_order: bool) -> list[Setting]:
     return probe_settings(target, next(t for t in TARGETS if t != target), engine_order)
 
 
-def describe_setting(setting: Setting, engine: str) -> dict:
-    return {**describe(setting), "target": setting.target, "engine": engine}
-
-
 # ---------------------------------------------------------------------------------------------
 # The engine's side
 
 
-def forward_logprobs(engine, layout) -> Tensor:
-    """vLLM's full forward of each prompt + response, in `studies.probe.measure.Layout`'s (B, T-1) coordinates."""
+def forward_logprobs(engine, layout: Layout) -> Tensor:
+    """vLLM's full forward of each prompt + response, in the layout's (B, T-1) coordinates."""
     out = torch.zeros(layout.ids.shape[0], layout.ids.shape[1] - 1)
     real = layout.mask.bool()
     sequences = [layout.ids[b][real[b]].tolist() for b in range(len(real))]
@@ -86,11 +82,12 @@ class EngineSide:
     startup_s: float
 
 
-def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout_or_prompts, max_new_tokens: int,
-               seed: int, max_model_len: int, gpu_memory_utilization, kv_cache_gib: int, device: str, log):
-    """Start one engine; sample (when given prompts) and score; check its GEMMs; free it."""
+def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, prompts: list[list[int]],
+               max_new_tokens: int, seed: int, max_model_len: int, gpu_memory_utilization, kv_cache_gib: int,
+               device: str, log, layout: Layout | None = None) -> tuple[EngineSide, Layout, str]:
+    """Start one engine; sample the responses (unless `layout` holds them) and score them; check its
+    GEMMs; free it. Returns what it gave, the layout and the engine's name."""
     from localrl import gemm_match
-    from studies.probe.measure import Layout
     from localrl.vllm_engine import VllmEngine
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -98,19 +95,17 @@ def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout
                         dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
                         gpu_memory_utilization=gpu_memory_utilization, log=log)
     try:
-        layout, rollout = layout_or_prompts, None
-        if isinstance(layout_or_prompts, list):
+        if layout is None:
             start = time.perf_counter()
-            rollout = engine.generate(layout_or_prompts, max_new_tokens, 1.0, torch.Generator().manual_seed(seed))
-            log(f"sampled {int(rollout.response_mask.sum())} response tokens from {len(layout_or_prompts)} prompts "
+            rollout = sample_rollout(engine, prompts, max_new_tokens, seed)
+            log(f"sampled {int(rollout.response_mask.sum())} response tokens from {len(prompts)} prompts "
                 f"({time.perf_counter() - start:.1f} s)")
             layout = Layout.from_rollout(rollout)
         forward = forward_logprobs(engine, layout)
         found = gemm_match.match(engine, model_dir, bool(getattr(hf_config, "tie_word_embeddings", False)), dtype,
                                  device)
         log(f"{str(dtype).removeprefix('torch.')}: {found.describe()}")
-        side = EngineSide(forward, found.choice, found.describe(), engine.startup_s)
-        return side, layout, rollout, engine.describe()
+        return EngineSide(forward, found.choice, found.describe(), engine.startup_s), layout, engine.describe()
     finally:
         engine.close()
         del engine
@@ -124,20 +119,18 @@ def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout
 
 
 @torch.no_grad()
-def score(model, layout, setting: Setting, batch_size: int) -> Tensor:
-    """The training model's (B, T-1) logprobs of the layout's tokens under `setting`, in micro-batches."""
-    from studies.probe.measure import next_token_logprobs, numerics
-
+def score(model, layout: Layout, batch_size: int) -> Tensor:
+    """The training model's (B, T-1) logprobs of the layout's tokens, in micro-batches (the setting's
+    numerics are the caller's: run_settings)."""
     device = next(model.parameters()).device
     out = []
-    with numerics(model, setting):
-        for start in range(0, layout.ids.shape[0], batch_size):
-            rows = slice(start, start + batch_size)
-            ids = layout.ids[rows]
-            logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
-                           position_ids=layout.positions[rows].to(device), use_cache=False).logits
-            out.append(next_token_logprobs(logits, ids).cpu())
-            del logits
+    for start in range(0, layout.ids.shape[0], batch_size):
+        rows = slice(start, start + batch_size)
+        ids = layout.ids[rows]
+        logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
+                       position_ids=layout.positions[rows].to(device), use_cache=False).logits
+        out.append(next_token_logprobs(logits, ids).cpu())
+        del logits
     return torch.cat(out)
 
 
@@ -170,7 +163,6 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
 
     from localrl import engines
     from localrl.device import device as rig_device
-    from studies.probe.measure import SettingRows, compare, describe_main, engine_reference_row, mismatch_summary
 
     model_dir = Path(model_dir)
     hf_config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
@@ -194,12 +186,12 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
     common = dict(seed=seed, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                   kv_cache_gib=kv_cache_gib, device=device, log=log)
     started = time.perf_counter()
-    bf16, layout, rollout, engine_name = run_engine(model_dir, tokenizer, hf_config, torch.bfloat16, prompts,
-                                                    max_new_tokens, **common)
+    bf16, layout, engine_name = run_engine(model_dir, tokenizer, hf_config, torch.bfloat16, prompts, max_new_tokens,
+                                           **common)
     sides = {torch.bfloat16: bf16}
     if with_fp16:
-        sides[torch.float16] = run_engine(model_dir, tokenizer, hf_config, torch.float16, layout, max_new_tokens,
-                                          **common)[0]
+        sides[torch.float16] = run_engine(model_dir, tokenizer, hf_config, torch.float16, prompts, max_new_tokens,
+                                          **common, layout=layout)[0]
     settings = settings_for(target, engine_order=device == "cpu")
     if not with_fp16:
         settings = [s for s in settings if s.dtype != torch.float16]
@@ -207,17 +199,15 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
         log(f"no {ENGINE_ORDER} rows: Inductor's CPU summation order has no counterpart in a GPU engine's kernels")
 
     trainer, models = training_models(model_dir, {d: s.gemm for d, s in sides.items()}, target)
-    rows = SettingRows(subsets=[{**engine_reference_row(target="", engine=engine_name), "reference": SAMPLING_REFERENCE,
-                                 **mismatch_summary(bf16.forward, layout.sampling, layout)}])
-    timings = {}
+    rows = SettingRows(bf16.forward, layout, position_bin, target="", engine=engine_name)
+
+    def step(setting: Setting, model, engine_lp: Tensor) -> dict:
+        described = {**describe(setting), "target": setting.target, "engine": engine_name}
+        return rows.compare(setting, described, score(model, layout, batch_size), engine_lp)
+
     try:
-        for i, setting in enumerate(settings, 1):
-            start = time.perf_counter()
-            train_lp = score(models[setting.dtype], layout, setting, batch_size)
-            main = compare(setting, describe_setting(setting, engine_name), train_lp, sides[setting.dtype].forward,
-                           layout, position_bin, rows)
-            timings[setting.name] = round(time.perf_counter() - start, 2)
-            log(f"[{i}/{len(settings)}] {setting.name:26s} {describe_main(main)} ({timings[setting.name]:.1f} s)")
+        timings = run_settings(settings, {d: (models[d], s.forward) for d, s in sides.items()}, step, log,
+                               describe_main)
     finally:
         trainer.close()
 
@@ -230,16 +220,6 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
             "response_tokens": int(layout.response.sum()), "setting_s": timings,
             "total_s": round(time.perf_counter() - started, 1), "machine": provenance.machine()}
     return result, meta
-
-
-def write(result, meta: dict, out: str | Path, log=print) -> None:
-    out = Path(out)
-    for path in result.write(out):
-        log(f"wrote {path}")
-    from rla import files
-
-    files.write_text(out / "probe.json", json.dumps(meta, indent=1) + "\n")
-    log(f"wrote {out / 'probe.json'}; figures and tables: python -m studies report probe --probe {out} --out FIGURES_DIR")
 
 
 def probe_vllm(args, cfg: dict | None = None) -> int:
@@ -272,6 +252,6 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
     log(f"probe {title} against vLLM: {len(prompts)} prompts, responses of up to {max_new_tokens} tokens")
     result, meta = run(model_dir, prompts, max_new_tokens, args.seed, batch_size, args.gpu_memory_utilization,
                        args.kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
-    write(result, meta, args.out, log)
+    result.write(args.out, meta, log)
     log(f"probe done in {meta['total_s']:.0f} s")
     return 0
