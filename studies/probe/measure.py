@@ -1,25 +1,20 @@
-"""The mismatch probe: how much of the training-inference mismatch each alignment region removes.
+"""The mismatch probe's shared harness, and the probe against the local engine (`probe_local`); what it
+measures and what it found: studies/probe/page.md. vllm.py runs the same harness against vLLM.
 
-For one model, a fixed set of test prompts and responses sampled once from the engine (temperature 1,
-seeded), the training side (transformers + patches, bf16 weights, fp32 buffers, shared GEMM and
-attention kernels: `localrl.trainer.Trainer`'s model) scores the responses under every subset of
-{rope, swiglu, rmsnorm}, plus "all" with the compiled engine's summation order for the RMSNorm
-variance (`reduction="inductor_cpu"`), plus two treatments a user might pick instead: `compile` (the
-stock training forward with each decoder layer compiled by torch.compile) and `fp16` (both sides in
-FP16: the training model's FP16 copy of the master weights against the engine in FP16, which gets the
-same master weights). Each setting is compared with the inference side:
+The harness: `probe_settings` (every subset of {rope, swiglu, rmsnorm}, "all" with the compiled
+engine's RMSNorm summation order, and the treatments `compile` and `fp16`), `Layout` (which tokens are
+scored), `run_settings` (the loop over settings, shared with the scaling study and the gradient probe)
+and `SettingRows` (each setting against two references, into the probe's tables):
 
-- reference `engine_forward` (the main one): the engine's full forward of prompt + response, in the
-  same batch layout as the trainer. Both sides then see the same tokens, positions and masks, and share
-  the GEMM/attention kernels, so every difference comes from the three regions and the summation order.
-  It also gives the engine's per-layer residual stream.
-- reference `engine_sampling`: the logprobs the engine returned while sampling (KV-cache decode), which
-  is what verl compares with. On top of the regions it holds the engine's own prefill-vs-decode
-  difference, which no training-side alignment can remove; the row `engine_forward` under this
-  reference measures that part alone. The responses were sampled in BF16, so `fp16` has no row here.
+- `engine_forward` (the main one): the engine's full forward of prompt + response, in the trainer's
+  batch layout. Both sides see the same tokens, positions and masks and share the GEMM/attention
+  kernels, so every difference comes from the three regions and the summation order.
+- `engine_sampling`: the logprobs the engine returned while sampling, what verl compares with. It adds
+  the engine's own prefill-vs-decode difference (the row `engine_forward` under this reference); the
+  responses were sampled in BF16, so `fp16` has no row here.
 
-Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; then
-`studies.probe.report` writes subsets.md and the figures from those CSV files.
+Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; `studies.probe.report`
+writes the tables and figures from them.
 """
 
 from __future__ import annotations
@@ -294,7 +289,8 @@ def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) ->
     sel = {"response": layout.response, "sequence": layout.sequence}[scope]
     d = (train_lp - ref_lp)[sel].double()
     p_ref = ref_lp[sel].double().exp()
-    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(),
+                         "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
                          "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
                          "position": layout.scored_positions[sel].numpy()})
 

