@@ -37,7 +37,6 @@ from studies.probe import ENGINE_ORDER
 from studies.probe.measure import (Layout, Setting, SettingRows, describe, describe_main, next_token_logprobs,
                                    probe_settings, run_settings, sample_rollout)
 
-DEFAULT_BATCH = 16
 DEFAULT_CHECKPOINT_TOKENS = 256
 LAYER_COLUMNS = ["setting", "layer", "stage", "rel_l2", "max_abs", "frac_identical", "n_values"]
 
@@ -147,16 +146,14 @@ def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
 # The probe
 
 
-def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, seed: int = 0,
-        batch_size: int = DEFAULT_BATCH, gpu_memory_utilization: float | None = None, kv_cache_gib: int = 1,
-        position_bin: int = 16, with_fp16: bool = True, log=print):
+def run(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, seed: int, batch_size: int,
+        gpu_memory_utilization: float | None, kv_cache_gib: int, position_bin: int, with_fp16: bool, log):
     """Sample, score both engines, then every setting; returns (ProbeResult, metadata dict)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from localrl import engines
     from localrl.device import device as rig_device
 
-    model_dir = Path(model_dir)
     hf_config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
     device = rig_device().type
     reason = engines.vllm_unavailable(device)
@@ -224,6 +221,7 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
     n_prompts = positive("--n-prompts", args.n_prompts)
     position_bin = positive("--position-bin", args.position_bin)
     batch_size = positive("--batch-size", args.batch_size)
+    kv_cache_gib = args.kv_cache_gib
     if cfg is None:  # a checkpoint directory
         model_dir = Path(args.model)
         check_checkpoint(model_dir)
@@ -237,13 +235,12 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
         check_checkpoint(model_dir)
         messages = task_messages(data_dir, n_prompts, args.seed)
         max_new_tokens = positive("--max-new-tokens", args.max_new_tokens or rl["max_response_length"])
-        kv = engine_settings(cfg)["kv_cache_gib"]
-        args.kv_cache_gib = args.kv_cache_gib or kv
+        kv_cache_gib = kv_cache_gib or engine_settings(cfg)["kv_cache_gib"]
         title = args.model
     prompts = chat_prompts(AutoTokenizer.from_pretrained(model_dir), messages)
     log(f"probe {title} against vLLM: {len(prompts)} prompts, responses of up to {max_new_tokens} tokens")
     result, meta = run(model_dir, prompts, max_new_tokens, args.seed, batch_size, args.gpu_memory_utilization,
-                       args.kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
+                       kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
     result.write(args.out, meta, log)
     log(f"probe done in {meta['total_s']:.0f} s")
     return 0
