@@ -222,9 +222,8 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
     position_bin = positive("--position-bin", args.position_bin)
     batch_size = positive("--batch-size", args.batch_size)
     kv_cache_gib = args.kv_cache_gib
-    if cfg is None:  # a checkpoint directory
+    if cfg is None:  # a checkpoint directory, checked by cli.engine_of
         model_dir = Path(args.model)
-        check_checkpoint(model_dir)
         messages = task_messages(args.data, n_prompts, args.seed)
         max_new_tokens = positive("--max-new-tokens", args.max_new_tokens or DEFAULT_CHECKPOINT_TOKENS)
         title = model_dir.name
