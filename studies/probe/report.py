@@ -131,12 +131,9 @@ def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
     out = []
     for region in REGIONS:
         others = [r for r in REGIONS if r != region]
-        phi = 0.0
-        for k in range(n):
-            weight = math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)
-            for subset in itertools.combinations(others, k):
-                s = frozenset(subset)
-                phi += weight * (value[s] - value[s | {region}])
+        phi = sum(math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)  # Shapley weight
+                  * (value[frozenset(s)] - value[frozenset(s) | {region}])
+                  for k in range(n) for s in itertools.combinations(others, k))
         out.append({"component": region, "reduction": phi})
     order_rows = rows[rows["setting"] == ENGINE_ORDER]
     if len(order_rows):
