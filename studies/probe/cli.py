@@ -48,7 +48,7 @@ def engine_of(args, cfg: dict | None) -> str:
     from localrl.device import device
     from rla.config import engine_settings
 
-    settings = engine_settings(cfg) if cfg is not None else engine_settings({})
+    settings = engine_settings(cfg or {})
     if args.engine is not None:
         settings = {**settings, "name": args.engine}
     if cfg is None:  # a checkpoint directory: checked first (fast), and only vLLM probes one

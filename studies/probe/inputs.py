@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 from rla.config import ConfigError
@@ -70,31 +69,25 @@ def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
 
 
 def task_messages(data_dir: str | Path | None, n: int, seed: int) -> list[list[dict]]:
-    """`n` chats from a verl-schema test.parquet (`data_dir`), or from the generated task's test split."""
+    """`n` chats, a seeded choice in file order, from a verl-schema test.parquet (`data_dir`), or from the
+    generated task's test split."""
+    from localrl.data import load_split, split_frame
+    from localrl.task import TaskSettings
 
-    if data_dir is not None:
-        from localrl.data import load_split
-
+    if data_dir is None:
+        test = split_frame(TaskSettings(n_test=max(n, 200)), "test")
+    else:
         try:
-            frame = load_split(data_dir, "test")
+            test = load_split(data_dir, "test")
         except FileNotFoundError as e:
             raise ConfigError(str(e)) from None
-    else:
-        from localrl.data import split_frame
-        from localrl.task import TaskSettings
-
-        frame = split_frame(TaskSettings(n_test=max(n, 200)), "test")
-    return [list(p) for p in choose_prompts(frame, n, seed)["prompt"]]
+    if n > len(test):
+        raise ConfigError(f"--n-prompts {n} exceeds the {len(test)} prompts of the test split; allowed: 1..{len(test)}")
+    index = np.sort(np.random.default_rng(seed).choice(len(test), size=n, replace=False))
+    return [list(p) for p in test.iloc[index]["prompt"]]
 
 
 def positive(name: str, value) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
     return value
-
-
-def choose_prompts(test: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
-    if n > len(test):
-        raise ConfigError(f"--n-prompts {n} exceeds the {len(test)} prompts of the test split; allowed: 1..{len(test)}")
-    index = np.sort(np.random.default_rng(seed).choice(len(test), size=n, replace=False))
-    return test.iloc[index]

@@ -1,35 +1,31 @@
-"""The mismatch probe: how much of the training-inference mismatch each alignment region removes.
+"""The mismatch probe's shared harness, and the probe against the local engine (`probe_local`); what it
+measures and what it found: studies/probe/page.md. vllm.py runs the same harness against vLLM.
 
-For one model, a fixed set of test prompts and responses sampled once from the engine (temperature 1,
-seeded), the training side (transformers + patches, bf16 weights, fp32 buffers, shared GEMM and
-attention kernels: `localrl.trainer.Trainer`'s model) scores the responses under every subset of
-{rope, swiglu, rmsnorm}, plus "all" with the compiled engine's summation order for the RMSNorm
-variance (`reduction="inductor_cpu"`), plus two treatments a user might pick instead: `compile` (the
-stock training forward with each decoder layer compiled by torch.compile) and `fp16` (both sides in
-FP16: the training model's FP16 copy of the master weights against the engine in FP16, which gets the
-same master weights). Each setting is compared with the inference side:
+The harness: `probe_settings` (every subset of {rope, swiglu, rmsnorm}, "all" with the compiled
+engine's RMSNorm summation order, and the treatments `compile` and `fp16`), `Layout` (which tokens are
+scored), `run_settings` (the loop over settings, shared with the scaling study and the gradient probe)
+and `SettingRows` (each setting against two references, into the probe's tables):
 
-- reference `engine_forward` (the main one): the engine's full forward of prompt + response, in the
-  same batch layout as the trainer. Both sides then see the same tokens, positions and masks, and share
-  the GEMM/attention kernels, so every difference comes from the three regions and the summation order.
-  It also gives the engine's per-layer residual stream.
-- reference `engine_sampling`: the logprobs the engine returned while sampling (KV-cache decode), which
-  is what verl compares with. On top of the regions it holds the engine's own prefill-vs-decode
-  difference, which no training-side alignment can remove; the row `engine_forward` under this
-  reference measures that part alone. The responses were sampled in BF16, so `fp16` has no row here.
+- `engine_forward` (the main one): the engine's full forward of prompt + response, in the trainer's
+  batch layout. Both sides see the same tokens, positions and masks and share the GEMM/attention
+  kernels, so every difference comes from the three regions and the summation order.
+- `engine_sampling`: the logprobs the engine returned while sampling, what verl compares with. It adds
+  the engine's own prefill-vs-decode difference (the row `engine_forward` under this reference); the
+  responses were sampled in BF16, so `fp16` has no row here.
 
-Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; then
-`studies.probe.report` writes subsets.md and the figures from those CSV files.
+Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; `studies.probe.report`
+writes the tables and figures from them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -145,20 +141,21 @@ def numerics(model, setting: Setting):
                 compiled_layers.uncompile_layers(model)
 
 
-def run_settings(settings: list[Setting], sides: "Sides", step: Callable, log=print,
-                 describe: Callable = lambda result: "") -> list:
-    """The settings loop of the probe, the scaling study and the gradient probe: for each setting its
-    models (training and engine, in its dtype: `sides`), `step(setting, train_model, engine_model)`
-    called under the setting's numerics, timed, and one progress line (`describe(result)`)."""
-    results = []
+def run_settings(settings: list[Setting], sides: "Sides | dict", step: Callable, log=print,
+                 describe: Callable = lambda result: "") -> dict[str, float]:
+    """The settings loop of the probe (both engines), the scaling study and the gradient probe: for each
+    setting its sides in its dtype (`sides.get(dtype)`: a Sides, or a dict {dtype: (training model,
+    engine side)}), `step(setting, train_model, engine_side)` called under the setting's numerics, and
+    one progress line (`describe(step's result)`). Returns each setting's seconds."""
+    seconds = {}
     for i, setting in enumerate(settings, 1):
         start = time.perf_counter()
-        model, engine_model = sides.get(setting.dtype)
+        model, engine_side = sides.get(setting.dtype)
         with numerics(model, setting):
-            result = step(setting, model, engine_model)
-        results.append(result)
-        log(f"[{i}/{len(settings)}] {setting.name:18s} {describe(result)} ({time.perf_counter() - start:.1f} s)")
-    return results
+            result = step(setting, model, engine_side)
+        seconds[setting.name] = round(time.perf_counter() - start, 2)
+        log(f"[{i}/{len(settings)}] {setting.name:26s} {describe(result)} ({seconds[setting.name]:.1f} s)")
+    return seconds
 
 
 @torch.no_grad()
@@ -292,7 +289,8 @@ def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) ->
     sel = {"response": layout.response, "sequence": layout.sequence}[scope]
     d = (train_lp - ref_lp)[sel].double()
     p_ref = ref_lp[sel].double().exp()
-    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(), "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(),
+                         "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
                          "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
                          "position": layout.scored_positions[sel].numpy()})
 
@@ -324,24 +322,18 @@ class ProbeResult:
     by_probability: pd.DataFrame
     by_position: pd.DataFrame
 
-    FILES = ("subsets", "layers", "by_probability", "by_position")
-
-    def write(self, out_dir: str | Path) -> list[Path]:
-        from rla.files import write_csv
+    def write(self, out_dir: str | Path, meta: dict | None = None, log=print) -> None:
+        """The tables as CSV files in `out_dir`, and `meta` (the vLLM probe's run record) as probe.json."""
+        from rla import files
 
         out_dir = Path(out_dir)
-        paths = []
-        for name in self.FILES:
-            path = out_dir / f"{name}.csv"
-            write_csv(getattr(self, name), path)
-            paths.append(path)
-        return paths
-
-
-def engine_reference_row(**extra) -> dict:
-    """The columns of the row that compares the engine's forward with its own sampling logprobs."""
-    return {"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "", "treatment": "",
-            "dtype": "bfloat16", **extra, **{region: np.nan for region in REGIONS}}
+        for name in ("subsets", "layers", "by_probability", "by_position"):
+            files.write_csv(getattr(self, name), out_dir / f"{name}.csv")
+            log(f"wrote {out_dir / name}.csv")
+        if meta is not None:
+            files.write_text(out_dir / "probe.json", json.dumps(meta, indent=1) + "\n")
+            log(f"wrote {out_dir / 'probe.json'}")
+        log(f"figures and tables: python -m studies report probe --probe {out_dir} --out FIGURES_DIR")
 
 
 def describe(setting: Setting) -> dict:
@@ -352,8 +344,8 @@ def describe(setting: Setting) -> dict:
             **{region: region in setting.regions for region in REGIONS}}
 
 
-def sample_rollout(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:
-    """The fixed responses: sampled once from the engine at temperature 1 (raw logprobs)."""
+def sample_rollout(engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:
+    """The fixed responses: sampled once from the engine (local or vLLM) at temperature 1 (raw logprobs)."""
     return engine.generate(prompts, max_new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(seed))
 
 
@@ -384,14 +376,10 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
               log=print, master=None) -> ProbeResult:
     """Score `rollout` on the training model under every setting and compare with the engine. `master`
     (the fp32 weights the BF16 model was cast from) is needed for FP16 settings."""
-    settings = probe_settings()
     layout = Layout.from_rollout(rollout)
-    sides = Sides(train_model, engine, master)
     refs = {torch.bfloat16: engine_forward(engine.model, layout.ids, layout.mask, layout.positions)}
+    rows = SettingRows(refs[torch.bfloat16].logprobs, layout, position_bin)
     layers = []
-    # The engine's own prefill-vs-decode part, which no training-side alignment can remove.
-    engine_row = {**engine_reference_row(), "reference": SAMPLING_REFERENCE,
-                  **mismatch_summary(refs[torch.bfloat16].logprobs, layout.sampling, layout)}
 
     def step(setting: Setting, model, engine_model) -> dict:
         if setting.dtype not in refs:
@@ -399,11 +387,9 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
         ref = refs[setting.dtype]
         train = train_forward(model, layout.ids, layout.mask, layout.positions)
         layers.extend({"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask))
-        return compare(setting, describe(setting), train.logprobs, ref.logprobs, layout, position_bin, rows)
+        return rows.compare(setting, describe(setting), train.logprobs, ref.logprobs)
 
-    rows = SettingRows()
-    run_settings(settings, sides, step, log, describe_main)
-    rows.subsets.insert(0, engine_row)
+    run_settings(probe_settings(), Sides(train_model, engine, master), step, log, describe_main)
     return rows.result(pd.DataFrame(layers))
 
 
@@ -413,13 +399,36 @@ def describe_main(main: dict) -> str:
             f"bit-identical {main['frac_identical']:.1%} ")
 
 
-@dataclass
 class SettingRows:
-    """The probe's rows as the settings are scored (compare), then its tables (result)."""
+    """The probe's rows of one layout as the settings are scored (compare), then its tables (result).
+    The first row compares the engine's BF16 forward (`engine_lp`) with its own sampling logprobs: the
+    engine's prefill-vs-decode part, which no training-side alignment can remove; `columns` are the
+    engine's columns of the table beyond `describe`'s."""
 
-    subsets: list = field(default_factory=list)
-    by_probability: list = field(default_factory=list)
-    by_position: list = field(default_factory=list)
+    def __init__(self, engine_lp: Tensor, layout: Layout, position_bin: int, **columns):
+        self.layout, self.position_bin = layout, position_bin
+        self.subsets = [{"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "",
+                         "treatment": "", "dtype": "bfloat16", **columns, **{region: np.nan for region in REGIONS},
+                         "reference": SAMPLING_REFERENCE, **mismatch_summary(engine_lp, layout.sampling, layout)}]
+        self.by_probability, self.by_position = [], []
+
+    def compare(self, setting: Setting, described: dict, train_lp: Tensor, ref_lp: Tensor) -> dict:
+        """One setting's training-side logprobs against the engine's forward (and, for BF16, its sampling
+        logprobs: the responses were sampled by the BF16 engine); returns the main row."""
+        layout = self.layout
+        if not torch.isfinite(train_lp[layout.sequence]).all():
+            raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
+        references = [(MAIN_REFERENCE, ref_lp)]
+        if setting.dtype == torch.bfloat16:
+            references.append((SAMPLING_REFERENCE, layout.sampling))
+        for reference, lp in references:
+            self.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
+        response_tokens = token_frame(train_lp, ref_lp, layout, "response")
+        self.by_probability.append(by_probability(response_tokens).assign(setting=setting.name))
+        for scope in ("response", "sequence"):
+            tokens = response_tokens if scope == "response" else token_frame(train_lp, ref_lp, layout, scope)
+            self.by_position.append(by_position(tokens, self.position_bin).assign(setting=setting.name, scope=scope))
+        return self.subsets[-len(references)]
 
     def result(self, layers: pd.DataFrame) -> ProbeResult:
         def front(frame: pd.DataFrame, first: list[str]) -> pd.DataFrame:
@@ -430,25 +439,6 @@ class SettingRows:
                            by_position=front(pd.concat(self.by_position, ignore_index=True), ["setting", "scope"]))
 
 
-def compare(setting: Setting, described: dict, train_lp: Tensor, ref_lp: Tensor, layout: Layout,
-            position_bin: int, rows: SettingRows) -> dict:
-    """One setting's training-side logprobs against the engine's forward (and, for BF16, its sampling
-    logprobs: the responses were sampled by the BF16 engine) into `rows`; returns the main row."""
-    if not torch.isfinite(train_lp[layout.sequence]).all():
-        raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
-    references = [(MAIN_REFERENCE, ref_lp)]
-    if setting.dtype == torch.bfloat16:
-        references.append((SAMPLING_REFERENCE, layout.sampling))
-    for reference, lp in references:
-        rows.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
-    response_tokens = token_frame(train_lp, ref_lp, layout, "response")
-    rows.by_probability.append(by_probability(response_tokens).assign(setting=setting.name))
-    for scope in ("response", "sequence"):
-        tokens = response_tokens if scope == "response" else token_frame(train_lp, ref_lp, layout, scope)
-        rows.by_position.append(by_position(tokens, position_bin).assign(setting=setting.name, scope=scope))
-    return rows.subsets[-len(references)]
-
-
 # ---------------------------------------------------------------------------------------------
 # The probe of one model of an experiment config against the local engine (studies/probe/cli.py: the command)
 
@@ -457,24 +447,19 @@ def probe_local(args, cfg: dict) -> int:
     """The probe against the local engine (localrl/engine) of one model of an experiment config."""
     from transformers import AutoTokenizer
 
-    from localrl.data import load_split
     from localrl.task import render_prompt
-    from studies.probe.inputs import choose_prompts, config_model, positive
+    from studies.probe.inputs import config_model, positive, task_messages
 
     rl, data_dir, model_dir = config_model(args, cfg)  # an unknown model fails before any work
     n_prompts = positive("--n-prompts", args.n_prompts)
     max_new_tokens = positive("--max-new-tokens", rl["max_response_length"] if args.max_new_tokens is None
                                else args.max_new_tokens)
     position_bin = positive("--position-bin", args.position_bin)
-    try:
-        test = load_split(data_dir, "test")
-    except FileNotFoundError as e:
-        raise ConfigError(str(e)) from None
-    frame = choose_prompts(test, n_prompts, args.seed)
+    messages = task_messages(data_dir, n_prompts, args.seed)
 
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
+    prompts = [tokenizer(render_prompt(m))["input_ids"] for m in messages]
     # The training model exactly as the RL loop builds it (bf16 compute copy, fp32 buffers, shared
     # kernels); "all" makes the trainer check that the patches cover every layer of this model.
     with Trainer(str(model_dir), {**rl, "temperature": 1.0}, "all") as trainer:
@@ -490,7 +475,5 @@ def probe_local(args, cfg: dict) -> int:
         rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
         log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
         result = run_probe(trainer.model, engine, rollout, position_bin, log=log, master=trainer.master)
-    for path in result.write(Path(args.out)):
-        log(f"wrote {path}")
-    log(f"figures and tables: python -m studies report probe --probe {args.out} --out FIGURES_DIR")
+    result.write(args.out, log=log)
     return 0

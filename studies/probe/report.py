@@ -56,10 +56,6 @@ def color(setting: str) -> str:
     return ABLATION_COLORS.get(setting, PAIR_COLOR)
 
 
-def _label(setting: str) -> str:
-    return LABELS.get(setting, setting)
-
-
 # ---------------------------------------------------------------------------------------------
 # Reading
 
@@ -135,12 +131,9 @@ def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
     out = []
     for region in REGIONS:
         others = [r for r in REGIONS if r != region]
-        phi = 0.0
-        for k in range(n):
-            weight = math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)
-            for subset in itertools.combinations(others, k):
-                s = frozenset(subset)
-                phi += weight * (value[s] - value[s | {region}])
+        phi = sum(math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)  # Shapley weight
+                  * (value[frozenset(s)] - value[frozenset(s) | {region}])
+                  for k in range(n) for s in itertools.combinations(others, k))
         out.append({"component": region, "reduction": phi})
     order_rows = rows[rows["setting"] == ENGINE_ORDER]
     if len(order_rows):
@@ -222,7 +215,7 @@ def _bars(ax, main: pd.DataFrame, title: str) -> None:
                     ha="center", va="bottom", fontsize=6)
     ax.set_yscale("log")
     ax.set_ylim(floor, values.max() * 4 if values.max() > 0 else 1)
-    ax.set_xticks(x, [_label(s) for s in main["setting"]], rotation=60, ha="right", fontsize=7)
+    ax.set_xticks(x, [LABELS.get(s, s) for s in main["setting"]], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("mean |Δ logprob| vs engine")
     ax.set_title(title)
 
@@ -246,7 +239,8 @@ def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "pro
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies report probe", description="figures and tables of the mismatch probe (its CSV files)")
+    p = argparse.ArgumentParser(prog="python -m studies report probe",
+                                description="figures and tables of the mismatch probe (its CSV files)")
     p.add_argument("--probe", required=True, help="one probe directory, or a directory of them (results/probe)")
     p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
     p.add_argument("--tables", help="where probe_subsets.csv / probe_shares.csv / probe.md go "

