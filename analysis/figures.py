@@ -227,7 +227,7 @@ def score_figure(runs, stability, cfg: AnalysisConfig, layout: Layout, out_dir: 
 
 def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name: str,
                   panels: tuple[Panel, ...], max_points: int) -> list[Path]:
-    """Rows = metrics, columns = models."""
+    """Rows = metrics, columns = models; one metric: the models in rows of MAX_COLUMNS, as the score figure."""
     panels = _available(panels, runs, name)
     if not panels:
         warnings.warn(f"{name}: no metric of this figure was logged; figure skipped", FigureWarning,
@@ -238,16 +238,18 @@ def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name
     for row, panel in enumerate(panels):
         per_seed, agg = _prepare(data, panel, max_points)
         for col, model in enumerate(layout.models):
-            ax = axes[row, col]
+            ax = axes.flat[col] if len(panels) == 1 else axes[row, col]
             drawn = _draw_panel(ax, per_seed, agg, model, layout)
             if panel.log_scale and drawn:
                 ax.set_yscale("log")
                 ax.yaxis.set_minor_locator(NullLocator())  # unlabelled minor ticks cost draw time
             if row == 0:
                 ax.set_title(model)
-            ax.set_ylabel(panel.label if col == 0 else "")
+            ax.set_ylabel(panel.label if ax.get_subplotspec().is_first_col() else "")
             if row == len(panels) - 1:
                 ax.set_xlabel("step")
+    for ax in list(axes.flat)[len(panels) * len(layout.models):]:
+        ax.set_visible(False)
     _legend(fig, layout)
     return save_figure(fig, out_dir, name)
 

@@ -180,3 +180,14 @@ def test_figures_and_tables_are_byte_reproducible_and_readable(grid, tmp_path):
     for rel in first:
         assert first[rel].read_bytes() == second[rel].read_bytes(), rel
         assert first[rel].stat().st_mode & 0o777 == 0o644, rel
+
+
+def test_a_figure_with_one_logged_metric_wraps_more_models_than_a_row_holds(tmp_path):
+    """Five models, only the score and k3 KL logged: the mismatch figure has one panel per model, in rows of
+    four, as the score figure does."""
+    models = [f"m{i}" for i in range(5)]
+    write_grid(tmp_path / "runs", models, ["none", "all"], [0], 40, n_metrics=2)
+    figures = tmp_path / "figures"
+    assert main(["plots", "--runs", str(tmp_path / "runs"), "--config", str(CONFIG), "--out", str(figures),
+                 "--tables", str(tmp_path / "tables"), "-q"]) == 0
+    assert_all_figures(figures, ["score", "mismatch"])
