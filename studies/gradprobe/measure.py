@@ -229,15 +229,15 @@ def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str]
     ref_setting = replace(probe.Setting.of_ablation(REFERENCE_ABLATION), name=EXACT)
     with_is = {"none", *REGIONS, "all", REFERENCE_ABLATION, EXACT}
     chosen = [ref_setting] + [probe.Setting.of_ablation(s) for s in settings]
-    engine_check = {}
+    engine_check, results = {}, {}
 
-    def step(setting: probe.Setting, model, engine_model) -> list[BatchGradient]:
-        grads = [batch_gradient(trainer, model, s, setting, setting.name in with_is) for s in samples]
+    def step(setting: probe.Setting, model, engine_model) -> None:
+        grads = results[setting.name] = [batch_gradient(trainer, model, s, setting, setting.name in with_is)
+                                         for s in samples]
         if setting.name == EXACT:  # how exact the reference is: the engine's full forward and its sampling
             engine_check.update(_reference_check(engine_model, samples, grads, trainer.rl["temperature"]))
-        return grads
 
-    results = dict(zip([s.name for s in chosen], probe.run_settings(chosen, sides, step, log)))
+    probe.run_settings(chosen, sides, step, log)
     ref = results[EXACT]
     refs = [g.log_prob for g in ref]
     rows, batch_rows = [], []
