@@ -45,8 +45,9 @@ def sampled(request, tmp_path_factory):
 def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
     name, model_dir, samples = sampled
     matched = bench.training_model(model_dir, "attention")
-    rows = {spec: bench.score(matched, samples, spec, "vllm-cpu", REDUCTION) for spec in bench.SUBSETS}
-    gpu_target = bench.score(matched, samples, "all", "vllm", REDUCTION)
+    rows = {spec: bench.score_sequences(matched, samples, spec, "vllm-cpu", REDUCTION)[0]
+            for spec in bench.SUBSETS}
+    gpu_target = bench.score_sequences(matched, samples, "all", "vllm", REDUCTION)[0]
     assert rows["all"]["tokens"] == PROMPTS * bench.NEW_TOKENS
     for spec, r in rows.items():
         print(f"{name} {spec:8s} k3 {r['k3']:.2e} bit-equal {r['bit_equal']:.2%}")
@@ -66,7 +67,8 @@ def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
         assert rows["all"]["k3"] * 20 <= rows["none"]["k3"]
         assert all(rows["all"]["bit_equal"] > r["bit_equal"] for r in others)
         assert rows["all"]["k3"] * 3 < gpu_target["k3"]
-        hf_attention = bench.score(bench.training_model(model_dir, "hf"), samples, "all", "vllm-cpu", REDUCTION)
+        hf_model = bench.training_model(model_dir, "hf")
+        hf_attention = bench.score_sequences(hf_model, samples, "all", "vllm-cpu", REDUCTION)[0]
         assert rows["all"]["k3"] < hf_attention["k3"]  # SDPA in bf16 is a mismatch of its own
         assert rows["all"]["bit_equal"] > 0.5
 
@@ -82,8 +84,8 @@ def test_with_the_engines_kernels_and_its_graphs_order_the_training_side_is_the_
 
     name, model_dir, samples = sampled
     model = bench.training_model(model_dir, "engine_steps")
-    graph = bench.score(model, samples, "all", "vllm-cpu", "vllm_cpu_graph")
-    alone = bench.score(model, samples, "all", "vllm-cpu", "inductor_cpu")
+    graph = bench.score_sequences(model, samples, "all", "vllm-cpu", "vllm_cpu_graph")[0]
+    alone = bench.score_sequences(model, samples, "all", "vllm-cpu", "inductor_cpu")[0]
     print(f"{name} engine kernels: bit-equal {graph['bit_equal']:.2%} in the graph's order, "
           f"{alone['bit_equal']:.2%} with each norm's sums on their own")
     assert graph["tokens"] == PROMPTS * bench.NEW_TOKENS
