@@ -205,15 +205,17 @@ rule roundmap_machine:
 # --- the reports: `python -m studies report NAME` on what was measured (no torch: tables and figures)
 
 
-# the grid's headline, of the embedded default grid and of it with another attention on the training
-# side (rl.trainer_attention)
-for name, tables in (("tiny", TABLES), ("tiny_sdpa", grid_tables("tiny_sdpa")), ("tiny_amx", grid_tables("tiny_amx"))):
+# the grid's headline, of the embedded default grid and of it with another attention on the training side
+# (rl.trainer_attention), from the table each waits for: the embedded grid's metrics, the others' summary
+HEADLINE_INPUTS = {"tiny": f"{TABLES}/metrics.parquet", "tiny_sdpa": f"{grid_tables('tiny_sdpa')}/summary.csv",
+                   "tiny_amx": f"{grid_tables('tiny_amx')}/summary.csv"}
+for name, table in HEADLINE_INPUTS.items():
 
     rule:
         name:
             f"{name}_report"
         input:
-            f"{tables}/metrics.parquet" if name == "tiny" else f"{tables}/summary.csv",
+            table,
         output:
             f"{STUDY_OUT}/{name}/report/headline.csv",
         log:
@@ -229,13 +231,15 @@ for name, tables in (("tiny", TABLES), ("tiny_sdpa", grid_tables("tiny_sdpa")), 
 
 
 # studies that read a result file (--result) or a folder of tables (--tables) into a folder of their own
-for name, source in (("depth", "--result"), ("leftover", "--result"), ("trace", "--result"), ("scaling", "--tables")):
+READ_REPORTS = {name: ("--result", measured(name)) for name in ("depth", "leftover", "trace")}
+READ_REPORTS["scaling"] = ("--tables", f"{STUDY_OUT}/scaling/measure")
+for name, (source, read) in READ_REPORTS.items():
 
     rule:
         name:
             f"{name}_report"
         input:
-            f"{STUDY_OUT}/scaling/measure" if name == "scaling" else measured(name),
+            read,
         output:
             directory(f"{STUDY_OUT}/{name}/report"),
         log:
