@@ -74,7 +74,7 @@ importlib.metadata.version = _version
 # verl issue #3266). The driver starts Ray with `ray_init.num_gpus=1` logical GPUs, handed out without any device.
 
 import sys  # noqa: E402
-from contextlib import contextmanager, nullcontext  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
@@ -82,26 +82,11 @@ from verl.plugin.platform.platform_base import PlatformBase  # noqa: E402
 from verl.plugin.platform.platform_manager import PlatformRegistry  # noqa: E402
 
 
-class _Stream:
-    """torch.cpu.Stream does nothing either; verl waits on and synchronizes streams."""
-
-    def synchronize(self) -> None:
-        pass
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def record_event(self, event=None):
-        return event
-
-
 class CPUDevice:
     """What verl calls on `get_torch_device()` (torch.cuda elsewhere), for the host: memory figures
-    are the machine's (psutil), caches and streams have nothing to do. Anything else (is_available,
-    device_count, current_device "cpu", synchronize, ...) comes from `torch.cpu` or is an AttributeError naming it."""
+    are the machine's (psutil), caches have nothing to do. Anything else (is_available, device_count,
+    current_device "cpu", synchronize, streams that do nothing, ...) comes from `torch.cpu` or is an
+    AttributeError naming it."""
 
     def __getattr__(self, name):
         try:
@@ -143,20 +128,6 @@ class CPUDevice:
 
     def reset_peak_memory_stats(self, device=None) -> None:
         pass
-
-    def current_stream(self, device=None) -> _Stream:
-        return _Stream()
-
-    def Stream(self, *args, **kwargs) -> _Stream:  # noqa: N802 (torch's name)
-        return _Stream()
-
-    @contextmanager
-    def stream(self, stream=None):
-        yield
-
-    @contextmanager
-    def device(self, device=None):
-        yield
 
 
 @PlatformRegistry.register(platform=PLATFORM)
