@@ -117,12 +117,11 @@ def check_partitions(cfg: dict, partition_file: str | Path) -> list[Check]:
     if not path.is_file():
         return [Check("partition", False, f"{path}: no such file")]
     partitions = (yaml.safe_load(path.read_text()) or {}).get("partitions") or {}
-    verl = verl_settings(cfg)
     checks = []
     for model in cfg["models"]:
-        spec = cfg["model_specs"][model]
-        want = {**(cfg.get("resources") or {}).get("train", {}), **(spec.get("resources") or {})}
-        gpus, nodes = int(spec.get("n_gpus_per_node", verl["n_gpus_per_node"])), int(spec.get("nnodes", verl["nnodes"]))
+        want = {**(cfg.get("resources") or {}).get("train", {}), **(cfg["model_specs"][model].get("resources") or {})}
+        verl = verl_settings(cfg, model)  # the model's own cluster shape on top
+        gpus, nodes = verl["n_gpus_per_node"], verl["nnodes"]
         fitting = [name for name, lim in partitions.items()
                    if lim.get("max_gpu", 0) >= gpus and lim.get("max_nodes", 1) >= nodes
                    and lim.get("max_mem_mb", float("inf")) >= want.get("mem_mb", 0)
@@ -133,16 +132,12 @@ def check_partitions(cfg: dict, partition_file: str | Path) -> list[Check]:
     return checks
 
 
-def cell_gpus(cfg: dict) -> int:
-    verl = verl_settings(cfg)
-    return max(int(cfg["model_specs"][m].get("n_gpus_per_node", verl["n_gpus_per_node"])) for m in cfg["models"])
-
-
 PARTITIONS = Path(__file__).resolve().parent.parent / "profiles/slurm/partitions.yaml"
 
 
 def run(cfg: dict, partition_file: str | Path = PARTITIONS) -> list[Check]:
-    checks = [check_driver(), check_gpus(cell_gpus(cfg)), check_glibc()]
+    checks = [check_driver(), check_gpus(max(verl_settings(cfg, m)["n_gpus_per_node"] for m in cfg["models"])),
+              check_glibc()]
     checks += check_partitions(cfg, partition_file)
     checks += [check_import(module, version) for module, version in IMPORTS.items()]
     checks += check_models(cfg)
