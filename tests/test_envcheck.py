@@ -64,8 +64,8 @@ def _env_file(tmp_path: Path, pip: list[str]) -> Path:
 
 def _check(index: Path, tmp_path: Path, pip: list[str], *args: str) -> subprocess.CompletedProcess:
     env = _env_file(tmp_path, pip)
-    return subprocess.run([sys.executable, "-m", "verlrun", "check-env", str(env), "--index-url", index.as_uri(), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "-m", "verlrun", "check-env", str(env), "--index-url", index.as_uri(), *args]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def test_wheels_only_pass_and_each_wheel_is_listed(index, tmp_path):
