@@ -1,17 +1,8 @@
-"""Tables and figures of the mismatch probe (``python -m studies run probe``), from its CSV files only.
+"""Tables and figures of the mismatch probe from its CSV files only (studies/probe/page.md): each region's
+Shapley share of the stock mismatch (`region_shares`), the tables across models and, with more than one
+model, the figure ``probe_subsets``.
 
-A probe directory holds ``subsets.csv`` (one row per training-side setting and reference),
-``layers.csv``, ``by_probability.csv`` and ``by_position.csv``. From them:
-
-- :func:`region_shares`: each region's share of the stock mismatch (mean |d logprob| against the
-  engine's forward), as Shapley values over the 8 subsets of regions - the reduction a region brings,
-  averaged over the orders in which regions can be added - plus the share of the summation order and
-  what remains. The shares add up to the stock mismatch.
-- tables across models (``probe_subsets.csv``, ``probe_shares.csv``, ``probe.md``, ``probe_models.md``)
-  and, with more than one model, the figure ``probe_subsets`` (bars per setting, log scale, one panel
-  per model).
-
-``python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]``.
+    python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """Target `vllm` against the local engine at the paper models' shapes: how far the training side is
 from an engine compiled as vLLM compiles on a GPU, per region setting.
 
-The engine is `localrl.engine` (vLLM's weight layout and native formulations, split into pieces at
-attention as vLLM splits its graph, each piece compiled by Inductor: Triton on a GPU) - the closest to
-vLLM's GPU graph a machine without vLLM runs. The training side is transformers + patches (target
-`vllm`, regions `none` / `rope` / `all`, eager and fused). Both sides share the GEMMs (cuBLAS on a GPU)
-and one attention kernel (`localrl.kernels.CUDA_ATTENTION` on a GPU), so what differs is where each
-side rounds and in what order it sums. Weights are random (no checkpoint is downloaded), bf16
-parameters and fp32 buffers as FSDP keeps them; responses are sampled from the engine at temperature 1.
-
-Per setting, over the response tokens, against two references: `engine_forward` (the engine's full
-forward of prompt + response, the layout the trainer sees) and `engine_sampling` (the logprobs the
-engine returned while sampling, what verl compares with): k3 (verl's KL estimate, mean of
-exp(d) - 1 - d with d = logp_train - logp_engine), mean |d| and the share of tokens whose logprob is
-bit-equal. And the rounding map of the engine's graphs as compiled here (`patches.engine_table`: which
-values Inductor stores as bf16) against target `vllm`'s table. Imports torch, transformers, pandas and
-this repository only (no vLLM, verl or orjson).
+Run as a script by benchmarks/gpu_check.py; setup and results: docs/studies/gpu_check.md ("The `vllm`
+target at full depth"). Random weights; both sides share the GEMMs and one attention kernel. Imports torch,
+transformers, pandas and this repository only (no vLLM, verl or orjson).
 
     python3 studies/scaling/check_model.py --device cuda --out $OUT/model.json      # qwen3-8b, qwen2.5-math-7b
     .venv/bin/python studies/scaling/check_model.py --device cpu --quick            # a dry run, tiny shapes

@@ -1,10 +1,5 @@
-"""Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a base.
-
-Random-weight Qwen2 / Qwen3 models (no trained weights are downloaded), built as the RL rig builds its
-training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and attention through the shared
-`localrl.kernels` - against the compiled engine of `localrl.engine`. Per point, responses sampled from the
-engine at temperature 1 are scored by the engine and by the training side under every setting of the probe
-(`studies.probe.measure`). What each factor and metric shows: studies/scaling/page.md.
+"""Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a
+base, on the probe's harness (`studies.probe.measure`). Setup, factors and metrics: studies/scaling/page.md.
 
     python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]

