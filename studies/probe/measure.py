@@ -8,7 +8,6 @@ same harness against vLLM. What it measures and found: studies/probe/page.md.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ import patches
 from patches import compile as compiled_layers
 from rla.config import ConfigError
 from rla.names import REGIONS, forward_treatment, subset_name
-from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from localrl.engine.engine import Engine, Rollout, prefill_mask
 from localrl.models import compute_copy
 from localrl.trainer import Batch, Trainer, sequence_inputs
@@ -63,9 +62,6 @@ class Setting:
         return cls(name, entry.regions, entry.reduction, compiled=entry.compiled,
                    dtype=torch.float16 if entry.precision == "fp16" else torch.bfloat16,
                    correction=entry.rollout_correction)
-
-
-SUBSETS = [c for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]  # by size, REGIONS order
 
 
 def probe_settings(target: str = patches.DEFAULT_TARGET, other: str | None = None,

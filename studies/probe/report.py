@@ -18,7 +18,7 @@ import pandas as pd
 
 from rla.files import write_csv, write_text
 from rla.names import REGIONS, subset_name
-from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from analysis import figures
 from analysis.figures import plt
 from analysis.output import to_markdown
@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 
 TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligned, another training side
 # every subset of the regions by size, then all + the engine's order and the treatments
-SETTING_ORDER = tuple(subset_name(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)) \
-    + (ENGINE_ORDER,) + TREATMENTS
+SETTING_ORDER = tuple(subset_name(c) for c in SUBSETS) + (ENGINE_ORDER,) + TREATMENTS
 PAIR_COLOR = "#999999"
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
 REQUIRED = {
@@ -112,7 +111,7 @@ def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
         rows = rows[rows["treatment"].fillna("") == ""]
     eager = rows[rows["reduction"] == "eager"]
     value = {_regions_of(r): v for r, v in zip(eager["regions"], eager[metric])}
-    subsets_needed = [frozenset(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]
+    subsets_needed = [frozenset(c) for c in SUBSETS]
     missing = [",".join(sorted(s)) or "none" for s in subsets_needed if s not in value]
     if missing:
         raise ValueError(f"subsets.csv lacks the setting(s) {missing} (reference {reference!r}); "
