@@ -186,12 +186,14 @@ def hf_config(shape: Shape, max_positions: int):
                               bos_token_id=None)
 
 
-def build_model(point: Point, max_positions: int):
-    """fp32 master weights of a random model with the point's output and attention scales."""
+def build_model(point: Point, max_positions: int, device: str | torch.device = "cpu"):
+    """fp32 master weights of a random model with the point's output and attention scales, initialised on
+    `device` (the CPU: the same weights anywhere; check_model.py builds a 7B model on the GPU)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(point.seed)
-    model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
     bias_gen = torch.Generator().manual_seed(point.seed + 104729)
     # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
     attn_scaled = ("q_norm", "k_norm") if point.shape.arch == "qwen3" else ("q_proj", "k_proj")
