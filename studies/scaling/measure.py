@@ -422,7 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="two small points per factor, short responses (tests)")
     p.add_argument("--append", action="store_true", help="keep the tables already in --out and measure only "
                    "the points they lack (e.g. a later --big --real run)")
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -447,7 +446,7 @@ def quick_base(arch: str) -> Point:
     return Point("base", 0, qwen_shape(arch, 64, 2, 384), n_seq=4, prompt_len=8, response_len=12)
 
 
-def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool, seed: int,
+def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool,
          real_length: int = 128) -> list[Point]:
     points = []
     for factor in factors:
@@ -457,7 +456,7 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
                        for p in factor_points(factor, arch, base=quick_base(arch))[:2]]
             else:
                 pts = factor_points(factor, arch, big, real, real_length=real_length)
-            points += [replace(p, seed=seed) for p in pts]
+            points += pts
     return points
 
 
@@ -469,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.real_length < 1:
         raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
-    points = plan(factors, archs, args.big, args.real, args.quick, args.seed, args.real_length)
+    points = plan(factors, archs, args.big, args.real, args.quick, args.real_length)
     out = Path(args.out)
     kept = {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
             for n in TABLES if args.append and (out / f"{n}.csv").exists()}
