@@ -31,13 +31,8 @@ TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligne
 SETTING_ORDER = tuple(subset_name(c) for c in SUBSETS) + (ENGINE_ORDER,) + TREATMENTS
 PAIR_COLOR = "#999999"
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
-REQUIRED = {
-    "subsets": ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
-                "k3_kl", "probs_diff_mean", "frac_identical"],
-    "layers": ["setting", "layer", "stage", "rel_l2", "frac_identical"],
-    "by_probability": ["setting", "p_low", "p_high", "n_tokens", "mean_abs_dlogprob"],
-    "by_position": ["setting", "scope", "position_low", "n_tokens", "mean_abs_dlogprob"],
-}
+REQUIRED = ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
+            "k3_kl", "probs_diff_mean", "frac_identical"]
 
 
 def color(setting: str) -> str:
@@ -50,21 +45,14 @@ def color(setting: str) -> str:
 # Reading
 
 
-def load_probe(probe_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """The four CSV files of one probe directory, checked for the columns used here."""
-    probe_dir = Path(probe_dir)
-    frames = {}
-    for name, columns in REQUIRED.items():
-        path = probe_dir / f"{name}.csv"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: a probe directory holds {', '.join(REQUIRED)} (.csv); "
-                                    "run `python -m studies run probe` first")
-        frame = pd.read_csv(path)
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{path} lacks column(s) {missing}; expected at least {columns}")
-        frames[name] = frame
-    return frames
+def load_subsets(probe_dir: str | Path) -> pd.DataFrame:
+    """The subsets.csv of one probe directory (the tables here read no other), checked for its columns."""
+    path = Path(probe_dir) / "subsets.csv"
+    frame = pd.read_csv(path)
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
+    return frame
 
 
 def find_probes(root: str | Path) -> dict[str, Path]:
@@ -151,8 +139,7 @@ def subsets_table(subsets: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def markdown_report(frames: dict[str, pd.DataFrame], title: str) -> str:
-    subsets = frames["subsets"]
+def markdown_report(subsets: pd.DataFrame, title: str) -> str:
     main = training_settings(subsets)
     n_tokens = int(main["n_tokens"].iloc[0]) if len(main) else 0
     parts = [f"# Mismatch probe: {title}\n",
@@ -251,11 +238,10 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
     tables_dir = Path(tables_dir)
     written, subsets, shares, report = [], {}, [], []
     for model, path in probes.items():
-        frames = load_probe(path)
-        subsets[model] = frames["subsets"]
-        report.append(markdown_report(frames, model))
+        subsets[model] = load_subsets(path)
+        report.append(markdown_report(subsets[model], model))
         try:
-            shares.append(region_shares(frames["subsets"]).assign(model=model))
+            shares.append(region_shares(subsets[model]).assign(model=model))
         except ValueError as err:
             log.warning("%s: %s", model, err)
     if len(probes) > 1:
