@@ -358,14 +358,12 @@ def start(study: str, argv: list[str] | None) -> dict | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies run vllm_alignment", description=__doc__.split("\n")[0])
     p.add_argument("--out", help="the JSON file to write (required)")
-    p.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--sample", nargs=2, metavar=("MODEL_DIR", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts per shape (default {PROMPTS})")
     p.add_argument("--compilation-config", default="{}", help=argparse.SUPPRESS)  # with --sample: vLLM's, as JSON
     p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)  # with --sample
     args = p.parse_args(argv)
-    if unknown := [name for name in args.shapes if name not in SHAPES]:
-        p.error(f"--shapes: unknown {', '.join(unknown)}; allowed: {', '.join(SHAPES)}")
     if args.sample:
         sample_with_vllm(*args.sample, n_prompts=args.prompts, compilation_config=json.loads(args.compilation_config),
                          prompt_seed=args.prompt_seed)
