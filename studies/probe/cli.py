@@ -1,10 +1,8 @@
-"""The probe's command: `python -m studies run probe` (the registry's measure step of the probe).
+"""`python -m studies run probe`: against the local engine `measure.probe_local`, against vLLM
+`vllm.probe_vllm`; which one runs is the config's engine unless --engine names one.
 
     python -m studies run probe --config CFG --model NAME --out results/tiny/probe/NAME
     python -m studies run probe --engine vllm --model CHECKPOINT_DIR --out DIR     # any Qwen2/2.5/3 checkpoint
-
-Against the local engine the probe is `studies.probe.measure.probe_local`; against vLLM,
-`studies.probe.vllm.probe_vllm`. Which one runs is the config's engine unless --engine names one.
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ import argparse
 from rla.config import ConfigError
 from rla.names import ENGINES
 from studies.probe.inputs import check_checkpoint
-from studies.probe.measure import DEFAULT_POSITION_BIN
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,9 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-prompts", type=int, default=128, help="test prompts to probe (default 128)")
     p.add_argument("--max-new-tokens", type=int, help="response length (default: the config's rl.max_response_length)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt choice and the sampling (default 0)")
-    p.add_argument("--position-bin", type=int, default=DEFAULT_POSITION_BIN,
-                   help=f"width of the position bins (default {DEFAULT_POSITION_BIN})")
-    p.add_argument("--batch-size", type=int, default=16, help="vllm: sequences per training-side forward (default 16)")
     p.add_argument("--gpu-memory-utilization", type=float, help="vllm on a GPU: vLLM's share of GPU memory "
                                                                  "(default: vLLM's)")
     p.add_argument("--kv-cache-gib", type=int, help="vllm on a CPU: KV cache in GiB (default: the config's, else 1)")

@@ -3,12 +3,46 @@ starts, and its prompts (a verl-schema test split or the generated task, in the 
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from rla.config import ConfigError
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Inputs:
+    model_dir: Path
+    tokenizer: object
+    prompts: list[list[int]]  # token ids
+    max_new_tokens: int
+    rl: dict | None  # the config's rl settings of the model; None for a checkpoint directory
+
+
+def probe_inputs(args, cfg: dict | None, checkpoint_tokens: int | None = None) -> Inputs:
+    """What the probe reads, every option checked before any engine starts: `--model` a model of the
+    config, or (no config) a checkpoint directory (checked by cli.engine_of), whose responses are
+    `checkpoint_tokens` long unless --max-new-tokens says otherwise."""
+    from transformers import AutoTokenizer
+
+    if cfg is None:
+        rl, data_dir, model_dir, tokens = None, args.data, Path(args.model), checkpoint_tokens
+    else:
+        rl, data_dir, model_dir = config_model(args, cfg)  # an unknown model fails before any work
+        tokens = rl["max_response_length"]
+    n_prompts = positive("--n-prompts", args.n_prompts)
+    max_new_tokens = positive("--max-new-tokens", tokens if args.max_new_tokens is None else args.max_new_tokens)
+    messages = task_messages(data_dir, n_prompts, args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return Inputs(model_dir, tokenizer, chat_prompts(tokenizer, messages), max_new_tokens, rl)
 
 
 def config_model(args, cfg: dict) -> tuple[dict, Path, Path]:

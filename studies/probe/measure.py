@@ -1,28 +1,14 @@
-"""The mismatch probe's shared harness, and the probe against the local engine (`probe_local`); what it
-measures and what it found: studies/probe/page.md. vllm.py runs the same harness against vLLM.
-
-The harness: `probe_settings` (every subset of {rope, swiglu, rmsnorm}, "all" with the compiled
-engine's RMSNorm summation order, and the treatments `compile` and `fp16`), `Layout` (which tokens are
-scored), `run_settings` (the loop over settings, shared with the scaling study and the gradient probe)
-and `SettingRows` (each setting against two references, into the probe's tables):
-
-- `engine_forward` (the main one): the engine's full forward of prompt + response, in the trainer's
-  batch layout. Both sides see the same tokens, positions and masks and share the GEMM/attention
-  kernels, so every difference comes from the three regions and the summation order.
-- `engine_sampling`: the logprobs the engine returned while sampling, what verl compares with. It adds
-  the engine's own prefill-vs-decode difference (the row `engine_forward` under this reference); the
-  responses were sampled in BF16, so `fp16` has no row here.
-
-Outputs (`--out`): subsets.csv, layers.csv, by_probability.csv, by_position.csv; `studies.probe.report`
-writes the tables and figures from them.
+"""The mismatch probe's shared harness - `probe_settings`, `Layout` (which tokens are scored),
+`run_settings` (the loop over settings, shared with the scaling study and the gradient probe) and
+`SettingRows` (each setting against the engine's full forward, `engine_forward`, and its sampling
+logprobs, `engine_sampling`) - and the probe against the local engine (`probe_local`); vllm.py runs the
+same harness against vLLM. What it measures and found: studies/probe/page.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +23,7 @@ import patches
 from patches import compile as compiled_layers
 from rla.config import ConfigError
 from rla.names import REGIONS, forward_treatment, subset_name
-from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from localrl.engine.engine import Engine, Rollout, prefill_mask
 from localrl.models import compute_copy
 from localrl.trainer import Batch, Trainer, sequence_inputs
@@ -76,9 +62,6 @@ class Setting:
         return cls(name, entry.regions, entry.reduction, compiled=entry.compiled,
                    dtype=torch.float16 if entry.precision == "fp16" else torch.bfloat16,
                    correction=entry.rollout_correction)
-
-
-SUBSETS = [c for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]  # by size, REGIONS order
 
 
 def probe_settings(target: str = patches.DEFAULT_TARGET, other: str | None = None,
@@ -445,35 +428,24 @@ class SettingRows:
 
 def probe_local(args, cfg: dict) -> int:
     """The probe against the local engine (localrl/engine) of one model of an experiment config."""
-    from transformers import AutoTokenizer
+    from studies.probe.inputs import log, probe_inputs
 
-    from localrl.task import render_prompt
-    from studies.probe.inputs import config_model, positive, task_messages
-
-    rl, data_dir, model_dir = config_model(args, cfg)  # an unknown model fails before any work
-    n_prompts = positive("--n-prompts", args.n_prompts)
-    max_new_tokens = positive("--max-new-tokens", rl["max_response_length"] if args.max_new_tokens is None
-                               else args.max_new_tokens)
-    position_bin = positive("--position-bin", args.position_bin)
-    messages = task_messages(data_dir, n_prompts, args.seed)
-
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer(render_prompt(m))["input_ids"] for m in messages]
+    inputs = probe_inputs(args, cfg)
+    prompts, max_new_tokens, tokenizer = inputs.prompts, inputs.max_new_tokens, inputs.tokenizer
     # The training model exactly as the RL loop builds it (bf16 compute copy, fp32 buffers, shared
     # kernels); "all" makes the trainer check that the patches cover every layer of this model.
-    with Trainer(str(model_dir), {**rl, "temperature": 1.0}, "all") as trainer:
+    with Trainer(str(inputs.model_dir), {**inputs.rl, "temperature": 1.0}, "all") as trainer:
         engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id)
         longest = max(map(len, prompts)) + max_new_tokens
         if longest > engine.max_positions:
             raise ConfigError(f"prompts of up to {max(map(len, prompts))} tokens + --max-new-tokens {max_new_tokens} "
                               f"exceed the model's {engine.max_positions} positions")
         engine.load_weights(trainer.weights_for_engine())
-        log(f"probe {args.model}: {n_prompts} prompts, responses of up to {max_new_tokens} tokens "
+        log(f"probe {args.model}: {len(prompts)} prompts, responses of up to {max_new_tokens} tokens "
             f"(sampling compiles the engine on first use)")
         start = time.perf_counter()
         rollout = sample_rollout(engine, prompts, max_new_tokens, args.seed)
         log(f"sampled {int(rollout.response_mask.sum())} response tokens ({time.perf_counter() - start:.1f} s)")
-        result = run_probe(trainer.model, engine, rollout, position_bin, log=log, master=trainer.master)
+        result = run_probe(trainer.model, engine, rollout, log=log, master=trainer.master)
     result.write(args.out, log=log)
     return 0

@@ -1,17 +1,8 @@
-"""Tables and figures of the mismatch probe (``python -m studies run probe``), from its CSV files only.
+"""Tables and figures of the mismatch probe from its CSV files only (studies/probe/page.md): each region's
+Shapley share of the stock mismatch (`region_shares`), the tables across models and, with more than one
+model, the figure ``probe_subsets``.
 
-A probe directory holds ``subsets.csv`` (one row per training-side setting and reference),
-``layers.csv``, ``by_probability.csv`` and ``by_position.csv``. From them:
-
-- :func:`region_shares`: each region's share of the stock mismatch (mean |d logprob| against the
-  engine's forward), as Shapley values over the 8 subsets of regions - the reduction a region brings,
-  averaged over the orders in which regions can be added - plus the share of the summation order and
-  what remains. The shares add up to the stock mismatch.
-- tables across models (``probe_subsets.csv``, ``probe_shares.csv``, ``probe.md``, ``probe_models.md``)
-  and, with more than one model, the figure ``probe_subsets`` (bars per setting, log scale, one panel
-  per model).
-
-``python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]``.
+    python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ import pandas as pd
 
 from rla.files import write_csv, write_text
 from rla.names import REGIONS, subset_name
-from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from analysis import figures
 from analysis.figures import plt
 from analysis.output import to_markdown
@@ -37,17 +28,11 @@ log = logging.getLogger(__name__)
 
 TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligned, another training side
 # every subset of the regions by size, then all + the engine's order and the treatments
-SETTING_ORDER = tuple(subset_name(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)) \
-    + (ENGINE_ORDER,) + TREATMENTS
+SETTING_ORDER = tuple(subset_name(c) for c in SUBSETS) + (ENGINE_ORDER,) + TREATMENTS
 PAIR_COLOR = "#999999"
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
-REQUIRED = {
-    "subsets": ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
-                "k3_kl", "probs_diff_mean", "frac_identical"],
-    "layers": ["setting", "layer", "stage", "rel_l2", "frac_identical"],
-    "by_probability": ["setting", "p_low", "p_high", "n_tokens", "mean_abs_dlogprob"],
-    "by_position": ["setting", "scope", "position_low", "n_tokens", "mean_abs_dlogprob"],
-}
+REQUIRED = ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
+            "k3_kl", "probs_diff_mean", "frac_identical"]
 
 
 def color(setting: str) -> str:
@@ -60,21 +45,14 @@ def color(setting: str) -> str:
 # Reading
 
 
-def load_probe(probe_dir: str | Path) -> dict[str, pd.DataFrame]:
-    """The four CSV files of one probe directory, checked for the columns used here."""
-    probe_dir = Path(probe_dir)
-    frames = {}
-    for name, columns in REQUIRED.items():
-        path = probe_dir / f"{name}.csv"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} not found: a probe directory holds {', '.join(REQUIRED)} (.csv); "
-                                    "run `python -m studies run probe` first")
-        frame = pd.read_csv(path)
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            raise ValueError(f"{path} lacks column(s) {missing}; expected at least {columns}")
-        frames[name] = frame
-    return frames
+def load_subsets(probe_dir: str | Path) -> pd.DataFrame:
+    """The subsets.csv of one probe directory (the tables here read no other), checked for its columns."""
+    path = Path(probe_dir) / "subsets.csv"
+    frame = pd.read_csv(path)
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
+    return frame
 
 
 def find_probes(root: str | Path) -> dict[str, Path]:
@@ -121,7 +99,7 @@ def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
         rows = rows[rows["treatment"].fillna("") == ""]
     eager = rows[rows["reduction"] == "eager"]
     value = {_regions_of(r): v for r, v in zip(eager["regions"], eager[metric])}
-    subsets_needed = [frozenset(c) for k in range(len(REGIONS) + 1) for c in itertools.combinations(REGIONS, k)]
+    subsets_needed = [frozenset(c) for c in SUBSETS]
     missing = [",".join(sorted(s)) or "none" for s in subsets_needed if s not in value]
     if missing:
         raise ValueError(f"subsets.csv lacks the setting(s) {missing} (reference {reference!r}); "
@@ -161,8 +139,7 @@ def subsets_table(subsets: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def markdown_report(frames: dict[str, pd.DataFrame], title: str) -> str:
-    subsets = frames["subsets"]
+def markdown_report(subsets: pd.DataFrame, title: str) -> str:
     main = training_settings(subsets)
     n_tokens = int(main["n_tokens"].iloc[0]) if len(main) else 0
     parts = [f"# Mismatch probe: {title}\n",
@@ -261,11 +238,10 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
     tables_dir = Path(tables_dir)
     written, subsets, shares, report = [], {}, [], []
     for model, path in probes.items():
-        frames = load_probe(path)
-        subsets[model] = frames["subsets"]
-        report.append(markdown_report(frames, model))
+        subsets[model] = load_subsets(path)
+        report.append(markdown_report(subsets[model], model))
         try:
-            shares.append(region_shares(frames["subsets"]).assign(model=model))
+            shares.append(region_shares(subsets[model]).assign(model=model))
         except ValueError as err:
             log.warning("%s: %s", model, err)
     if len(probes) > 1:

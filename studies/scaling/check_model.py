@@ -1,21 +1,9 @@
 """Target `vllm` against the local engine at the paper models' shapes: how far the training side is
 from an engine compiled as vLLM compiles on a GPU, per region setting.
 
-The engine is `localrl.engine` (vLLM's weight layout and native formulations, split into pieces at
-attention as vLLM splits its graph, each piece compiled by Inductor: Triton on a GPU) - the closest to
-vLLM's GPU graph a machine without vLLM runs. The training side is transformers + patches (target
-`vllm`, regions `none` / `rope` / `all`, eager and fused). Both sides share the GEMMs (cuBLAS on a GPU)
-and one attention kernel (`localrl.kernels.CUDA_ATTENTION` on a GPU), so what differs is where each
-side rounds and in what order it sums. Weights are random (no checkpoint is downloaded), bf16
-parameters and fp32 buffers as FSDP keeps them; responses are sampled from the engine at temperature 1.
-
-Per setting, over the response tokens, against two references: `engine_forward` (the engine's full
-forward of prompt + response, the layout the trainer sees) and `engine_sampling` (the logprobs the
-engine returned while sampling, what verl compares with): k3 (verl's KL estimate, mean of
-exp(d) - 1 - d with d = logp_train - logp_engine), mean |d| and the share of tokens whose logprob is
-bit-equal. And the rounding map of the engine's graphs as compiled here (`patches.engine_table`: which
-values Inductor stores as bf16) against target `vllm`'s table. Imports torch, transformers, pandas and
-this repository only (no vLLM, verl or orjson).
+Run as a script by benchmarks/gpu_check.py; setup and results: docs/studies/gpu_check.md ("The `vllm`
+target at full depth"). Random weights; both sides share the GEMMs and one attention kernel. Imports torch,
+transformers, pandas and this repository only (no vLLM, verl or orjson).
 
     python3 studies/scaling/check_model.py --device cuda --out $OUT/model.json      # qwen3-8b, qwen2.5-math-7b
     .venv/bin/python studies/scaling/check_model.py --device cpu --quick            # a dry run, tiny shapes
@@ -61,33 +49,16 @@ def token_mismatch(train_lp: torch.Tensor, ref_lp: torch.Tensor, selected: torch
             "mean_abs_dlogprob": d.abs().mean().item(), "bit_equal": (d == 0).double().mean().item()}
 
 
-def random_model(shape: scaling.Shape, max_positions: int, logit_scale: float, device: torch.device, seed: int):
-    """A random model built on `device` (a 7B model's fp32 init on a CPU would take minutes), norm
-    weights spread and output layer scaled as the scaling study's (`scaling.NORM_SPREAD`); then its
-    parameters cast in place to bf16, buffers kept fp32, GEMMs and attention on the shared kernels."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    with torch.device(device):
-        master = AutoModelForCausalLM.from_config(scaling.hf_config(shape, max_positions), dtype=torch.float32)
-    with torch.no_grad():
-        for name, p in master.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(scaling.NORM_SPREAD * torch.randn_like(p))
-            elif name == "lm_head.weight":
-                p.mul_(logit_scale)
-    return scaling.compute_copy(master.eval().requires_grad_(False), keep_master=False)
-
-
-def measure(name: str, shape: scaling.Shape, args, device: torch.device, log=print) -> tuple[list[dict], dict]:
+def measure(name: str, shape: scaling.Shape, lengths: dict, device: torch.device, log=print) -> tuple[list[dict], dict]:
     """The rows of every setting and reference, and the rounding map of the engine's compiled graphs
-    (value -> stored as bf16 there, and in target `vllm`)."""
-    point = replace(scaling.base_point(shape.arch), factor="gpu_check", shape=shape, shape_name=name,
-                    n_seq=args.n_seq, prompt_len=args.prompt_len, response_len=args.response_len)
+    (value -> stored as bf16 there, and in target `vllm`); `lengths`: n_seq, prompt_len, response_len."""
+    base = scaling.base_point(shape.arch)
+    point = replace(base, factor="gpu_check", shape=shape, shape_name=name, **lengths,
+                    logit_scale=scaling.matched_scale(base, shape.hidden))
     start = time.perf_counter()
     max_positions = point.prompt_len + point.response_len
-    model = random_model(shape, max_positions, scaling.matched_scale(scaling.base_point(shape.arch), shape.hidden),
-                         device, point.seed)
+    # built on the device (a 7B model's fp32 init on a CPU would take minutes), cast to bf16 in place
+    model = scaling.compute_copy(scaling.build_model(point, max_positions, device), keep_master=False)
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     torch._dynamo.reset()  # every engine piece compiles below, under the rounding map's hook
@@ -127,33 +98,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="a tiny Qwen3 shape, few tokens: a dry run")
-    p.add_argument("--models", default=",".join(MODELS),
-                   help=f"comma-separated, of {', '.join(scaling.PAPER_SHAPES)} (default: {','.join(MODELS)})")
-    p.add_argument("--layers", type=int, help="decoder layers (default: each model's own depth)")
-    p.add_argument("--n-seq", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=32)
-    p.add_argument("--response-len", type=int, default=128)
     p.add_argument("--out", type=Path, required=True, help="JSON path (rewritten after each model)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device visible to torch")
     if args.quick:
-        shapes = dict(QUICK)
-        args.n_seq, args.prompt_len, args.response_len = 2, 8, 8
+        shapes, lengths = dict(QUICK), dict(n_seq=2, prompt_len=8, response_len=8)
     else:
-        names = args.models.split(",")
-        if bad := [n for n in names if n not in scaling.PAPER_SHAPES]:
-            p.error(f"--models: unknown {', '.join(bad)}; allowed: {', '.join(scaling.PAPER_SHAPES)}")
-        shapes = {n: scaling.PAPER_SHAPES[n] for n in names}
-    if args.layers is not None:
-        if args.layers < 1:
-            p.error(f"--layers {args.layers}: must be at least 1")
-        shapes = {n: replace(s, layers=args.layers) for n, s in shapes.items()}
+        shapes, lengths = {n: scaling.PAPER_SHAPES[n] for n in MODELS}, dict(n_seq=8, prompt_len=32, response_len=128)
     device = torch.device(args.device)
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
               "target": TARGET, "rows": [], "roundmaps": []}
     for name, shape in shapes.items():
-        rows, stores = measure(name, shape, args, device)
+        rows, stores = measure(name, shape, lengths, device)
         report["rows"] += rows
         report["roundmaps"].append(stores)
         args.out.parent.mkdir(parents=True, exist_ok=True)

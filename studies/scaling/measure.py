@@ -1,10 +1,5 @@
-"""Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a base.
-
-Random-weight Qwen2 / Qwen3 models (no trained weights are downloaded), built as the RL rig builds its
-training model - bf16 parameters, fp32 buffers (as FSDP keeps them), GEMMs and attention through the shared
-`localrl.kernels` - against the compiled engine of `localrl.engine`. Per point, responses sampled from the
-engine at temperature 1 are scored by the engine and by the training side under every setting of the probe
-(`studies.probe.measure`). What each factor and metric shows: studies/scaling/page.md.
+"""Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a
+base, on the probe's harness (`studies.probe.measure`). Setup, factors and metrics: studies/scaling/page.md.
 
     python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]
@@ -191,12 +186,14 @@ def hf_config(shape: Shape, max_positions: int):
                               bos_token_id=None)
 
 
-def build_model(point: Point, max_positions: int):
-    """fp32 master weights of a random model with the point's output and attention scales."""
+def build_model(point: Point, max_positions: int, device: str | torch.device = "cpu"):
+    """fp32 master weights of a random model with the point's output and attention scales, initialised on
+    `device` (the CPU: the same weights anywhere; check_model.py builds a 7B model on the GPU)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(point.seed)
-    model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
     bias_gen = torch.Generator().manual_seed(point.seed + 104729)
     # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
     attn_scaled = ("q_norm", "k_norm") if point.shape.arch == "qwen3" else ("q_proj", "k_proj")
@@ -425,7 +422,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="two small points per factor, short responses (tests)")
     p.add_argument("--append", action="store_true", help="keep the tables already in --out and measure only "
                    "the points they lack (e.g. a later --big --real run)")
-    p.add_argument("--seed", type=int, default=0)
     return p
 
 
@@ -450,7 +446,7 @@ def quick_base(arch: str) -> Point:
     return Point("base", 0, qwen_shape(arch, 64, 2, 384), n_seq=4, prompt_len=8, response_len=12)
 
 
-def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool, seed: int,
+def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: bool,
          real_length: int = 128) -> list[Point]:
     points = []
     for factor in factors:
@@ -460,7 +456,7 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
                        for p in factor_points(factor, arch, base=quick_base(arch))[:2]]
             else:
                 pts = factor_points(factor, arch, big, real, real_length=real_length)
-            points += [replace(p, seed=seed) for p in pts]
+            points += pts
     return points
 
 
@@ -472,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.real_length < 1:
         raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
-    points = plan(factors, archs, args.big, args.real, args.quick, args.seed, args.real_length)
+    points = plan(factors, archs, args.big, args.real, args.quick, args.real_length)
     out = Path(args.out)
     kept = {n: pd.read_csv(out / f"{n}.csv", keep_default_na=False, na_values=[""])
             for n in TABLES if args.append and (out / f"{n}.csv").exists()}

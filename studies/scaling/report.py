@@ -1,7 +1,5 @@
-"""Fits, shares, figures and tables of the mismatch scaling study (`python -m studies run scaling`), from its
-CSV files only: growth exponents (:func:`fit_exponents`), Shapley shares per point (:func:`point_shares`), the
-log-log figure ``mismatch_scaling`` and where each region's error sits (:func:`where_table`). What they show:
-studies/scaling/page.md.
+"""Fits, shares, figures and tables of the mismatch scaling study from its CSV files only (what they show:
+studies/scaling/page.md).
 
     python -m studies report scaling --tables results/studies/scaling/measure --out results/studies/scaling/report
 """

