@@ -52,9 +52,9 @@ STUDIES = {s.name: s for s in (
     Study("scaling", "the mismatch against depth, width, vocabulary, head size and response length "
                      "(random-weight models, the local engine)", "studies.scaling.measure", "studies.scaling.report"),
     Study("gradprobe", "the policy-gradient error of each setting against one batch's noise: pre-registered "
-                       "ladders", "studies.gradprobe.cli", "studies.gradprobe.judge", "experiments/gradprobe.yaml"),
+                       "ladders", "studies.gradprobe.plan", "studies.gradprobe.judge", "experiments/gradprobe.yaml"),
     Study("rope_lead", "the gradient probe's HA4 again: RoPE alone at the Qwen3 points where it failed and their "
-                       "Qwen2 counterparts, 3 seeds x 24 batches: pre-registered", "studies.gradprobe.cli",
+                       "Qwen2 counterparts, 3 seeds x 24 batches: pre-registered", "studies.gradprobe.plan",
           "studies.gradprobe.judge", "experiments/gradprobe-rope.yaml"),
     Study("geo_rs", "does verl's geometric rejection stall stock numerics: pre-registered", None,
           "studies.geo_rs.judge", "experiments/geo_rs.yaml"),
