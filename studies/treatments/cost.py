@@ -1,6 +1,6 @@
 """Training cost of each treatment, side by side in one process (a measurement, not a test).
 
-    python -m studies run treatments [--results results/treatments] [--rounds 7] [--models qwen2-s ...]
+    python -m studies run treatments [--results results/treatments] [--rounds 7]
 
 For each warm-started model of a grid (`<results>/models/<model>`, data in `<results>/data`): one RL
 batch as the grid draws it (prompts_per_step x samples_per_prompt responses of up to
@@ -153,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results/treatments", help="a grid's results dir (models, data)")
     parser.add_argument("--config", nargs="+", default=list(CONFIGS),
                         help="its experiment configs, later ones laid over earlier ones as Snakemake does (rl, ablations)")
-    parser.add_argument("--models", nargs="+", help="default: every model of the config")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
@@ -162,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_all(args.config)
     results = Path(args.results)
-    models = args.models or cfg["models"]
-    missing = [m for m in models if not (results / "models" / m / "model.safetensors").exists()]
+    missing = [m for m in cfg["models"] if not (results / "models" / m / "model.safetensors").exists()]
     if missing:
         print(f"error: no warm-started model for {missing} under {results / 'models'}: run the grid first "
               f"(snakemake ... --config profile={results.name})", file=sys.stderr)
@@ -172,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python -m studies run treatments " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": {**describe(), "threads": torch.get_num_threads()},
               "rounds": args.rounds, "warmup": WARMUP, "models": {}}
-    for model in models:
+    for model in cfg["models"]:
         report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
     out = files.write_text(args.out, json.dumps(report, indent=1) + "\n")
     log(f"wrote {out}")
