@@ -1,13 +1,7 @@
-"""The studies: one folder each, with its measurement, its report and its judge; one registry.
-
-    python -m studies list                  one JSON object per study: name, Snakemake target, tracked outputs
-    python -m studies run NAME [ARGS]       the study's measurement (its module's own options: --help)
-    python -m studies report NAME [ARGS]    its tables, figures and verdicts, from the measurement's files
-    snakemake --cores N NAME                the whole study through the DAG, published with its provenance
-
-A target publishes into `studies/NAME/published/` (docs/running.md, "The studies"). Report and judge
-modules import no torch: they run on tables copied from another machine. Nothing outside this folder
-imports a study.
+"""The studies: one folder each, with its measurement, its report and its judge; one registry. How to run
+and publish them: docs/running.md, "The studies" (`python -m studies --help`). Report and judge modules
+import no torch: they run on tables copied from another machine. Nothing outside this folder imports a
+study.
 """
 
 from __future__ import annotations
