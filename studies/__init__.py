@@ -1,13 +1,7 @@
-"""The studies: one folder each, with its measurement, its report and its judge; one registry.
-
-    python -m studies list                  one JSON object per study: name, Snakemake target, tracked outputs
-    python -m studies run NAME [ARGS]       the study's measurement (its module's own options: --help)
-    python -m studies report NAME [ARGS]    its tables, figures and verdicts, from the measurement's files
-    snakemake --cores N NAME                the whole study through the DAG, published with its provenance
-
-A target publishes into `studies/NAME/published/` (docs/running.md, "The studies"). Report and judge
-modules import no torch: they run on tables copied from another machine. Nothing outside this folder
-imports a study.
+"""The studies: one folder each, with its measurement, its report and its judge; one registry. How to run
+and publish them: docs/running.md, "The studies" (`python -m studies --help`). Report and judge modules
+import no torch: they run on tables copied from another machine. Nothing outside this folder imports a
+study.
 """
 
 from __future__ import annotations
@@ -52,9 +46,9 @@ STUDIES = {s.name: s for s in (
     Study("scaling", "the mismatch against depth, width, vocabulary, head size and response length "
                      "(random-weight models, the local engine)", "studies.scaling.measure", "studies.scaling.report"),
     Study("gradprobe", "the policy-gradient error of each setting against one batch's noise: pre-registered "
-                       "ladders", "studies.gradprobe.cli", "studies.gradprobe.judge", "experiments/gradprobe.yaml"),
+                       "ladders", "studies.gradprobe.plan", "studies.gradprobe.judge", "experiments/gradprobe.yaml"),
     Study("rope_lead", "the gradient probe's HA4 again: RoPE alone at the Qwen3 points where it failed and their "
-                       "Qwen2 counterparts, 3 seeds x 24 batches: pre-registered", "studies.gradprobe.cli",
+                       "Qwen2 counterparts, 3 seeds x 24 batches: pre-registered", "studies.gradprobe.plan",
           "studies.gradprobe.judge", "experiments/gradprobe-rope.yaml"),
     Study("geo_rs", "does verl's geometric rejection stall stock numerics: pre-registered", None,
           "studies.geo_rs.judge", "experiments/geo_rs.yaml"),

@@ -70,14 +70,8 @@ def _publish(args) -> int:
 def _pages(args) -> int:
     from studies import pages
 
-    chosen = pages.pages()
-    if args.page:
-        unknown = sorted(set(args.page) - set(chosen))
-        if unknown:
-            raise ValueError(f"no rendered page {unknown}; the pages are {sorted(chosen)}")
-        chosen = {name: chosen[name] for name in args.page}
     failed = 0
-    for page in chosen.values():
+    for page in pages.pages().values():
         problems = pages.differences(page) if args.check else []
         typed = pages.typed_numbers(page)
         if typed:
@@ -116,7 +110,6 @@ def parser() -> argparse.ArgumentParser:
     pub.add_argument("--record", help="also write the provenance record here (the Snakemake job's output)")
     pub.set_defaults(func=_publish)
     pg = sub.add_parser("pages", help="render the docs' results pages from the published tables (studies/pages.py)")
-    pg.add_argument("--page", nargs="*", default=[], help="only these pages (e.g. docs/studies/tiny.md)")
     pg.add_argument("--check", action="store_true", help="write nothing; exit 1 where a page differs from its render")
     pg.set_defaults(func=_pages)
     return p

@@ -4,9 +4,6 @@ A page is a Jinja2 template (`studies/NAME/page.md`; the README and the results 
 whose numbers come only from placeholders reading committed tables (Table, Record, config); each printed
 number goes with its source into the page's ledger `docs/numbers/PAGE.csv`. `typed_numbers()` names any
 number in a template's own text, in digits or in words ("a third", "tenfold").
-
-    python -m studies pages            render every page and its ledger
-    python -m studies pages --check    exit 1 naming each page that differs from its render
 """
 
 from __future__ import annotations

@@ -74,12 +74,15 @@ def test_calibrate_reapplies_the_rule_with_other_thresholds(tmp_path, capsys):
     config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 5, "min_rise": 0.05, "patience": 5}}))
     cfg = CollapseConfig.from_mapping(yaml.safe_load(config.read_text())["collapse"])
     stability_table(load_runs(tmp_path / "runs"), cfg).to_csv(tmp_path / "stability.csv", index=False)
-    args = ["report", "calibration", "--stability", str(tmp_path / "stability.csv"), "--config", str(config), "--runs",
-            str(tmp_path / "runs")]
-    assert main(args + ["--alternative", "min_rise=5.0"]) == 0
+    alternatives = tmp_path / "alternatives.yaml"
+    args = ["report", "calibration", "--stability", str(tmp_path / "stability.csv"), "--config", str(config),
+            str(alternatives), "--runs", str(tmp_path / "runs")]
+    alternatives.write_text(yaml.safe_dump({"report": {"alternatives": ["min_rise=5.0"]}}))
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert "false_positives: 2" in out and "alternative min_rise=5.0: 0 of 4 runs collapsed, 4 never rose" in out
-    assert main(args + ["--alternative", "min_rize=0.05"]) == 2
+    alternatives.write_text(yaml.safe_dump({"report": {"alternatives": ["min_rize=0.05"]}}))
+    assert main(args) == 2
     assert "min_rize" in capsys.readouterr().err
 
 
@@ -120,11 +123,12 @@ def test_calibration_judge_writes_its_tables_and_can_drop_the_no_recovery_clause
                       [{"critic/score/mean": float(s), "actor/pg_loss": 0.01, "actor/grad_norm": 0.5,
                         "rollout_corr/k3_kl": 1e-4} for s in score])
     config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 1, "min_rise": 0.05, "patience": 5}}))
+    config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 1, "min_rise": 0.05, "patience": 5},
+                                      "report": {"alternatives": ["patience=5", "patience=5,no_recovery=false"]}}))
     cfg = CollapseConfig.from_mapping(yaml.safe_load(config.read_text())["collapse"])
     stability_table(load_runs(tmp_path / "runs"), cfg).to_csv(tmp_path / "stability.csv", index=False)
     args = ["report", "calibration", "--stability", str(tmp_path / "stability.csv"), "--config", str(config), "--runs",
-            str(tmp_path / "runs"), "--alternative", "patience=5", "--alternative", "patience=5,no_recovery=false"]
+            str(tmp_path / "runs")]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert main(args + ["--out", str(tmp_path / "out")]) == 0
@@ -141,7 +145,9 @@ def test_calibration_judge_writes_its_tables_and_can_drop_the_no_recovery_clause
     assert alternatives["collapsed"].tolist() == [0, 1] and alternatives["runs"].tolist() == [2, 2]
     assert alternatives["never_rose"].tolist() == [1, 1] and alternatives["smooth_window"].tolist() == [1, 1]
 
-    assert main(args[:-4] + ["--alternative", "no_recovery=maybe"]) == 2  # a flag is true or false, not bool("maybe")
+    config.write_text(yaml.safe_dump({"collapse": {"smooth_window": 1, "min_rise": 0.05, "patience": 5},
+                                      "report": {"alternatives": ["no_recovery=maybe"]}}))
+    assert main(args) == 2  # a flag is true or false, not bool("maybe")
     assert "no_recovery" in capsys.readouterr().err
 
 

