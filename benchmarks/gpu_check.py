@@ -161,7 +161,7 @@ QUICK_REGIONS = ("qk_norm_rope", "swiglu", "add_rmsnorm")
 
 # The test modules holding `cuda`-marked tests (tests/test_gpu_check.py checks the list is complete):
 # importable without vLLM, verl, ray or orjson, as the rest of the suite's tests are not.
-CUDA_TESTS = ("tests/test_kernels.py", "tests/test_patches_regions.py", "tests/test_gpu_stress.py")
+CUDA_TESTS = ("tests/test_kernels.py", "tests/test_patches_regions.py", "tests/test_device.py")
 
 STEPS = [
     Step("fused", ("torch", "transformers"), 80,

@@ -16,9 +16,20 @@ import torch
 
 from benchmarks import gpu_check
 from studies.scaling import check_model
-from tests.test_gpu_stress import without_absent_packages
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# What the GPU machine's image lacks.
+ABSENT = ("vllm", "verl", "ray", "orjson", "snakemake")
+
+
+def without_absent_packages(path: Path) -> Path:
+    """A PYTHONPATH entry that makes the GPU image's absent packages unimportable here: each one a
+    stand-in ahead of site-packages that fails to import."""
+    for name in ABSENT:
+        (path / name).mkdir(parents=True)
+        (path / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    return path
 
 
 @pytest.mark.parametrize("argv, names", [(["--steps", "fused,nope"], "--steps: unknown nope; allowed: fused"),
