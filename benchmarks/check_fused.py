@@ -165,7 +165,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="a small shape: a dry run")
-    p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--regions", default=",".join(REGIONS), help=f"comma-separated, of {', '.join(REGIONS)}")
     p.add_argument("--out", type=Path, help="JSON path (default benchmarks/results/fused-check-{cpu,gpu}.json)")
     args = p.parse_args(argv)
@@ -175,7 +174,7 @@ def main(argv=None) -> int:
     if bad := [r for r in wanted if r not in REGIONS]:
         p.error(f"--regions: unknown {', '.join(bad)}; allowed: {', '.join(REGIONS)}")
     device = torch.device(args.device)
-    tokens = 48 if args.quick else args.tokens
+    tokens = 48 if args.quick else 4096
     out = args.out or ROOT / "benchmarks" / "results" / f"fused-check-{'gpu' if device.type == 'cuda' else 'cpu'}.json"
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
               "tokens": tokens, "last_bit_share": LAST_BIT_SHARE, "regions": wanted,
