@@ -13,13 +13,10 @@ both as deltas over the inputs. Memory-bound cases also get an effective bandwid
     python3 benchmarks/bench_regions.py --device cuda                 # Qwen2.5-7B and Qwen3-8B shapes
     .venv/bin/python benchmarks/bench_regions.py --quick              # seconds: a smoke run
 
-Shapes: CUDA: Qwen2.5-7B (hidden 3584, 28/4 heads x 128, intermediate 18944) and Qwen3-8B (4096,
-32/8 x 128, 12288), 8192 tokens. CPU: hidden 1536, 12/2 x 128, intermediate 8960, 4096 tokens for
-the regions and 1024 for the decoder layer, whose GEMMs and attention then run through localrl's
-fp32-compute kernels (bf16 in, bf16 out, as a GPU GEMM rounds), as the rig runs them (localrl/kernels.py
-says why fp32). The stock region formulas below are
-transformers' Qwen2/Qwen3 code written out (tests/test_bench_regions.py checks them against
-transformers).
+Shapes: GPU_SHAPES (Qwen2.5-7B's and Qwen3-8B's) and CPU_SHAPES below; on the CPU the decoder layer's
+GEMMs and attention run through localrl's fp32-compute kernels (bf16 in, bf16 out, as a GPU GEMM rounds),
+as the rig runs them (localrl/kernels.py says why fp32). The stock region formulas below are transformers'
+Qwen2/Qwen3 code written out (tests/test_bench_regions.py checks them against transformers).
 """
 
 from __future__ import annotations
