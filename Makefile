@@ -47,8 +47,7 @@ test-long: $(STAMP)
 
 # The checks of minutes each that CI leaves out (the `extended` marker; by hand): the micro grid end to
 # end, the rounding map of the three engines' graphs at real widths, the probe against vLLM, the CPU dry
-# runs of the GPU check and the GPU stress script, and verl's README rerun command (it trains
-# test-verl's grid first).
+# run of the GPU check, and verl's README rerun command (it trains test-verl's grid first).
 test-extended: $(STAMP)
 	RLA_TEST_VERL=1 RLA_TEST_VERL_ABLATIONS=$(VERL_ABLATIONS) $(PY) -m pytest -q -m extended -n $(CORES) --dist load $(PYTEST_ARGS)
 

@@ -7,19 +7,16 @@ first; --repeats rounds that each time every implementation in turn, the median 
 ratio to stock as the median of per-round ratios, so that drift in machine speed cancels), bytes autograd saves for backward (distinct storages, weights
 excluded), and on CUDA the max_memory_allocated peak and the memory still held after the forward,
 both as deltas over the inputs. Memory-bound cases also get an effective bandwidth (interface bytes
-/ time) against a measured device copy. Writes JSON and prints a markdown table with ratios vs stock.
+/ time) against a measured device copy. Writes JSON (its tables: the kernels page, the GPU check's summary).
 
     .venv/bin/python benchmarks/bench_regions.py                      # CPU, reduced shape
     python3 benchmarks/bench_regions.py --device cuda                 # Qwen2.5-7B and Qwen3-8B shapes
     .venv/bin/python benchmarks/bench_regions.py --quick              # seconds: a smoke run
 
-Shapes: CUDA: Qwen2.5-7B (hidden 3584, 28/4 heads x 128, intermediate 18944) and Qwen3-8B (4096,
-32/8 x 128, 12288), 8192 tokens. CPU: hidden 1536, 12/2 x 128, intermediate 8960, 4096 tokens for
-the regions and 1024 for the decoder layer, whose GEMMs and attention then run through localrl's
-fp32-compute kernels (bf16 in, bf16 out, as a GPU GEMM rounds), as the rig runs them (localrl/kernels.py
-says why fp32). The stock region formulas below are
-transformers' Qwen2/Qwen3 code written out (tests/test_bench_regions.py checks them against
-transformers), so the region benchmark runs where transformers is missing; the layer needs it.
+Shapes: GPU_SHAPES (Qwen2.5-7B's and Qwen3-8B's) and CPU_SHAPES below; on the CPU the decoder layer's
+GEMMs and attention run through localrl's fp32-compute kernels (bf16 in, bf16 out, as a GPU GEMM rounds),
+as the rig runs them (localrl/kernels.py says why fp32). The stock region formulas below are transformers'
+Qwen2/Qwen3 code written out (tests/test_bench_regions.py checks them against transformers).
 """
 
 from __future__ import annotations
@@ -45,6 +42,7 @@ from rla.machine import describe  # noqa: E402
 import patches  # noqa: E402
 from patches import rmsnorm, rope, stream, swiglu  # noqa: E402
 from benchmarks.stock import stock_rms_norm  # noqa: E402,F401
+import transformers  # noqa: E402
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -417,34 +415,9 @@ def ratios(rows: list[dict]) -> None:
                 r[key.replace("_bytes", "_x_stock")] = r[key] / base[key]
 
 
-def markdown(rows: list[dict], copy_gbps: float) -> str:
-    cuda = any("peak_bytes" in r for r in rows)
-    head = ["model", "case", "impl", "time ms", "x stock", "saved MiB", "x stock"]
-    if cuda:
-        head += ["peak MiB", "x stock", "device ms", "device ops"]
-    head += ["GB/s", "% copy"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [f"{r['model']}/{r['arch']}", r["case"], r["impl"], f"{r['time_ms']:.3f}",
-                 f"{r.get('time_x_stock', float('nan')):.2f}", f"{r['saved_bytes'] / 2**20:.1f}",
-                 f"{r.get('saved_x_stock', float('nan')):.2f}"]
-        if cuda:
-            cells += [f"{r['peak_bytes'] / 2**20:.1f}", f"{r.get('peak_x_stock', float('nan')):.2f}",
-                      f"{r['device_ms']:.3f}" if "device_ms" in r else "",
-                      f"{r['device_ops']:.0f}" if "device_ops" in r else ""]
-        cells += [f"{r['GBps']:.1f}" if "GBps" in r else "", f"{100 * r['GBps'] / copy_gbps:.0f}" if "GBps" in r else ""]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
 def environment(device) -> dict:
     env = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "threads": torch.get_num_threads(), **describe()}
-    try:
-        import transformers
-        env["transformers"] = transformers.__version__
-    except ImportError:
-        env["transformers"] = None
+           "threads": torch.get_num_threads(), **describe(), "transformers": transformers.__version__}
     env["liger_kernel"] = _liger() is not None
     return env
 
@@ -459,7 +432,6 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--cases", default="all", help="comma-separated: rope, qk_norm_rope, swiglu, add_rmsnorm, "
                    "rmsnorm, decoder_layer, attention (default all)")
-    p.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {', '.join(IMPLS)}")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.min_run_time, args.warmup = 1, 0.05, 2
@@ -469,11 +441,6 @@ def parse_args(argv=None):
     args.cases = allowed if args.cases == "all" else set(args.cases.split(","))
     if bad := args.cases - allowed:
         p.error(f"--cases: unknown {', '.join(sorted(bad))}; allowed: {', '.join(sorted(allowed))}")
-    args.impls = args.impls.split(",")
-    if bad := set(args.impls) - set(IMPLS):
-        p.error(f"--impls: unknown {', '.join(sorted(bad))}; allowed: {', '.join(IMPLS)}")
-    if "stock" not in args.impls:
-        p.error("--impls must include stock: every ratio is against it")
     return args
 
 
@@ -494,10 +461,7 @@ def main(argv=None) -> int:
     for shape in shapes:
         cases = [c for c in region_cases(shape, device) if c.name in args.cases]
         if "decoder_layer" in args.cases:
-            try:
-                cases.append(layer_case(shape, device))
-            except ImportError as err:
-                report["notes"].append(f"decoder_layer {shape.arch}: skipped, {err}")
+            cases.append(layer_case(shape, device))
         if "attention" in args.cases:
             cases.append(attention_case(shape, device))
         for case in cases:
@@ -506,7 +470,7 @@ def main(argv=None) -> int:
                 continue  # same shape as the other architecture's: measured once
             seen.add(key)
             report["notes"] += [f"{case.name} {shape.arch}: {n}" for n in case.notes]
-            rows, failures = measure(case, [i for i in args.impls if i in case.impls], args, device)
+            rows, failures = measure(case, [i for i in IMPLS if i in case.impls], args, device)
             for failure in failures:
                 report["notes"].append(f"{case.name} {shape.arch} {failure}")
                 print(f"  {case.name} {failure}", file=sys.stderr)
@@ -522,7 +486,6 @@ def main(argv=None) -> int:
         report["notes"].append("liger_kernel not installed: no Liger column")
     ratios(report["rows"])
     out.write_text(json.dumps(report, indent=1))
-    print(markdown(report["rows"], report["copy_GBps"]))
     for note in report["notes"]:
         print(f"- {note}")
     print(f"wrote {out}", file=sys.stderr)

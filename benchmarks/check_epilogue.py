@@ -1,19 +1,12 @@
 """Where Inductor adds a GEMM's bias on this device, in vLLM's graph: inside the GEMM, or in the next
 pointwise kernel (which moves where the bias sum is rounded).
 
-Qwen2's q/k/v projections have a bias. Inductor's post-grad pass `unfuse_bias_add_to_pointwise`
-(torch/_inductor/fx_passes/post_grad.py) turns `addmm(bias, x, W)` into `mm(x, W) + bias` when the
-device is a GPU and *every* user of the result is pointwise (views followed through); the bf16 GEMM
-output would then be rounded before the bias is added, inside RoPE's kernel, in FP32. Two guards keep
-it from firing in vLLM's graph (read in torch 2.13's source): `torch._inductor.config.
-keep_addmm_fused_for_half_dtypes` (default True: bf16/fp16 addmm stays fused, but on XPU), and the graph
-itself - `v`, a view of the qkv output, leaves the piece for the attention op, which is not pointwise.
-The GPU's torch (2.11 in verl's environment) is what this script checks. So the `vllm` target
-keeps the bias inside the GEMM, rounded once with it, as stock HF's addmm does.
-
-This script compiles vLLM's qkv -> split -> RoPE tail on the device and reports whether the compiled
-graph still holds an addmm (bias fused) or an mm plus a bias add (unfused), for vLLM's shape of the
-graph (v a graph output) and, for contrast, one where every user is pointwise.
+Qwen2's q/k/v projections have a bias. Why Inductor's `unfuse_bias_add_to_pointwise` should not fire in
+vLLM's graph, as the `vllm` target assumes (the bias inside the GEMM, rounded once with it, as stock HF's
+addmm does), read in torch 2.13's source: docs/patches.md, "Qwen2's q/k/v bias". On a GPU's own torch
+this script checks it: it compiles vLLM's qkv -> split -> RoPE tail on the device and reports whether
+the compiled graph still holds an addmm (bias fused) or an mm plus a bias add (unfused), for vLLM's
+shape of the graph (v a graph output) and, for contrast, one where every user is pointwise.
 
     python benchmarks/check_epilogue.py [--device cuda] [--out results.json]
 """

@@ -16,9 +16,6 @@ Steps, in this order, so that the first minutes give the most:
                 built on the GPU, `all` against the Triton engine), skipped on every CPU
   regions       bench_regions.py: time and activation memory per region and per decoder layer, stock /
                 aligned eager / aligned fused / Liger (where its wheel is installed), against a copy
-  repeat        by hand (--steps repeat): repeat_fused.py: whether the engine's formulation and the
-                aligned regions, compiled anew in fresh processes, give the same last bits, with and without
-                Inductor's deterministic mode
 Each step runs in its own process under its own time limit on a GPU, cut to what is left of --budget-s (a CPU
 dry run has the budget alone). A step that cannot run (a package missing, no GPU), fails or runs out of
 time is in the summary with the reason.
@@ -84,7 +81,6 @@ class Step:
     argv: Callable[[Run], list[str]]
     read: Callable[[dict, Run], Rows]  # its JSON -> rows
     cuda_only: str = ""     # why it measures nothing on a CPU, if it does not
-    by_default: bool = True  # run without --steps naming it
 
     def needs_here(self, run: Run) -> tuple[str, ...]:
         return self.needs + (("triton",) if run.device == "cuda" else ())
@@ -118,11 +114,6 @@ def read_model(report: dict, run: Run) -> Rows:
     return rows
 
 
-def read_repeat(report: dict, run: Run) -> Rows:
-    return {f"{r['mode']}/{r['model']}/{r['region']}/{r['side']}[{r['output']}]":
-            f"{r['distinct']} distinct of {r['runs']} runs" for r in report.get("distinct", [])}
-
-
 def read_epilogue(report: dict, run: Run) -> Rows:
     return {"qkv bias in vLLM's graph": report["vllm_graph"]["bias"]}
 
@@ -150,10 +141,6 @@ def read_regions(report: dict, run: Run) -> Rows:
     return rows
 
 
-def _quick(run: Run) -> list[str]:
-    return ["--quick"] if run.quick else []
-
-
 # A dry run (--quick) runs every step's code, on less: the paper's three regions (RoPE with Qwen3's
 # q/k norm, SwiGLU, the residual add + RMSNorm) in `fused`, the decoder layers alone in `regions`.
 QUICK_REGIONS = ("qk_norm_rope", "swiglu", "add_rmsnorm")
@@ -161,7 +148,7 @@ QUICK_REGIONS = ("qk_norm_rope", "swiglu", "add_rmsnorm")
 
 # The test modules holding `cuda`-marked tests (tests/test_gpu_check.py checks the list is complete):
 # importable without vLLM, verl, ray or orjson, as the rest of the suite's tests are not.
-CUDA_TESTS = ("tests/test_kernels.py", "tests/test_patches_regions.py", "tests/test_gpu_stress.py")
+CUDA_TESTS = ("tests/test_kernels.py", "tests/test_patches_regions.py", "tests/test_device.py")
 
 STEPS = [
     Step("fused", ("torch", "transformers"), 80,
@@ -169,7 +156,8 @@ STEPS = [
                     *(["--quick", "--regions", ",".join(QUICK_REGIONS)] if r.quick else [])],
          read_fused),
     Step("model", ("torch", "transformers", "pandas"), 140,
-         lambda r: ["studies/scaling/check_model.py", "--device", r.device, *_quick(r), "--out", str(r.json("model"))],
+         lambda r: ["studies/scaling/check_model.py", "--device", r.device, *(["--quick"] if r.quick else []),
+                    "--out", str(r.json("model"))],
          read_model),
     Step("epilogue", ("torch",), 60,
          lambda r: ["benchmarks/check_epilogue.py", "--device", r.device, "--out", str(r.json("epilogue"))],
@@ -182,10 +170,6 @@ STEPS = [
                     *(["--quick", "--cases", "decoder_layer", "--min-run-time", "0.05"] if r.quick
                       else ["--min-run-time", "0.1"])],
          read_regions),
-    # by hand (--steps repeat): whether the compiled kernels' last bits repeat between fresh processes
-    Step("repeat", ("torch", "transformers"), 200,
-         lambda r: ["benchmarks/repeat_fused.py", "--device", r.device, "--out", str(r.json("repeat")), *_quick(r)],
-         read_repeat, by_default=False),
 ]
 
 
@@ -331,7 +315,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks/results/gpu-check"))
     p.add_argument("--wheels", type=Path, default=ROOT / "benchmarks/wheels",
                    help="a folder of extra wheels to install for the steps, e.g. Liger-Kernel's (default: %(default)s)")
-    p.add_argument("--steps", default=",".join(s.name for s in STEPS if s.by_default),
+    p.add_argument("--steps", default=",".join(s.name for s in STEPS),
                    help="comma-separated steps to run, in their fixed order (default: %(default)s)")
     p.add_argument("--limit", action="append", default=[], metavar="STEP=SECONDS",
                    help="a step's own time limit on a GPU instead of its default; repeatable")

@@ -23,9 +23,6 @@ def test_bad_arguments_name_the_allowed_values(capsys):
     with pytest.raises(SystemExit):
         bench_regions.parse_args(["--cases", "rope,mlp"])
     assert "mlp" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        bench_regions.parse_args(["--impls", "aligned-fused"])
-    assert "stock" in capsys.readouterr().err
 
 
 def test_a_failing_implementation_of_the_suite_stops_the_benchmark(monkeypatch):
