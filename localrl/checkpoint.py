@@ -1,8 +1,6 @@
-"""Checkpoints of a cell (weights, optimizer, RNG and data-order state) and stop-on-signal.
-
-Layout: `checkpoints/step_NNNNNN.pt`, written to a temporary file and renamed, so a kill during a
-save leaves the previous checkpoint intact; older ones are pruned after a successful save. A
-checkpoint also holds the cell's identity, its `steps` and its metric lines so far (`localrl.run`).
+"""Checkpoints of a cell (weights, optimizer, RNG and data-order state; docs/running.md: "One cell,
+reruns and progress") and stop-on-signal. `checkpoints/step_NNNNNN.pt` is written atomically; older ones
+are pruned after a successful save.
 """
 
 from __future__ import annotations

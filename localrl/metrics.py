@@ -1,12 +1,7 @@
-"""Per-step metrics under verl's names, and the metrics file in verl's file-logger format.
-
-The mismatch metrics come from verl's own helpers: `rollout_corr/*` from
-`rollout_corr_helper.compute_rollout_corr_metrics_from_logprobs` (what verl's actor logs) and
-`training/rollout_probs_diff_*` / pearson from `utils.debug.metrics.calculate_debug_metrics`.
-
-verl's FileLogger opens its file with "wb" (a resumed run would truncate it), so the file is written
-here in the same format - one `{"step": N, "data": {...}}` line per step, serialized with orjson
-as verl does - but appended, and rewritten from the checkpoint on resume (`rla.metricslog`).
+"""Per-step metrics under verl's names, from verl's own helpers, and the metrics file in verl's
+file-logger format (docs/running.md: "The embedded default"). verl's FileLogger opens its file with "wb"
+(a resumed run would truncate it), so the lines are written here in its format, but appended, and
+rewritten from the checkpoint on resume (`rla.metricslog`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The rounding table of the engine that serves the rollouts, read off its compiled graph: `target="auto"`
-(docs/patches.md: "`target="auto"`").
+and `python -m patches.engine_table` (docs/patches.md: "`target="auto"`").
 
-Inductor rounds a BF16 value where it writes it to a buffer and keeps it in FP32 where it fuses it
-into the next computation, so "where does the engine round" is "which values does Inductor store".
-This module compiles vLLM's graphs, as installed and with the rollouts' compilation config, with a hook
-on `torch._inductor.scheduler.Scheduler.__init__`, where every buffer Inductor will write is known, and
-lists the value each buffer stores. (Grepping the generated code misleads: dead casts stay in its text.)
-
-    python -m patches.engine_table                                   # the table for $RLA_ENGINE_CONFIG
-    python -m patches.engine_table --config '{"device": "cuda"}'     # vLLM's code split as on a GPU
-    patches.apply("all", target="auto")                              # the same table, cached
-
-It imports vLLM only when a table is read, and reads it in a child process (`--read`), so that neither
-vLLM's global state nor the hook reaches the training process. A table is read on a two-layer model of
-each family (where a value is stored is decided per layer) and cached by (vLLM version, engine config,
-family, device kind). A setting whose kernels the map cannot attribute to the values is refused
-(`refusal`), naming the settings that avoid it.
+Inductor rounds a BF16 value where it writes it to a buffer, so "where does the engine round" is "which
+values does Inductor store": a hook on `torch._inductor.scheduler.Scheduler.__init__`, where every buffer
+Inductor will write is known, lists the value each buffer stores. (Grepping the generated code misleads:
+dead casts stay in its text.) Tables are read in a child process (`--read`), so that neither vLLM's global
+state nor the hook reaches the training process.
 """
 
 from __future__ import annotations

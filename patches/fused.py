@@ -1,13 +1,7 @@
 """The fused implementation: each region's forward and backward function compiled by Inductor
-(docs/numerics.md: "Fused kernels").
-
-The functions are the ones the eager implementation runs (patches/rope.py, swiglu.py, rmsnorm.py),
-so the rounding locations are the same by construction: they hold no bf16 intermediate, so Inductor,
-which computes a fused chain in fp32 and rounds where it stores a buffer, has no cast to elide. What
-may change is the summation order of reductions (the kernel's own) and, on GPU, the arithmetic of
-transcendental functions and contractions (a*b+c as one FMA), which is also how the compiled engine
-computes: on GPU the fused path, not the eager one, is the engine's twin. The autograd Functions still
-decide what is saved for backward, so activation memory is the eager implementation's.
+(docs/numerics.md and docs/patches.md: "Fused kernels"). The functions are the eager implementation's and
+hold no BF16 intermediate, so Inductor has no cast to elide: the rounding locations are the same by
+construction; reductions may sum in the kernel's own order.
 """
 
 from __future__ import annotations

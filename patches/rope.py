@@ -1,12 +1,7 @@
-"""RoPE region: rotate in fp32 from bf16 q/k and bf16 cos/sin, round once (as the compiled engine does).
-
-Stock HF rounds three times: `q * cos`, `rotate_half(q) * sin` and their sum. The engine (vLLM's
-native rotation under Inductor) computes `x1*cos - x2*sin`, `x2*cos + x1*sin` in fp32 and stores
-bf16 once. For Qwen3 the per-head q_norm/k_norm feed the rotation inside the same fused kernel, so
-the normalized value is never rounded either: `norm_rope` keeps it in fp32.
-
-Backward passes recompute the fp32 intermediates: they save only bf16 inputs, the cos/sin tables
-(which the stock path saves too) and, for the norm, one fp32 statistic per row.
+"""RoPE region: rotate in FP32 from BF16 q/k and BF16 cos/sin, round once, as the compiled engine does;
+for Qwen3 the q/k norms fused with the rotation (docs/patches.md: "What each region changes"). Backward
+passes recompute the FP32 intermediates from the BF16 inputs, the cos/sin tables and, for the norm, one
+FP32 statistic per row.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""The rollout side: batched sampling with a KV cache on the engine's own model runner.
-
-Mirrors what verl asks of vLLM: receive bf16 weights from the trainer, sample responses with
-temperature (top-p 1, top-k off) and return each sampled token's *processed* logprob,
-`log_softmax(logits.float() / T)`, computed from the engine's bf16 logits.
-
-Layout: prompts are left-padded; each prompt's positions start at 0 at its first real token; one
-forward for all prompts, then one token per step for the whole batch, each sequence stopping at
-its eos. Nothing here imports `patches`: the engine is never patched.
+"""The rollout side: batched sampling with a KV cache on the engine's own model runner, as verl asks of
+vLLM (docs/running.md: "The embedded default"). Prompts are left-padded, positions start at 0 at each
+prompt's first real token; logprobs are the processed ones, `log_softmax(logits.float() / T)`. Nothing
+here imports `patches`: the engine is never patched.
 """
 
 from __future__ import annotations
