@@ -124,11 +124,16 @@ attention.register_autograd(_attention_backward, setup_context=_attention_setup)
 HF_ATTENTION_NAME = "localrl_fp32"
 
 
+def may_attend(attention_mask: Tensor | None) -> Tensor | None:
+    """transformers' attention mask as a boolean "may attend" (an additive float mask: where it is 0)."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask == 0
+
+
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
-    mask = attention_mask
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask == 0  # additive float mask -> boolean "may attend"
+    mask = may_attend(attention_mask)
     causal = mask is None and query.shape[2] > 1
     scale = module.scaling if scaling is None else scaling
     out = attention(query, key, value, mask, causal, float(scale))

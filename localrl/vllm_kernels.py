@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localrl.kernels import register_attention
+from localrl.kernels import causal_mask, may_attend, register_attention
 
 ENGINE_ATTENTION_NAME = "vllm_cpu_kernel"
 BLOCK_SIZE = 128  # vLLM-CPU's default KV block (platforms/cpu.py); the kernel's result does not depend on it
@@ -51,9 +51,8 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     batch, heads, tokens, head_dim = query.shape
     if attention_mask is not None:
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        if not torch.equal(allowed.expand(batch, 1, tokens, tokens)[:, 0],
-                           torch.ones(tokens, tokens, dtype=torch.bool).tril().expand(batch, -1, -1)):
+        if not torch.equal(may_attend(attention_mask).expand(batch, 1, tokens, tokens)[:, 0],
+                           causal_mask(tokens, tokens, None).expand(batch, -1, -1)):
             raise ValueError("engine_attention computes causal attention over whole sequences: "
                              "a padded or packed batch is not supported; score one sequence at a time")
     isa = attention_isa()

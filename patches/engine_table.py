@@ -29,25 +29,21 @@ import torch
 from patches.targets import TARGETS, VALUES, Target, check
 from rla.names import ENGINE_CONFIG_ENV
 
-# (source function, start of the source line, FX op) -> region value; "{norm}" is filled in from the
+# (source functions, start of the source line, FX op) -> region value; "{norm}" is filled in from the
 # calling model line. Lines are vLLM's (vllm/ir/ops/layernorm.py, layers/activation.py,
 # layers/rotary_embedding/common.py) and, verbatim, localrl/engine/ops.py's.
-LINES: list[tuple[str, str, str, str]] = [
-    ("fused_add_rms_norm", "x_residual = x.to(orig_dtype)", "convert_element_type", "residual.{after}"),
-    ("fused_add_rms_norm", "x = x.to(weight.dtype) * weight", "convert_element_type", "{norm}.normalized"),
-    ("fused_add_rms_norm", "x = x.to(weight.dtype) * weight", "mul", "{norm}.out"),
-    ("rms_norm", "x = x.to(weight.dtype) * weight", "convert_element_type", "{norm}.normalized"),
-    ("rms_norm", "x = x.to(weight.dtype) * weight", "mul", "{norm}.out"),
-    ("forward_native", "return F.silu(x[..., :d]) * x[..., d:]", "convert_element_type", "swiglu.silu"),
-    ("forward_native", "return F.silu(x[..., :d]) * x[..., d:]", "mul", "swiglu.out"),
-    ("silu_and_mul", "return F.silu(x[..., :d]) * x[..., d:]", "convert_element_type", "swiglu.silu"),
-    ("silu_and_mul", "return F.silu(x[..., :d]) * x[..., d:]", "mul", "swiglu.out"),
-    ("forward_static", "o1 = x1 * cos - x2 * sin", "mul", "rope.product"),
-    ("forward_static", "o2 = x2 * cos + x1 * sin", "mul", "rope.product"),
-    ("forward_static", "output = torch.cat((o1, o2), dim=-1)", "cat", "rope.out"),
-    ("apply_rotary_emb", "o1 = x1 * cos - x2 * sin", "mul", "rope.product"),
-    ("apply_rotary_emb", "o2 = x2 * cos + x1 * sin", "mul", "rope.product"),
-    ("apply_rotary_emb", "output = torch.cat((o1, o2), dim=-1)", "cat", "rope.out"),
+NORM_FNS = ("fused_add_rms_norm", "rms_norm")
+SILU_FNS = ("forward_native", "silu_and_mul")
+ROPE_FNS = ("forward_static", "apply_rotary_emb")
+LINES: list[tuple[tuple[str, ...], str, str, str]] = [
+    (("fused_add_rms_norm",), "x_residual = x.to(orig_dtype)", "convert_element_type", "residual.{after}"),
+    (NORM_FNS, "x = x.to(weight.dtype) * weight", "convert_element_type", "{norm}.normalized"),
+    (NORM_FNS, "x = x.to(weight.dtype) * weight", "mul", "{norm}.out"),
+    (SILU_FNS, "return F.silu(x[..., :d]) * x[..., d:]", "convert_element_type", "swiglu.silu"),
+    (SILU_FNS, "return F.silu(x[..., :d]) * x[..., d:]", "mul", "swiglu.out"),
+    (ROPE_FNS, "o1 = x1 * cos - x2 * sin", "mul", "rope.product"),
+    (ROPE_FNS, "o2 = x2 * cos + x1 * sin", "mul", "rope.product"),
+    (ROPE_FNS, "output = torch.cat((o1, o2), dim=-1)", "cat", "rope.out"),
 ]
 
 
@@ -69,8 +65,8 @@ class Node:
             return None
         for depth in range(len(self.frames) - 1, -1, -1):
             _, _, func, text = self.frames[depth]
-            for f, line, op, value in LINES:
-                if func == f and text.startswith(line) and self.op == op:
+            for funcs, line, op, value in LINES:
+                if func in funcs and text.startswith(line) and self.op == op:
                     return _fill(value, [fr[3] for fr in self.frames[:depth]])
         return None
 
