@@ -1,15 +1,8 @@
 """vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward: what the two kernels
 contribute to the mismatch, forward only (vLLM has no backward for them), not a way to train. What each
-computes and why: studies/leftover/page.md, the training side's kernels.
-
-- **Attention** (`engine_attention`): vLLM-CPU's paged attention (`cpu_attention_with_kv_cache`), with the ISA
-  its backend chooses on this machine (`amx` on CPUs with AMX tiles, else `vec`) and the engine's default block
-  size. A prefill row equals the engine's decode of the same position bit for bit (tests/test_vllm_kernels.py).
-- **GEMMs** (`use_engine_gemms`): each projection through the layer vLLM's CPU build would give it
-  (`dispatch_cpu_unquantized_gemm`: SGL's packed-weight kernel for small weights on AMX CPUs, oneDNN
-  otherwise), q/k/v and gate/up as one GEMM each. They are not batch-invariant: with `steps=True`, inside
-  `fed_as`, each row is computed in a product of as many rows as the engine's step that computed it had
-  (`EngineSteps`), the others zeros.
+computes and why: studies/leftover/page.md, the training side's kernels. The GEMMs are not
+batch-invariant: with `steps=True`, inside `fed_as`, each row is computed in a product of as many rows as
+the engine's step that computed it had (`EngineSteps`).
 
 Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
 """

@@ -1,8 +1,6 @@
-"""Warm start: a short supervised pass on generated solutions, so RL starts from a policy that
-solves some problems (roughly 20-60%) and has room to improve.
-
-fp32 throughout (this is not the experiment, only its starting point). Saved with
-`save_pretrained` plus the tokenizer, so every later stage loads it like any HF model.
+"""Warm start: a short supervised pass on generated solutions, so RL starts from a policy that solves
+some problems (docs/running.md: "The embedded default"). FP32 throughout: this is not the experiment,
+only its starting point.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The transformers source the patches were checked against, as fingerprints, and the check of it.
-
-The patches replace or copy transformers' own Qwen2/Qwen3 forwards (with the regions swapped in) and
-call a few of its functions. A release that changes one of these could make a patch silently drop
-what it changed, so `patches.apply` refuses a transformers whose functions are not, byte for byte, a
-set checked here. Each set below was compared by hand with the patches and tested; the releases it
-covers were read from their wheels with `python -m patches.upstream 5.9.0 5.19.0 ...`.
-
-RLA_TRANSFORMERS_UNCHECKED=1 lets an unchecked source through, once you have compared it yourself.
+"""The transformers source the patches were checked against, as fingerprints, and the check of it
+(docs/patches.md: "transformers releases"). Each set below was compared by hand with the patches and
+tested; the releases it covers were read from their wheels with `python -m patches.upstream VERSION ...`.
 """
 
 from __future__ import annotations
