@@ -31,6 +31,13 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
+def right_pad(rows: list[list], fill, dtype: torch.dtype) -> Tensor:
+    out = torch.full((len(rows), max(map(len, rows))), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
 def prefill_mask(prompt_mask: Tensor) -> Tensor:
     """(B, 1, P, P): causal, real keys only; a pad query sees itself (no empty softmax rows)."""
     P = prompt_mask.shape[1]
