@@ -12,11 +12,9 @@ from collections.abc import Callable
 import torch
 
 _compiled: dict[Callable, Callable] = {}
-# Graphs one region function may compile: one per feature width and tensor rank (hidden and
-# intermediate sizes, head_dim; a model has a handful). torch's default limit, 8, can be passed by a
-# process that runs several models (a benchmark, the scaling study), and past it Dynamo runs the function
-# eagerly: other kernels, other last bits. Within these calls the limit is this, and reaching it is an
-# error (FailOnRecompileLimitHit), never a quiet fallback; the process's own setting is left alone.
+# Graphs one region function may compile, one per feature width and tensor rank: past torch's default, 8
+# (a process that runs several models), Dynamo would run it eagerly - other kernels, other last bits. Within
+# these calls the limit is this, and reaching it is an error, never a quiet fallback (docs/patches.md).
 RECOMPILE_LIMIT = 64
 RUNS: Counter = Counter()  # function name -> calls of its compiled graph (tests check that fused code ran)
 

@@ -120,14 +120,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
 
 
-# ---- the engine's cos/sin table, per RoPE scaling ---------------------------------------------------
+# ---- the engine's cos/sin table, per RoPE scaling (docs/patches.md: what the patches refuse) ----------
 #
 # vLLM builds one cos/sin table per model (rotary_embedding/*.py, `_compute_cos_sin_cache`): row p is
 # cos/sin(t_p * inv_freq) in fp32, times a magnitude scale, rounded to the model dtype. Each scaling
-# changes t_p, inv_freq or the scale; the aligned RoPE computes row p as vLLM computes it, on the
-# activations' device (vLLM builds the table on the model's device). transformers computes some of
-# these differently: linear scaling divides inv_freq by the factor (vLLM divides the position), and
-# dynamic NTK grows the base with the sequence length (vLLM fixes it once, from the config).
+# changes t_p, inv_freq or the scale; the aligned RoPE computes row p as vLLM computes it.
 
 
 @dataclass(frozen=True)
