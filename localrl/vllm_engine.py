@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from localrl.engine.engine import Rollout, left_pad, right_pad
+from localrl.engine.engine import Rollout, left_pad, pad
 
 LOGPROBS_MODE = "processed_logprobs"  # verl's rollout setting; vLLM's default is raw_logprobs
 TOP_K_OFF = 0                         # vLLM 0.32: 0 disables top-k (-1 is still accepted)
@@ -185,9 +185,9 @@ class VllmEngine:
                                    f"for a prompt of {len(prompt)} tokens")
             tokens.append(ids)
             logprobs.append([step[token].logprob for token, step in zip(ids, completion.logprobs)])
-        mask = right_pad([[True] * len(ids) for ids in tokens], False, torch.bool)
-        return Rollout(*left_pad(prompts, self.pad_id), right_pad(tokens, self.pad_id, torch.long), mask,
-                       right_pad(logprobs, 0.0, torch.float32))
+        mask = pad([[True] * len(ids) for ids in tokens], False, torch.bool)
+        return Rollout(*left_pad(prompts, self.pad_id), pad(tokens, self.pad_id, torch.long), mask,
+                       pad(logprobs, 0.0, torch.float32))
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[Tensor]:
         """vLLM's full forward (prefill) of each sequence: fp32 logprob of token j given tokens < j, for

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from localrl.data import load_split
-from localrl.engine.engine import left_pad, right_pad
+from localrl.engine.engine import left_pad, pad
 from localrl.models import build_model, num_parameters
 from localrl.task import render_prompt, score
 from localrl.tokenizer import build_tokenizer
@@ -29,7 +29,7 @@ def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
         r = tokenizer(extra["answer"])["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
-    return right_pad(seqs, tokenizer.pad_token_id, torch.long), right_pad(masks, False, torch.bool)
+    return pad(seqs, tokenizer.pad_token_id, torch.long), pad(masks, False, torch.bool)
 
 
 @torch.no_grad()

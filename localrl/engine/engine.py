@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 
 @dataclass
@@ -21,21 +22,15 @@ class Rollout:
     logprobs: Tensor  # (B, R) fp32 processed logprobs of the sampled tokens, 0 where masked
 
 
+def pad(rows: list[list], fill, dtype: torch.dtype, side: str = "right") -> Tensor:
+    """Rows of different lengths as one (rows, longest) tensor, filled with `fill` on `side`."""
+    return pad_sequence([torch.tensor(row, dtype=dtype) for row in rows], batch_first=True, padding_value=fill,
+                        padding_side=side)
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = True
-    return ids, mask
-
-
-def right_pad(rows: list[list], fill, dtype: torch.dtype) -> Tensor:
-    out = torch.full((len(rows), max(map(len, rows))), fill, dtype=dtype)
-    for i, row in enumerate(rows):
-        out[i, :len(row)] = torch.tensor(row, dtype=dtype)
-    return out
+    return (pad(prompts, pad_id, torch.long, "left"),
+            pad([[True] * len(p) for p in prompts], False, torch.bool, "left"))
 
 
 def prefill_mask(prompt_mask: Tensor) -> Tensor:
