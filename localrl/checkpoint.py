@@ -6,7 +6,6 @@ are pruned after a successful save.
 from __future__ import annotations
 
 import random
-import re
 import signal
 import sys
 from pathlib import Path
@@ -15,8 +14,6 @@ import numpy as np
 import torch
 
 from rla.files import atomic_path
-
-_NAME = re.compile(r"step_(\d+)\.pt$")
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict:
@@ -44,11 +41,8 @@ def save(ckpt_dir: str | Path, step: int, state: dict, keep: int = 1) -> Path:
 
 
 def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found = [p for p in ckpt_dir.iterdir() if _NAME.search(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+    """Oldest first: the step is zero-padded, so the names sort as the steps."""
+    return sorted(Path(ckpt_dir).glob("step_[0-9]*.pt"))
 
 
 def load_latest(ckpt_dir: str | Path) -> dict | None:
