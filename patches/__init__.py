@@ -137,10 +137,8 @@ def aligned(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_
 
 def check_model(model, regions: str | Iterable[str] = REGIONS) -> str:
     """Return the model's family name ("qwen2", "qwen3"), or raise UnsupportedModelError naming the
-    model (or module), the setting and what is supported: decoder layers other than Qwen2/Qwen3's dense
-    ones (Llama, Qwen2-MoE / Qwen3-MoE experts); for the given regions, what each refuses at its first
-    call too (swiglu: an activation other than SiLU; rope: a RoPE scaling the aligned table does not
-    implement). `regions` is a spec as `apply` takes it ("all", "rope,swiglu", an iterable)."""
+    model, the setting and what is supported (docs/patches.md: what the patches refuse). `regions` is a
+    spec as `apply` takes it."""
     regions = resolve(regions)  # a string's `in` would test substrings: "swiglu" in "all" is False
     supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
     layers = decoder_layers(model)

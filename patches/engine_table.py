@@ -296,9 +296,8 @@ def gpu_split_on_cpu():
             delattr(torch.ops._C, name)
 
 
-def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = True,
-                compilation_config: dict | None = None, enforce_eager: bool = False,
-                stop_at_whole_model: bool = True) -> list[Graph]:
+def vllm_graphs(model_dir: str, gpu_split: bool = False, compilation_config: dict | None = None,
+                enforce_eager: bool = False, stop_at_whole_model: bool = True) -> list[Graph]:
     """vLLM's own graphs for the checkpoint (or config) in `model_dir`, compiled with `compilation_config`
     (vLLM's; None: its defaults): its CPU build's one graph, or, with `gpu_split`, the pieces of its GPU
     path. Weights need not be real (`load_format="dummy"`): where Inductor stores does not depend on their
@@ -323,7 +322,7 @@ def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = T
             # minutes at real widths on an AVX2 CPU); the map needs the graph, not the run.
             LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
                 skip_tokenizer_init=True, enable_prefix_caching=False,
-                load_format="dummy" if dummy_weights else "auto", seed=0, compilation_config=compilation,
+                load_format="dummy", seed=0, compilation_config=compilation,
                 enforce_eager=enforce_eager)
         except Exception as err:  # noqa: BLE001 - vLLM and Inductor wrap what the hook raised
             if not _raised_by(err, _WholeModelCaptured):
@@ -368,9 +367,8 @@ class EngineNotReadable(ValueError):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What of the rollout engine's configuration decides where it rounds. `device` is where the
-    engine runs ("cuda": vLLM's GPU path; read on a CPU-only machine as vLLM's own code split at
-    attention, as on a GPU, and compiled to C++ rather than Triton)."""
+    """What of the rollout engine's configuration decides where it rounds ($RLA_ENGINE_CONFIG's keys:
+    docs/patches.md, "`target="auto"`")."""
 
     compilation_config: dict = field(default_factory=dict)
     enforce_eager: bool = False

@@ -20,13 +20,10 @@ RUNS: Counter = Counter()  # function name -> calls of its compiled graph (tests
 
 
 def compiled(fn: Callable) -> Callable:
-    """`fn` compiled as a single graph (a graph break is an error), once per feature width: the last
-    dim of every tensor argument (hidden, intermediate or head size) is static, so the kernels
-    vectorize over it with no symbolic tails (with a symbolic head_dim, RoPE's concat of two halves
-    became a serial loop through an fp32 buffer, 2x slower); every leading dim (tokens, heads, batch)
-    is dynamic, so varying sequence lengths reuse one kernel. (vLLM marks only the token count dynamic,
-    its head counts being constants of one model; here q and k, with their different GQA head counts,
-    share one kernel.)"""
+    """`fn` compiled as a single graph (a graph break is an error), once per feature width: the last dim
+    of every tensor argument is static, so the kernels vectorize over it with no symbolic tails (docs/patches.md:
+    "Fused kernels"); every leading dim (tokens, heads, batch) is dynamic, so q and k, with their different
+    GQA head counts, and every sequence length share one kernel."""
     if fn not in _compiled:
         graph = torch.compile(fn, fullgraph=True)
 
