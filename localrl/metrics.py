@@ -32,19 +32,12 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
                  max_response_length: int) -> dict[str, float]:
     """verl's compute_data_metrics names for the parts this backend has (no critic)."""
     lengths = response_mask.float().sum(1)
-    valid_adv = advantages[response_mask.bool()]
-    return {
-        "critic/score/mean": scores.mean().item(),
-        "critic/score/max": scores.max().item(),
-        "critic/score/min": scores.min().item(),
-        "critic/advantages/mean": valid_adv.mean().item(),
-        "critic/advantages/max": valid_adv.max().item(),
-        "critic/advantages/min": valid_adv.min().item(),
-        "response_length/mean": lengths.mean().item(),
-        "response_length/max": lengths.max().item(),
-        "response_length/min": lengths.min().item(),
-        "response_length/clip_ratio": (lengths >= max_response_length).float().mean().item(),
-    }
+    out = {}
+    for name, t in (("critic/score", scores), ("critic/advantages", advantages[response_mask.bool()]),
+                    ("response_length", lengths)):
+        out.update({f"{name}/{stat}": getattr(t, stat)().item() for stat in ("mean", "max", "min")})
+    out["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()
+    return out
 
 
 class MetricsLog:
