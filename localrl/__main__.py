@@ -1,10 +1,5 @@
-"""Command line of the local backend.
-
-    python -m localrl prepare-data --config CFG --out results/tiny/data
-    python -m localrl warmstart --config CFG --model NAME [--data DIR] --out results/tiny/models/NAME
-    python -m localrl train --config CFG --model NAME --ablation ABL --seed S --out DIR [--steps N]
-
-The studies that use the rig (the probe, the scaling study, the gradient probe) are `python -m studies`.
+"""Command line of the local backend: prepare-data, warmstart, train (docs/running.md: "The embedded
+default"). The studies that use the rig are `python -m studies`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from localrl.kernels import register_attention
+from localrl.kernels import causal_mask, may_attend, register_attention
 
 ATTENTION_NAME = "amx_rounding"
 
@@ -30,7 +30,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, scale: f
     kf, vf = (t.float().repeat_interleave(rep, dim=1) for t in (k, v))
     scores = (q.float() @ kf.transpose(-1, -2)) * scale
     if allowed is None:
-        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - q.shape[-2])
+        allowed = causal_mask(q.shape[-2], k.shape[-2], q.device)
     scores = scores.masked_fill(~allowed, float("-inf"))
     # The max cancels: no gradient through it. A row with nothing allowed (padding) gives zeros: its max is
     # taken as 0 and its sum as 1; every other row's sum is at least 1 (its max's own term), left unchanged.
@@ -67,11 +67,9 @@ def amx_rounding_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | No
 
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
-    allowed = attention_mask
-    if allowed is not None and allowed.dtype != torch.bool:
-        allowed = allowed == 0  # additive float mask -> boolean "may attend"
-    scale = float(module.scaling if scaling is None else scaling)
-    return amx_rounding_attention(query, key, value, allowed, scale).transpose(1, 2).contiguous(), None
+    out = amx_rounding_attention(query, key, value, may_attend(attention_mask),
+                                 float(module.scaling if scaling is None else scaling))
+    return out.transpose(1, 2).contiguous(), None
 
 
 def use_amx_rounding_attention(model: nn.Module) -> nn.Module:

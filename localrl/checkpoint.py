@@ -1,14 +1,11 @@
-"""Checkpoints of a cell (weights, optimizer, RNG and data-order state) and stop-on-signal.
-
-Layout: `checkpoints/step_NNNNNN.pt`, written to a temporary file and renamed, so a kill during a
-save leaves the previous checkpoint intact; older ones are pruned after a successful save. A
-checkpoint also holds the cell's identity, its `steps` and its metric lines so far (`localrl.run`).
+"""Checkpoints of a cell (weights, optimizer, RNG and data-order state; docs/running.md: "One cell,
+reruns and progress") and stop-on-signal. `checkpoints/step_NNNNNN.pt` is written atomically; older ones
+are pruned after a successful save.
 """
 
 from __future__ import annotations
 
 import random
-import re
 import signal
 import sys
 from pathlib import Path
@@ -17,8 +14,6 @@ import numpy as np
 import torch
 
 from rla.files import atomic_path
-
-_NAME = re.compile(r"step_(\d+)\.pt$")
 
 
 def rng_state(generators: dict[str, torch.Generator]) -> dict:
@@ -46,11 +41,8 @@ def save(ckpt_dir: str | Path, step: int, state: dict, keep: int = 1) -> Path:
 
 
 def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found = [p for p in ckpt_dir.iterdir() if _NAME.search(p.name)]
-    return sorted(found, key=lambda p: int(_NAME.search(p.name).group(1)))
+    """Oldest first: the step is zero-padded, so the names sort as the steps."""
+    return sorted(Path(ckpt_dir).glob("step_[0-9]*.pt"))
 
 
 def load_latest(ckpt_dir: str | Path) -> dict | None:

@@ -1,7 +1,5 @@
-"""Task splits as verl-schema parquet, the same columns verl's GSM8K preparation writes.
-
-Both backends read these files: verl through its RLHF dataset, the local backend through
-`load_split`.
+"""Task splits as verl-schema parquet, the columns verl's GSM8K preparation writes; both backends read
+these files.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Where the local rig runs: `LOCALRL_DEVICE` = cpu (default) or cuda[:N].
-
-On CUDA both sides use cuBLAS bf16 GEMMs and one attention kernel (`localrl.kernels`), and the engine's
-elementwise pieces compile to Triton through Inductor, as vLLM's default path does. The variable
-(not a config key) keeps the experiment configs identical across machines; every stage logs it.
-Sampling draws on the CPU from a CPU generator on every device, so seeds mean the same everywhere.
+"""Where the local rig runs: `LOCALRL_DEVICE` = cpu (default) or cuda[:N] (docs/running.md: "The local
+rig"). A variable, not a config key, so the experiment configs stay identical across machines.
 """
 
 from __future__ import annotations

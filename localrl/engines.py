@@ -1,14 +1,6 @@
-"""Which rollout engine a local cell runs on, starting it, and the trainer numerics that go with it
-(docs/running.md, "The rollout engine: vLLM, or the local model of it").
-
-    engine_cell = resolve(engine_settings(cfg), device_type)  # {'name': 'vllm', 'target': 'vllm-cpu', ...}
-    engine = start(engine_cell, model_dir, tokenizer, hf_config, dtype, seed, log)
-    gemm = trainer_gemm(engine, model_dir, hf_config, dtype, log)    # the trainer's GEMM: 'bf16' | 'fp32'
-
-The resolved engine is part of a cell's identity (`identity`), and so is the vLLM compilation config an
-ablation sets (`rla.names.Ablation.engine_compilation`: the engine-side fix), which only vLLM takes. The
-trainer's GEMM is the one found equal to the engine's at start-up (`localrl.gemm_match`); with the local
-engine both sides share `localrl.kernels`, whose FP32-rounded-once GEMM is `fp32`."""
+"""Which rollout engine a local cell runs on, starting it, and the trainer's GEMM that goes with it
+(docs/running.md: "The rollout engine: vLLM, or the local model of it"). The resolved engine, and the
+vLLM compilation config an ablation sets, are part of a cell's identity (`identity`)."""
 
 from __future__ import annotations
 

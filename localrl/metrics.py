@@ -1,12 +1,7 @@
-"""Per-step metrics under verl's names, and the metrics file in verl's file-logger format.
-
-The mismatch metrics come from verl's own helpers: `rollout_corr/*` from
-`rollout_corr_helper.compute_rollout_corr_metrics_from_logprobs` (what verl's actor logs) and
-`training/rollout_probs_diff_*` / pearson from `utils.debug.metrics.calculate_debug_metrics`.
-
-verl's FileLogger opens its file with "wb" (a resumed run would truncate it), so the file is written
-here in the same format - one `{"step": N, "data": {...}}` line per step, serialized with orjson
-as verl does - but appended, and rewritten from the checkpoint on resume (`rla.metricslog`).
+"""Per-step metrics under verl's names, from verl's own helpers, and the metrics file in verl's
+file-logger format (docs/running.md: "The embedded default"). verl's FileLogger opens its file with "wb"
+(a resumed run would truncate it), so the lines are written here in its format, but appended, and
+rewritten from the checkpoint on resume (`rla.metricslog`).
 """
 
 from __future__ import annotations
@@ -37,19 +32,12 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
                  max_response_length: int) -> dict[str, float]:
     """verl's compute_data_metrics names for the parts this backend has (no critic)."""
     lengths = response_mask.float().sum(1)
-    valid_adv = advantages[response_mask.bool()]
-    return {
-        "critic/score/mean": scores.mean().item(),
-        "critic/score/max": scores.max().item(),
-        "critic/score/min": scores.min().item(),
-        "critic/advantages/mean": valid_adv.mean().item(),
-        "critic/advantages/max": valid_adv.max().item(),
-        "critic/advantages/min": valid_adv.min().item(),
-        "response_length/mean": lengths.mean().item(),
-        "response_length/max": lengths.max().item(),
-        "response_length/min": lengths.min().item(),
-        "response_length/clip_ratio": (lengths >= max_response_length).float().mean().item(),
-    }
+    out = {}
+    for name, t in (("critic/score", scores), ("critic/advantages", advantages[response_mask.bool()]),
+                    ("response_length", lengths)):
+        out.update({f"{name}/{stat}": getattr(t, stat)().item() for stat in ("mean", "max", "min")})
+    out["response_length/clip_ratio"] = (lengths >= max_response_length).float().mean().item()
+    return out
 
 
 class MetricsLog:

@@ -1,7 +1,5 @@
-"""Tiny Qwen-family models built from transformers configs (no downloads).
-
-`arch: qwen2` -> Qwen2 (q/k/v projections with bias); `arch: qwen3` -> Qwen3 (per-head q/k RMSNorm,
-no bias). Depth and width come from `model_specs` in the experiment config.
+"""Tiny Qwen-family models built from transformers configs (no downloads); depth and width come from
+`model_specs` in the experiment config.
 """
 
 from __future__ import annotations

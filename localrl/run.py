@@ -1,13 +1,5 @@
-"""One grid cell: the RL loop (rollout on the engine, update on the trainer), logged as verl logs.
-
-    cell = Cell.of(cfg, model, ablation, seed, out_dir)  # rla.cells: the cell and its folders
-    rig = build_rig(cell, model_dir)    # trainer, engine, prompts, sampler, generators
-    metrics = rl_step(rig, step)        # one RL step -> verl-named metrics
-    train_cell(cell)                    # the loop: identity check, resume, log, checkpoint
-
-Per step: sample prompts -> engine generates `samples_per_prompt` responses each (with processed
-logprobs) -> verl's gsm8k scorer -> trainer recomputes old log-probs -> GRPO advantages -> one PPO
-epoch -> bf16 weights to the engine -> one metrics line. Checkpoints, signals and reruns: docs/running.md.
+"""One grid cell: the RL loop (rollout on the engine, update on the trainer), logged as verl logs
+(docs/running.md: "The embedded default"; checkpoints, signals and reruns: "One cell, reruns and progress").
 """
 
 from __future__ import annotations

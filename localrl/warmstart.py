@@ -1,8 +1,6 @@
-"""Warm start: a short supervised pass on generated solutions, so RL starts from a policy that
-solves some problems (roughly 20-60%) and has room to improve.
-
-fp32 throughout (this is not the experiment, only its starting point). Saved with
-`save_pretrained` plus the tokenizer, so every later stage loads it like any HF model.
+"""Warm start: a short supervised pass on generated solutions, so RL starts from a policy that solves
+some problems (docs/running.md: "The embedded default"). FP32 throughout: this is not the experiment,
+only its starting point.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from localrl.data import load_split
-from localrl.engine.engine import left_pad
+from localrl.engine.engine import left_pad, pad
 from localrl.models import build_model, num_parameters
 from localrl.task import render_prompt, score
 from localrl.tokenizer import build_tokenizer
@@ -31,13 +29,7 @@ def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
         r = tokenizer(extra["answer"])["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(p + r)
         masks.append([0] * len(p) + [1] * len(r))
-    width = max(map(len, seqs))
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-    loss_mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        ids[i, : len(s)] = torch.tensor(s)
-        loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
-    return ids, loss_mask
+    return pad(seqs, tokenizer.pad_token_id, torch.long), pad(masks, False, torch.bool)
 
 
 @torch.no_grad()

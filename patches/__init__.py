@@ -1,18 +1,6 @@
 """Rounding-location alignment for transformers' Qwen2/Qwen2.5/Qwen3: make the training side round
 where the compiled inference engine rounds, in three regions (RoPE, SwiGLU, residual RMSNorm).
-
-    import patches
-    patches.apply("all")                      # or "rope", "swiglu,rmsnorm", ("rope",), "none"
-    patches.apply("all", target="vllm-cpu")   # round like vLLM's CPU build (default: "vllm", the GPU graph)
-    patches.apply("all", target="auto")       # round like vLLM as installed, read off its compiled graph
-    patches.check_model(model)                # raises if some layer or setting is not covered
-    with patches.aligned("rope"): ...
-    patches.remove()                          # stock transformers again, bit for bit
-    patches.apply("all", reduction="inductor_cpu")  # + a CPU-compiled engine's summation order
-    patches.apply("all", impl="fused")        # compiled region kernels (the default on CUDA: impl="auto")
-
-GEMMs, attention, embeddings, the engine and the loss are untouched. While regions are applied,
-every Qwen-family model built in the process is checked (`check_model`) when it is constructed.
+The API (`apply`, `aligned`, `remove`, `check_model`), the regions and the targets: docs/patches.md.
 """
 
 from __future__ import annotations
@@ -90,15 +78,9 @@ def _remove_regions() -> None:
 def apply(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TARGET, reduction: str = "eager",
           impl: str = "auto") -> frozenset[str]:
     """Align the given regions for every supported family in this process; returns the active set.
-    Idempotent; a new spec replaces the previous one. `target` is the engine build to round like
-    (patches/targets.py: "vllm", vLLM's piecewise GPU graph; "vllm-cpu", its CPU build's one graph),
-    "auto" (the table of vLLM as installed, with the engine config in $RLA_ENGINE_CONFIG, read off its
-    compiled graph: patches/engine_table.py), or a `patches.targets.Target`: its table decides, whatever
-    its name.
-    `reduction` is the RMSNorm variance's summation order (patches/_precision.py): "eager" (torch's)
-    , "inductor_cpu" (each norm's sums compiled on their own) or "vllm_cpu_graph" (as vLLM-CPU's whole
-    compiled graph tiles them). `impl` runs the regions "eager" (op by op), "fused" (compiled kernels, same
-    rounding locations) or "auto" (fused on CUDA tensors, eager on others)."""
+    Idempotent; a new spec replaces the previous one. `target`: a named target, "auto" or a
+    `patches.targets.Target` (docs/patches.md: "Targets"); `reduction`: the norms' summation order
+    (docs/numerics.md: "Summation order"); `impl`: "eager", "fused" or "auto" (fused on CUDA tensors)."""
     global _active
     regions = resolve(spec)
     # checked before anything changes: a bad value leaves the current state in place
@@ -155,10 +137,8 @@ def aligned(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_
 
 def check_model(model, regions: str | Iterable[str] = REGIONS) -> str:
     """Return the model's family name ("qwen2", "qwen3"), or raise UnsupportedModelError naming the
-    model (or module), the setting and what is supported: decoder layers other than Qwen2/Qwen3's dense
-    ones (Llama, Qwen2-MoE / Qwen3-MoE experts); for the given regions, what each refuses at its first
-    call too (swiglu: an activation other than SiLU; rope: a RoPE scaling the aligned table does not
-    implement). `regions` is a spec as `apply` takes it ("all", "rope,swiglu", an iterable)."""
+    model, the setting and what is supported (docs/patches.md: what the patches refuse). `regions` is a
+    spec as `apply` takes it."""
     regions = resolve(regions)  # a string's `in` would test substrings: "swiglu" in "all" is False
     supported = {family.cls("DecoderLayer"): family for family in FAMILIES.values()}
     layers = decoder_layers(model)

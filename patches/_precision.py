@@ -1,18 +1,9 @@
 """Compute dtype, summation order, implementation and target shared by the aligned regions
-(docs/numerics.md: "Summation order", "Fused kernels").
+(docs/numerics.md: "Summation order", "Fused kernels"; docs/patches.md: "Targets").
 
-Compute dtype: fp32 for bf16/fp16/fp32 inputs (what the engine's fused kernels use); float64 is kept
-as is so that torch.autograd.gradcheck can check the backward passes.
-
-Reduction order: the RMSNorm variance and the backward's row and column sums may add in another order
-than the engine's kernel (a 1-ulp fp32 difference in a few rows, sometimes a flipped bf16 rounding).
-"eager" uses torch's mean and sum; "inductor_cpu" compiles each sum on its own over the region's bf16
-inputs (`inductor_sums`), adding as Inductor does on this machine; "vllm_cpu_graph" sums each norm as
-vLLM-CPU's whole compiled graph tiles it (`graph_stores_stream`).
-
-Implementation: every region is a pair of pure functions (forward, backward) wrapped in an autograd
-Function; "eager" runs them op by op, "fused" compiled (patches/fused.py), "auto" fused on CUDA.
-Target: which engine build the regions round like (patches/targets.py).
+Compute dtype: FP32 for BF16/FP16/FP32 inputs; float64 is kept as is so that torch.autograd.gradcheck can
+check the backward passes. Every region is a pair of pure functions (forward, backward) wrapped in an
+autograd Function, run op by op ("eager") or compiled ("fused", patches/fused.py).
 """
 
 import contextlib

@@ -1,16 +1,10 @@
 """The `compile` treatment: the stock training forward with each decoder layer compiled by
-torch.compile (Inductor), as FSDP2 users compile per block. Not an alignment: Inductor fuses HF's
-own formulations wherever it chooses (HF's rotate_half RoPE fuses differently from the engine's
-chunk/cat one), so it removes some roundings and keeps others.
-
-    compile_layers(model)   # the decoder layers of a built model (the local trainer, the probe)
-    compile_on_build()      # every Qwen2/Qwen3 decoder layer built from now on (verl's workers)
-    patches.remove()        # undoes both: compiled layers run eagerly again, new ones are not compiled
+torch.compile (Inductor), as FSDP2 users compile per block. Not an alignment: Inductor fuses HF's own
+formulations wherever it chooses, so it removes some roundings and keeps others.
 
 A layer's own `forward` is replaced by its compiled version (an instance attribute), so module hooks,
-gradient checkpointing and FSDP wrappers stay outside the compiled code, and deleting the attribute
-gives back the class's forward. `patches.apply` leaves compiled layers alone: regions and compilation
-are independent switches.
+gradient checkpointing and FSDP wrappers stay outside the compiled code, and deleting the attribute gives
+back the class's forward. Regions and compilation are independent switches; `patches.remove()` undoes both.
 """
 
 from __future__ import annotations

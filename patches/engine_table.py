@@ -1,21 +1,11 @@
 """The rounding table of the engine that serves the rollouts, read off its compiled graph: `target="auto"`
-(docs/patches.md: "`target="auto"`").
+and `python -m patches.engine_table` (docs/patches.md: "`target="auto"`").
 
-Inductor rounds a BF16 value where it writes it to a buffer and keeps it in FP32 where it fuses it
-into the next computation, so "where does the engine round" is "which values does Inductor store".
-This module compiles vLLM's graphs, as installed and with the rollouts' compilation config, with a hook
-on `torch._inductor.scheduler.Scheduler.__init__`, where every buffer Inductor will write is known, and
-lists the value each buffer stores. (Grepping the generated code misleads: dead casts stay in its text.)
-
-    python -m patches.engine_table                                   # the table for $RLA_ENGINE_CONFIG
-    python -m patches.engine_table --config '{"device": "cuda"}'     # vLLM's code split as on a GPU
-    patches.apply("all", target="auto")                              # the same table, cached
-
-It imports vLLM only when a table is read, and reads it in a child process (`--read`), so that neither
-vLLM's global state nor the hook reaches the training process. A table is read on a two-layer model of
-each family (where a value is stored is decided per layer) and cached by (vLLM version, engine config,
-family, device kind). A setting whose kernels the map cannot attribute to the values is refused
-(`refusal`), naming the settings that avoid it.
+Inductor rounds a BF16 value where it writes it to a buffer, so "where does the engine round" is "which
+values does Inductor store": a hook on `torch._inductor.scheduler.Scheduler.__init__`, where every buffer
+Inductor will write is known, lists the value each buffer stores. (Grepping the generated code misleads:
+dead casts stay in its text.) Tables are read in a child process (`--read`), so that neither vLLM's global
+state nor the hook reaches the training process.
 """
 
 from __future__ import annotations
@@ -39,25 +29,21 @@ import torch
 from patches.targets import TARGETS, VALUES, Target, check
 from rla.names import ENGINE_CONFIG_ENV
 
-# (source function, start of the source line, FX op) -> region value; "{norm}" is filled in from the
+# (source functions, start of the source line, FX op) -> region value; "{norm}" is filled in from the
 # calling model line. Lines are vLLM's (vllm/ir/ops/layernorm.py, layers/activation.py,
 # layers/rotary_embedding/common.py) and, verbatim, localrl/engine/ops.py's.
-LINES: list[tuple[str, str, str, str]] = [
-    ("fused_add_rms_norm", "x_residual = x.to(orig_dtype)", "convert_element_type", "residual.{after}"),
-    ("fused_add_rms_norm", "x = x.to(weight.dtype) * weight", "convert_element_type", "{norm}.normalized"),
-    ("fused_add_rms_norm", "x = x.to(weight.dtype) * weight", "mul", "{norm}.out"),
-    ("rms_norm", "x = x.to(weight.dtype) * weight", "convert_element_type", "{norm}.normalized"),
-    ("rms_norm", "x = x.to(weight.dtype) * weight", "mul", "{norm}.out"),
-    ("forward_native", "return F.silu(x[..., :d]) * x[..., d:]", "convert_element_type", "swiglu.silu"),
-    ("forward_native", "return F.silu(x[..., :d]) * x[..., d:]", "mul", "swiglu.out"),
-    ("silu_and_mul", "return F.silu(x[..., :d]) * x[..., d:]", "convert_element_type", "swiglu.silu"),
-    ("silu_and_mul", "return F.silu(x[..., :d]) * x[..., d:]", "mul", "swiglu.out"),
-    ("forward_static", "o1 = x1 * cos - x2 * sin", "mul", "rope.product"),
-    ("forward_static", "o2 = x2 * cos + x1 * sin", "mul", "rope.product"),
-    ("forward_static", "output = torch.cat((o1, o2), dim=-1)", "cat", "rope.out"),
-    ("apply_rotary_emb", "o1 = x1 * cos - x2 * sin", "mul", "rope.product"),
-    ("apply_rotary_emb", "o2 = x2 * cos + x1 * sin", "mul", "rope.product"),
-    ("apply_rotary_emb", "output = torch.cat((o1, o2), dim=-1)", "cat", "rope.out"),
+NORM_FNS = ("fused_add_rms_norm", "rms_norm")
+SILU_FNS = ("forward_native", "silu_and_mul")
+ROPE_FNS = ("forward_static", "apply_rotary_emb")
+LINES: list[tuple[tuple[str, ...], str, str, str]] = [
+    (("fused_add_rms_norm",), "x_residual = x.to(orig_dtype)", "convert_element_type", "residual.{after}"),
+    (NORM_FNS, "x = x.to(weight.dtype) * weight", "convert_element_type", "{norm}.normalized"),
+    (NORM_FNS, "x = x.to(weight.dtype) * weight", "mul", "{norm}.out"),
+    (SILU_FNS, "return F.silu(x[..., :d]) * x[..., d:]", "convert_element_type", "swiglu.silu"),
+    (SILU_FNS, "return F.silu(x[..., :d]) * x[..., d:]", "mul", "swiglu.out"),
+    (ROPE_FNS, "o1 = x1 * cos - x2 * sin", "mul", "rope.product"),
+    (ROPE_FNS, "o2 = x2 * cos + x1 * sin", "mul", "rope.product"),
+    (ROPE_FNS, "output = torch.cat((o1, o2), dim=-1)", "cat", "rope.out"),
 ]
 
 
@@ -79,8 +65,8 @@ class Node:
             return None
         for depth in range(len(self.frames) - 1, -1, -1):
             _, _, func, text = self.frames[depth]
-            for f, line, op, value in LINES:
-                if func == f and text.startswith(line) and self.op == op:
+            for funcs, line, op, value in LINES:
+                if func in funcs and text.startswith(line) and self.op == op:
                     return _fill(value, [fr[3] for fr in self.frames[:depth]])
         return None
 
@@ -310,9 +296,8 @@ def gpu_split_on_cpu():
             delattr(torch.ops._C, name)
 
 
-def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = True,
-                compilation_config: dict | None = None, enforce_eager: bool = False,
-                stop_at_whole_model: bool = True) -> list[Graph]:
+def vllm_graphs(model_dir: str, gpu_split: bool = False, compilation_config: dict | None = None,
+                enforce_eager: bool = False, stop_at_whole_model: bool = True) -> list[Graph]:
     """vLLM's own graphs for the checkpoint (or config) in `model_dir`, compiled with `compilation_config`
     (vLLM's; None: its defaults): its CPU build's one graph, or, with `gpu_split`, the pieces of its GPU
     path. Weights need not be real (`load_format="dummy"`): where Inductor stores does not depend on their
@@ -337,7 +322,7 @@ def vllm_graphs(model_dir: str, gpu_split: bool = False, dummy_weights: bool = T
             # minutes at real widths on an AVX2 CPU); the map needs the graph, not the run.
             LLM(model=model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=4, max_num_batched_tokens=256,
                 skip_tokenizer_init=True, enable_prefix_caching=False,
-                load_format="dummy" if dummy_weights else "auto", seed=0, compilation_config=compilation,
+                load_format="dummy", seed=0, compilation_config=compilation,
                 enforce_eager=enforce_eager)
         except Exception as err:  # noqa: BLE001 - vLLM and Inductor wrap what the hook raised
             if not _raised_by(err, _WholeModelCaptured):
@@ -382,9 +367,8 @@ class EngineNotReadable(ValueError):
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """What of the rollout engine's configuration decides where it rounds. `device` is where the
-    engine runs ("cuda": vLLM's GPU path; read on a CPU-only machine as vLLM's own code split at
-    attention, as on a GPU, and compiled to C++ rather than Triton)."""
+    """What of the rollout engine's configuration decides where it rounds ($RLA_ENGINE_CONFIG's keys:
+    docs/patches.md, "`target="auto"`")."""
 
     compilation_config: dict = field(default_factory=dict)
     enforce_eager: bool = False

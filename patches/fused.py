@@ -1,13 +1,7 @@
 """The fused implementation: each region's forward and backward function compiled by Inductor
-(docs/numerics.md: "Fused kernels").
-
-The functions are the ones the eager implementation runs (patches/rope.py, swiglu.py, rmsnorm.py),
-so the rounding locations are the same by construction: they hold no bf16 intermediate, so Inductor,
-which computes a fused chain in fp32 and rounds where it stores a buffer, has no cast to elide. What
-may change is the summation order of reductions (the kernel's own) and, on GPU, the arithmetic of
-transcendental functions and contractions (a*b+c as one FMA), which is also how the compiled engine
-computes: on GPU the fused path, not the eager one, is the engine's twin. The autograd Functions still
-decide what is saved for backward, so activation memory is the eager implementation's.
+(docs/numerics.md and docs/patches.md: "Fused kernels"). The functions are the eager implementation's and
+hold no BF16 intermediate, so Inductor has no cast to elide: the rounding locations are the same by
+construction; reductions may sum in the kernel's own order.
 """
 
 from __future__ import annotations
@@ -18,23 +12,18 @@ from collections.abc import Callable
 import torch
 
 _compiled: dict[Callable, Callable] = {}
-# Graphs one region function may compile: one per feature width and tensor rank (hidden and
-# intermediate sizes, head_dim; a model has a handful). torch's default limit, 8, can be passed by a
-# process that runs several models (a benchmark, the scaling study), and past it Dynamo runs the function
-# eagerly: other kernels, other last bits. Within these calls the limit is this, and reaching it is an
-# error (FailOnRecompileLimitHit), never a quiet fallback; the process's own setting is left alone.
+# Graphs one region function may compile, one per feature width and tensor rank: past torch's default, 8
+# (a process that runs several models), Dynamo would run it eagerly - other kernels, other last bits. Within
+# these calls the limit is this, and reaching it is an error, never a quiet fallback (docs/patches.md).
 RECOMPILE_LIMIT = 64
 RUNS: Counter = Counter()  # function name -> calls of its compiled graph (tests check that fused code ran)
 
 
 def compiled(fn: Callable) -> Callable:
-    """`fn` compiled as a single graph (a graph break is an error), once per feature width: the last
-    dim of every tensor argument (hidden, intermediate or head size) is static, so the kernels
-    vectorize over it with no symbolic tails (with a symbolic head_dim, RoPE's concat of two halves
-    became a serial loop through an fp32 buffer, 2x slower); every leading dim (tokens, heads, batch)
-    is dynamic, so varying sequence lengths reuse one kernel. (vLLM marks only the token count dynamic,
-    its head counts being constants of one model; here q and k, with their different GQA head counts,
-    share one kernel.)"""
+    """`fn` compiled as a single graph (a graph break is an error), once per feature width: the last dim
+    of every tensor argument is static, so the kernels vectorize over it with no symbolic tails (docs/patches.md:
+    "Fused kernels"); every leading dim (tokens, heads, batch) is dynamic, so q and k, with their different
+    GQA head counts, and every sequence length share one kernel."""
     if fn not in _compiled:
         graph = torch.compile(fn, fullgraph=True)
 

@@ -1,10 +1,6 @@
-"""Which transformers attributes each region replaces, per model family (one entry per family).
-
-Patches are class- and module-level, so models built before and after `apply` both use them -
-verl builds its models inside Ray workers, after `external_lib` has been imported.
-
-The replacements copy transformers' own forwards (Qwen3Attention, the decoder layers) with the
-regions swapped in; patches/upstream.py holds the source they were checked against, per release.
+"""Which transformers attributes each region replaces, per model family (one entry per family). Patches
+are class- and module-level, so models built before and after `apply` both use them (verl builds its
+models inside Ray workers). The copied forwards were checked per release: patches/upstream.py.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Residual RMSNorm region: the residual stream and its norms, stored where the target engine stores
 (docs/patches.md: "What each region changes", "How the residual stream travels").
 
-Engine (vLLM's `fused_add_rms_norm` and `rms_norm` under Inductor): `residual + x` in FP32, the variance
-from that unrounded sum, `(sum * rstd) * weight` rounded once; the sum itself is rounded only where the
-compiled graph stores it (patches/targets.py). Stock HF rounds the sum after every add, then
-`x * rstd`, then `weight * .`.
-
-So an aligned decoder layer returns its FP32 stream, packed into a BF16 tensor of twice the width
+An aligned decoder layer returns its FP32 stream, packed into a BF16 tensor of twice the width
 (patches/stream.py), and the next layer's input norm, or the model's final norm, reads the FP32 value.
-Backward passes recompute the normalized value: they save the norm's inputs (BF16, or the FP32 stream,
-which the next layer holds anyway) and one FP32 statistic per row.
+Backward passes recompute the normalized value from the saved inputs and one FP32 statistic per row.
 """
 
 from __future__ import annotations

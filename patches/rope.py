@@ -1,12 +1,7 @@
-"""RoPE region: rotate in fp32 from bf16 q/k and bf16 cos/sin, round once (as the compiled engine does).
-
-Stock HF rounds three times: `q * cos`, `rotate_half(q) * sin` and their sum. The engine (vLLM's
-native rotation under Inductor) computes `x1*cos - x2*sin`, `x2*cos + x1*sin` in fp32 and stores
-bf16 once. For Qwen3 the per-head q_norm/k_norm feed the rotation inside the same fused kernel, so
-the normalized value is never rounded either: `norm_rope` keeps it in fp32.
-
-Backward passes recompute the fp32 intermediates: they save only bf16 inputs, the cos/sin tables
-(which the stock path saves too) and, for the norm, one fp32 statistic per row.
+"""RoPE region: rotate in FP32 from BF16 q/k and BF16 cos/sin, round once, as the compiled engine does;
+for Qwen3 the q/k norms fused with the rotation (docs/patches.md: "What each region changes"). Backward
+passes recompute the FP32 intermediates from the BF16 inputs, the cos/sin tables and, for the norm, one
+FP32 statistic per row.
 """
 
 from __future__ import annotations
@@ -125,14 +120,11 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return Rope.apply(q, cos, sin), Rope.apply(k, cos, sin)
 
 
-# ---- the engine's cos/sin table, per RoPE scaling ---------------------------------------------------
+# ---- the engine's cos/sin table, per RoPE scaling (docs/patches.md: what the patches refuse) ----------
 #
 # vLLM builds one cos/sin table per model (rotary_embedding/*.py, `_compute_cos_sin_cache`): row p is
 # cos/sin(t_p * inv_freq) in fp32, times a magnitude scale, rounded to the model dtype. Each scaling
-# changes t_p, inv_freq or the scale; the aligned RoPE computes row p as vLLM computes it, on the
-# activations' device (vLLM builds the table on the model's device). transformers computes some of
-# these differently: linear scaling divides inv_freq by the factor (vLLM divides the position), and
-# dynamic NTK grows the base with the sequence length (vLLM fixes it once, from the config).
+# changes t_p, inv_freq or the scale; the aligned RoPE computes row p as vLLM computes it.
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,10 @@
 """The residual stream between aligned decoder layers: an FP32 tensor carried in BF16 clothing
-(docs/patches.md: "How the residual stream travels").
+(docs/patches.md: "How the residual stream travels": why, and what FSDP2 does to it).
 
-FSDP2's `cast_forward_inputs=True` would round an FP32 layer output to BF16, so `pack` views its bytes
-as a BF16 tensor of twice the width (no copy, no arithmetic), which a BF16 cast leaves untouched, and
-`unpack` views them back. Gradients flow through the packed tensor itself (hooks on a layer's output
-see them). Every reader of one packed tensor gets the same unpacked view (`_rla_unpacked`), so the
-gradients of several readers add up in FP32 before the one bit-cast: two bit-cast gradients added by
-autograd as BF16 would be garbage in the low bits. A packed tensor is never used in arithmetic: its
-BF16 values are meaningless.
+`pack` views the FP32 bytes as a BF16 tensor of twice the width and `unpack` views them back. Every reader
+of one packed tensor gets the same unpacked view (`_rla_unpacked`), so the gradients of several readers add
+up in FP32 before the one bit-cast: two bit-cast gradients added as BF16 would be garbage in the low bits.
+A packed tensor is never used in arithmetic: its BF16 values are meaningless.
 """
 
 from __future__ import annotations

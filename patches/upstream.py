@@ -1,12 +1,6 @@
-"""The transformers source the patches were checked against, as fingerprints, and the check of it.
-
-The patches replace or copy transformers' own Qwen2/Qwen3 forwards (with the regions swapped in) and
-call a few of its functions. A release that changes one of these could make a patch silently drop
-what it changed, so `patches.apply` refuses a transformers whose functions are not, byte for byte, a
-set checked here. Each set below was compared by hand with the patches and tested; the releases it
-covers were read from their wheels with `python -m patches.upstream 5.9.0 5.19.0 ...`.
-
-RLA_TRANSFORMERS_UNCHECKED=1 lets an unchecked source through, once you have compared it yourself.
+"""The transformers source the patches were checked against, as fingerprints, and the check of it
+(docs/patches.md: "transformers releases"). Each set below was compared by hand with the patches and
+tested; `python -m patches.upstream` prints the fingerprints of the release it runs under.
 """
 
 from __future__ import annotations
@@ -126,35 +120,18 @@ def _differences(expected, found) -> int:
     return sum(expected[f].get(n) != found[f][n] for f in found for n in found[f])
 
 
-def fingerprints_of_wheel(version: str) -> dict[str, dict[str, str]]:
-    """Download transformers==version (no dependencies) and fingerprint its Qwen modeling files."""
-    import subprocess
-    import tempfile
-    import zipfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        f"transformers=={version}", "-d", tmp], check=True)
-        wheel = zipfile.ZipFile(next(Path(tmp).glob("*.whl")))
-        return {family: fingerprints_of_source(
-                    wheel.read(f"transformers/models/{family}/modeling_{family}.py").decode(), prefix)
-                for family, prefix in PREFIXES.items()}
-
-
-def main(argv: list[str]) -> int:
-    """Print each release's fingerprints and which checked set it matches."""
+def main() -> int:
+    """Print the installed release's fingerprints and which checked set they match (another release: lay
+    its wheel over the environment first, as `make test-transformers V=...` does, and run this under it)."""
     import json
 
-    if not argv:
-        print("usage: python -m patches.upstream VERSION [VERSION ...]", file=sys.stderr)
-        return 2
-    for version in argv:
-        found = fingerprints_of_wheel(version)
-        print(f"{version}: matches {checked_release(found) or 'no checked set'}")
-        print(json.dumps(found, indent=1))
+    import transformers
+
+    found = installed_fingerprints()
+    print(f"{transformers.__version__}: matches {checked_release(found) or 'no checked set'}")
+    print(json.dumps(found, indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,14 +1,9 @@
 """verl entry point: `actor_rollout_ref.model.external_lib=patches.verl_plugin` (docs/patches.md: "Using
-them with verl").
+them with verl": the variables it reads and how to pass them to Ray's workers).
 
-verl imports `external_lib` wherever it builds a model config (verl 0.9.1: the TaskRunner, each FSDP
-worker, the vLLM rollout server, the agent-loop workers), so this module runs in each of them and logs
-which process it is in. It reads RLA_REGIONS (as `patches.apply`; empty: stock), RLA_TARGET (vllm,
-vllm-cpu, auto with RLA_ENGINE_CONFIG; default vllm), RLA_IMPL (auto, eager, fused; default auto) and
-RLA_TREATMENTS (compile: each Qwen2/Qwen3 decoder layer compiled as it is built, patches/compile.py,
-since verl's FSDP engine has no switch that compiles the model). A bad value raises here, at import, so
-a misconfigured run fails before training starts. Pass the variables to every Ray worker with
-`+ray_kwargs.ray_init.runtime_env.env_vars.RLA_REGIONS=...`.
+verl imports `external_lib` wherever it builds a model config (verl 0.9.1: the TaskRunner, each FSDP worker,
+the vLLM rollout server, the agent-loop workers), so this module runs in each of them and logs which process
+it is in. A bad value raises here, at import, so a misconfigured run fails before training starts.
 """
 
 import logging

@@ -1,12 +1,7 @@
-"""The rollout side: batched sampling with a KV cache on the engine's own model runner.
-
-Mirrors what verl asks of vLLM: receive bf16 weights from the trainer, sample responses with
-temperature (top-p 1, top-k off) and return each sampled token's *processed* logprob,
-`log_softmax(logits.float() / T)`, computed from the engine's bf16 logits.
-
-Layout: prompts are left-padded; each prompt's positions start at 0 at its first real token; one
-forward for all prompts, then one token per step for the whole batch, each sequence stopping at
-its eos. Nothing here imports `patches`: the engine is never patched.
+"""The rollout side: batched sampling with a KV cache on the engine's own model runner, as verl asks of
+vLLM (docs/running.md: "The embedded default"). Prompts are left-padded, positions start at 0 at each
+prompt's first real token; logprobs are the processed ones, `log_softmax(logits.float() / T)`. Nothing
+here imports `patches`: the engine is never patched.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 
 @dataclass
@@ -26,14 +22,15 @@ class Rollout:
     logprobs: Tensor  # (B, R) fp32 processed logprobs of the sampled tokens, 0 where masked
 
 
+def pad(rows: list[list], fill, dtype: torch.dtype, side: str = "right") -> Tensor:
+    """Rows of different lengths as one (rows, longest) tensor, filled with `fill` on `side`."""
+    return pad_sequence([torch.tensor(row, dtype=dtype) for row in rows], batch_first=True, padding_value=fill,
+                        padding_side=side)
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = True
-    return ids, mask
+    return (pad(prompts, pad_id, torch.long, "left"),
+            pad([[True] * len(p) for p in prompts], False, torch.bool, "left"))
 
 
 def prefill_mask(prompt_mask: Tensor) -> Tensor:

@@ -1,18 +1,9 @@
-"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU.
-
-vLLM's default GPU path (compilation mode VLLM_COMPILE) traces the whole model and splits the graph at
-the attention ops; Inductor compiles each piece between two attention calls as one graph. A piece runs
-from one layer's o_proj through the post-attention add + norm, the MLP, the next layer's add + norm,
-its qkv GEMM and RoPE (Qwen3: the q/k norms before it); the first piece starts at the embedding, the
-last one ends at the final norm. The pieces here are those, written with vLLM's formulations (ops.py),
-each compiled by Inductor as one graph with the token count dynamic. Their outputs are what vLLM's
-pieces output: q, k, v and the residual, stored in bf16 - so the residual is rounded once per layer,
-and the post-attention sum, inside a piece, never. GEMMs are opaque kernels inside the pieces
-(`localrl.kernels.linear`, as cuBLAS GEMMs are in vLLM's graph); attention runs between pieces.
-
-Tokens are flattened to (num_tokens, hidden) as in vLLM. Weights are bf16 copies, never trained,
-never patched. This is a model of vLLM's GPU graph that runs anywhere; on a machine with vLLM's CPU
-build the suite also uses vLLM itself (studies/roundmap/measure.py compares the two graphs' stores).
+"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU
+(VLLM_COMPILE: the graph split at the attention ops; docs/patches.md: "Targets"). A piece runs from one
+layer's o_proj through the add + norms and the MLP to the next layer's qkv and RoPE, written with vLLM's
+formulations (ops.py), compiled by Inductor with the token count dynamic; its outputs (q, k, v, the
+residual) are stored in BF16. GEMMs are opaque kernels inside the pieces, attention runs between them.
+Weights are BF16 copies, never trained, never patched.
 """
 
 from __future__ import annotations

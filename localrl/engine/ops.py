@@ -1,13 +1,8 @@
 """The inference engine's region formulations, written line for line as vLLM writes them (its "native"
-path: vllm/ir/ops/layernorm.py, vllm/model_executor/layers/activation.py SiluAndMul.forward_native,
-vllm/model_executor/layers/rotary_embedding/{base,common}.py, vLLM 0.24-0.32).
-
-vLLM's default path runs these under torch.compile, a whole piece of the model at a time: Inductor
-fuses each elementwise chain into kernels that compute in fp32 and round to bf16 only where a buffer is
-stored, and it drops a `.to(bf16)` whose value is only upcast again (emulate_precision_casts is off).
-So the *formulation* and the *graph it sits in* decide where the engine rounds; keep these as vLLM has
-them (the rounding map, studies/roundmap/measure.py, reads the stored values off these very lines). Nothing
-here may import `patches`: the engine is never patched.
+path: vllm/ir/ops/layernorm.py, layers/activation.py, layers/rotary_embedding/{base,common}.py, vLLM
+0.24-0.32). Under Inductor the formulation and the graph it sits in decide where the engine rounds
+(docs/patches.md: "What each region changes"): keep them as vLLM has them, the rounding map reads the
+stored values off these very lines. Nothing here may import `patches`: the engine is never patched.
 """
 
 from __future__ import annotations
