@@ -55,8 +55,8 @@ def stability(runs: list[Run], cfg: AnalysisConfig, out: Path):
     return table
 
 
-def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: Path, max_points: int,
-          stability_table=None, timer: _Timer | None = None) -> None:
+def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: Path, stability_table=None,
+          timer: _Timer | None = None) -> None:
     from analysis.collapse import stability_table as compute_stability
     from analysis.tables import summarize
 
@@ -67,21 +67,11 @@ def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: P
     with timer("figures"):
         from analysis.figures import make_figures
 
-        make_figures(runs, stability_table, cfg, figures_dir, max_points=max_points)
+        make_figures(runs, stability_table, cfg, figures_dir)
     summary = summarize(stability_table, cfg.models, cfg.ablations)
     write_csv(summary, tables_dir / "summary.csv")
     write_text(tables_dir / "summary.md", to_markdown(summary))
     log.info("wrote %s/summary.{csv,md}", tables_dir)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,18 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--out", required=True, help="CSV file")
 
-    plot_args = dict(type=_positive_int, default=500, help="most steps per line after binning (default 500)")
     p = sub.add_parser("plots", help="figures (PNG + PDF) and the model x ablation summary table")
     common(p)
     p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
     p.add_argument("--tables", help="where summary.{csv,md} go (default: <runs>/../tables)")
-    p.add_argument("--max-points", **plot_args)
 
     p = sub.add_parser("all", help="collect + stability + plots with one read of the logs")
     common(p)
     p.add_argument("--tables", help="tables directory (default: <runs>/../tables)")
     p.add_argument("--figures", required=True, help="figures directory")
-    p.add_argument("--max-points", **plot_args)
     return parser
 
 
@@ -143,13 +130,13 @@ def _run(args: argparse.Namespace) -> int:
             stability(runs, cfg, Path(args.out))
         elif args.command == "plots":
             tables = Path(args.tables) if args.tables else _default_tables(args.runs)
-            plots(runs, cfg, Path(args.out), tables, args.max_points, timer=timer)
+            plots(runs, cfg, Path(args.out), tables, timer=timer)
         elif args.command == "all":
             tables = Path(args.tables) if args.tables else _default_tables(args.runs)
             collect(runs, tables / "metrics.parquet")
             with timer("stability"):
                 table = stability(runs, cfg, tables / "stability.csv")
-            plots(runs, cfg, Path(args.figures), tables, args.max_points, table, timer)
+            plots(runs, cfg, Path(args.figures), tables, table, timer)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
