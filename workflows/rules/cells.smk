@@ -4,22 +4,21 @@
 import verlrun.models as staging
 
 
-def staged_model_input(wildcards):
-    """The staged model a verl cell reads: downloaded or built here ({} for the local backend or a
-    local `path`)."""
-    if BACKEND != "verl" or not staging.needs_staging(config, wildcards.model):
-        return {}
-    return {"hf_model": str(staging.local_path(config, wildcards.model))}
-
-
 def cell_inputs(wildcards):
-    return {**train_inputs(wildcards), **staged_model_input(wildcards)}
+    """The data, and the cell's model: warm-started (local backend) or staged, downloaded or built here
+    (verl backend; none for a local `path`)."""
+    inputs = {"train": f"{DATA}/train.parquet", "test": f"{DATA}/test.parquet"}
+    if BACKEND == "local":
+        inputs["model"] = str(layout.model_dir(config, wildcards.model))
+    elif staging.needs_staging(config, wildcards.model):
+        inputs["hf_model"] = str(staging.local_path(config, wildcards.model))
+    return inputs
 
 
 def _cell_resource(name):
     def value(wildcards):
         spec = config["model_specs"][wildcards.model].get("resources") or {}
-        return spec.get(name, train_resources()[name])
+        return spec.get(name, TRAIN_RESOURCES[name])
 
     return value
 

@@ -130,6 +130,7 @@ FIGURES = f"{config['figures_dir'].rstrip('/')}/{PROFILE}"
 # (vLLM's CPU build, envs/cpu.yaml); the local backend runs on CPU.
 PLATFORM = settings.verl_settings(config)["platform"] if BACKEND == "verl" else "cpu"
 TRAIN_ENV = GPU_ENV if PLATFORM == "cuda" else CPU_ENV
+TRAIN_RESOURCES = config["resources"]["train"]
 
 
 def _resolved_config_file(cfg):
@@ -212,21 +213,10 @@ def runs_root(metrics_file):
     return str(Path(metrics_file).parents[3])
 
 
-def train_inputs(wildcards):
-    inputs = {"train": f"{DATA}/train.parquet", "test": f"{DATA}/test.parquet"}
-    if BACKEND == "local":
-        inputs["model"] = str(layout.model_dir(config, wildcards.model))
-    return inputs
-
-
-def train_resources():
-    return config["resources"]["train"]
-
-
 def train_gpus(wildcards):
     """GPUs one cell holds: all of its verl nodes' GPUs; the local backend and verl on a CPU hold none."""
     if BACKEND != "verl":
-        return train_resources().get("gpu", 0)
+        return TRAIN_RESOURCES.get("gpu", 0)
     if PLATFORM == "cpu":
         return 0
     verl = settings.verl_settings(config, wildcards.model)

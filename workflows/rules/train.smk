@@ -20,7 +20,7 @@ rule train:
         f"{LOGS}/train/{{model}}/{{ablation}}/seed{{seed}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/train/{{model}}/{{ablation}}/seed{{seed}}.tsv"
-    threads: train_resources()["threads"]
+    threads: TRAIN_RESOURCES["threads"]
     resources:
         gpu=train_gpus,
         nodes=cell_nodes,
