@@ -22,7 +22,6 @@ include: "workflows/rules/collect.smk"
 include: "workflows/rules/plots.smk"
 include: "workflows/rules/probe.smk"
 include: "workflows/rules/studies.smk"
-include: "workflows/rules/pages.smk"
 
 
 rule all:

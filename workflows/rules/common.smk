@@ -225,7 +225,6 @@ def train_gpus(wildcards):
 
 # --- the studies (workflows/rules/studies.smk)
 from studies import STUDIES
-from studies.pages import pages as rendered_pages
 
 STUDY_OUT = "results/studies"
 # What each study runs (its options; why and how long: studies/<name>/page.md), unless the config's
