@@ -11,8 +11,8 @@ from pathlib import Path
 
 from analysis.config import AnalysisConfig, load_config
 from analysis.load import Run, load_runs, tidy_table
-from analysis.output import to_markdown, write_parquet
-from rla.files import write_csv, write_text
+from analysis.output import to_markdown
+from rla.files import atomic_path, write_csv, write_text
 
 log = logging.getLogger("analysis")
 
@@ -24,7 +24,8 @@ def _default_tables(runs_dir: str) -> Path:
 
 def collect(runs: list[Run], out: Path) -> None:
     table = tidy_table(runs)
-    write_parquet(table, out)
+    with atomic_path(out) as tmp:  # written atomically, as every file (rla.files)
+        table.to_parquet(tmp, index=False, engine="pyarrow")
     log.info("wrote %s (%d rows, %d runs, %d non-finite values)", out, len(table), len(runs),
              int((~table["finite"]).sum()))
 
