@@ -17,6 +17,7 @@ from rla import files
 from rla import layout
 from rla import names
 from rla.names import ABLATIONS
+import verlrun.models as staging
 
 BACKEND_MODULES = {"local": "localrl", "verl": "verlrun"}
 CPU_ENV = "../../envs/cpu.yaml"
@@ -208,6 +209,37 @@ def cell_settings(model):
 def runs_root(metrics_file):
     """results/<profile>/runs from .../runs/<model>/<ablation>/seed<S>/metrics.jsonl."""
     return str(Path(metrics_file).parents[3])
+
+
+# one training cell: what it reads and the scheduler resources it gets (the model's `resources` in
+# model_specs, else the config's resources.train; one node unless the model asks for more)
+def cell_inputs(wildcards):
+    """The data, and the cell's model: warm-started (local backend) or staged, downloaded or built here
+    (verl backend; none for a local `path`)."""
+    inputs = {"train": f"{DATA}/train.parquet", "test": f"{DATA}/test.parquet"}
+    if BACKEND == "local":
+        inputs["model"] = str(layout.model_dir(config, wildcards.model))
+    elif staging.needs_staging(config, wildcards.model):
+        inputs["hf_model"] = str(staging.local_path(config, wildcards.model))
+    return inputs
+
+
+def _cell_resource(name):
+    def value(wildcards):
+        spec = config["model_specs"][wildcards.model].get("resources") or {}
+        return spec.get(name, TRAIN_RESOURCES[name])
+
+    return value
+
+
+cell_runtime = _cell_resource("runtime")
+cell_mem_mb = _cell_resource("mem_mb")
+
+
+def cell_nodes(wildcards):
+    if BACKEND != "verl":
+        return 1
+    return settings.verl_settings(config, wildcards.model)["nnodes"]
 
 
 def train_gpus(wildcards):

@@ -1,7 +1,6 @@
 # One grid cell per job; the only place that chooses a backend (localrl or verlrun).
 
 
-include: "cells.smk"
 include: "models.smk"
 
 
