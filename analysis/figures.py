@@ -205,42 +205,28 @@ def _available(panels: tuple[Panel, ...], runs: list[Run], figure: str) -> list[
     return [panel for panel in panels if panel.metric in logged]
 
 
-def score_figure(runs, stability, cfg: AnalysisConfig, layout: Layout, out_dir: Path) -> list[Path]:
-    if not _available((SCORE,), runs, "score"):
-        return []
-    window = cfg.collapse.smooth_window
-    per_seed, agg = _prepare(smoothed_frame(runs, [SCORE.metric], window), SCORE)
-    marks = _collapse_points(runs, stability, window, SCORE.metric)
-    fig, axes = _grid(1, len(layout.models))
-    for ax, model in zip(axes.flat, layout.models):
-        _draw_panel(ax, per_seed, agg, model, layout)
-        for ablation, pts in marks[marks["model"] == model].groupby("ablation"):
-            ax.scatter(pts["step"], pts["value"], marker="x", s=30, color=layout.palette[ablation],
-                       linewidths=1.5, zorder=5)
-        ax.set_title(model)
-        ax.set_xlabel("step")
-        ax.set_ylabel(SCORE.label if ax.get_subplotspec().is_first_col() else "")
-    for ax in list(axes.flat)[len(layout.models):]:
-        ax.set_visible(False)
-    _legend(fig, layout, with_collapse=not marks.empty)
-    return save_figure(fig, out_dir, "score")
-
-
 def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name: str,
-                  panels: tuple[Panel, ...]) -> list[Path]:
-    """Rows = metrics, columns = models; one metric: the models in rows of MAX_COLUMNS, as the score figure."""
+                  panels: tuple[Panel, ...], stability: pd.DataFrame | None = None) -> list[Path]:
+    """Rows = metrics, columns = models; one metric: the models in rows of MAX_COLUMNS. With ``stability``
+    (the score figure) each collapse is marked on its run's line of the first metric."""
     panels = _available(panels, runs, name)
     if not panels:
         warnings.warn(f"{name}: no metric of this figure was logged; figure skipped", FigureWarning,
                       stacklevel=2)
         return []
     data = smoothed_frame(runs, [p.metric for p in panels], cfg.collapse.smooth_window)
+    marks = None if stability is None else _collapse_points(runs, stability, cfg.collapse.smooth_window,
+                                                             panels[0].metric)
     fig, axes = _grid(len(panels), len(layout.models))
     for row, panel in enumerate(panels):
         per_seed, agg = _prepare(data, panel)
         for col, model in enumerate(layout.models):
             ax = axes.flat[col] if len(panels) == 1 else axes[row, col]
             drawn = _draw_panel(ax, per_seed, agg, model, layout)
+            if marks is not None:
+                for ablation, pts in marks[marks["model"] == model].groupby("ablation"):
+                    ax.scatter(pts["step"], pts["value"], marker="x", s=30, color=layout.palette[ablation],
+                               linewidths=1.5, zorder=5)
             if panel.log_scale and drawn:
                 ax.set_yscale("log")
                 ax.yaxis.set_minor_locator(NullLocator())  # unlabelled minor ticks cost draw time
@@ -251,7 +237,7 @@ def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name
                 ax.set_xlabel("step")
     for ax in list(axes.flat)[len(panels) * len(layout.models):]:
         ax.set_visible(False)
-    _legend(fig, layout)
+    _legend(fig, layout, with_collapse=marks is not None and not marks.empty)
     return save_figure(fig, out_dir, name)
 
 
@@ -286,7 +272,7 @@ def make_figures(runs: list[Run], stability: pd.DataFrame, cfg: AnalysisConfig, 
     with_data = [r for r in runs if r.steps > 0]
     layout = _layout(runs, cfg)
     written = []
-    written += score_figure(with_data, stability, cfg, layout, out_dir)
+    written += metric_figure(with_data, cfg, layout, out_dir, "score", (SCORE,), stability)
     written += metric_figure(with_data, cfg, layout, out_dir, "mismatch", MISMATCH)
     written += metric_figure(with_data, cfg, layout, out_dir, "dynamics", DYNAMICS)
     written += collapse_heatmap(stability, cfg, out_dir)
