@@ -159,16 +159,12 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-def cell_dir(model, ablation, seed):
-    return str(layout.cell_dir(config, model, ablation, seed))
-
-
 GRID_CELLS = [(m, a, s) for m in config["models"] for a in config["ablations"] for s in config["seeds"]]
 
 
 def grid_metrics():
     """metrics.jsonl of every cell of the configured grid."""
-    return [f"{cell_dir(m, a, s)}/metrics.jsonl" for m, a, s in GRID_CELLS]
+    return [f"{layout.cell_dir(config, m, a, s)}/metrics.jsonl" for m, a, s in GRID_CELLS]
 
 
 def probe_targets():
@@ -187,11 +183,6 @@ def all_targets():
         f"{TABLES}/stability.csv",
         f"{TABLES}/summary.csv",
     ] + probe_targets() + probe_figure_targets()
-
-
-def data_settings():
-    """The config section the prepared data depends on (provenance of prepare_data)."""
-    return config.get("data") if BACKEND == "verl" else config.get("task")
 
 
 def cell_settings(model):
