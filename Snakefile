@@ -1,8 +1,5 @@
-# The experiment grid: data -> (warm start) -> one training job per cell -> tables -> figures.
-#   snakemake --cores N                                   the embedded default (experiments/tiny.yaml)
-#   snakemake --configfile experiments/paper.yaml --workflow-profile profiles/slurm
-#   snakemake --cores 1 figures_only                      figures from existing logs; never trains
-#   snakemake --report results/<profile>/report.html      a browsable report of figures and tables
+# The experiment grid: data -> (warm start) -> one training job per cell -> tables -> figures; and the
+# studies (workflows/rules/studies.smk). How to run it: docs/running.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -25,7 +22,6 @@ include: "workflows/rules/collect.smk"
 include: "workflows/rules/plots.smk"
 include: "workflows/rules/probe.smk"
 include: "workflows/rules/studies.smk"
-include: "workflows/rules/pages.smk"
 
 
 rule all:

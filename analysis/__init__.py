@@ -9,11 +9,3 @@ so it runs on a laptop with logs copied from a cluster.
 - ``python -m analysis {collect,stability,plots,all}``: see :mod:`analysis.cli`. The studies (studies/)
   read these tables and figures; nothing here imports a study.
 """
-
-from analysis.config import AnalysisConfig, CollapseConfig, load_config
-from analysis.load import LogWarning, Run, load_run, load_runs, tidy_table
-
-__all__ = [
-    "AnalysisConfig", "CollapseConfig", "LogWarning", "Run", "load_config", "load_run", "load_runs",
-    "tidy_table",
-]

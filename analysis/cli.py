@@ -4,17 +4,15 @@ logs (the studies' own reports are ``python -m studies report NAME``)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
-import time
 import warnings
 from pathlib import Path
 
 from analysis.config import AnalysisConfig, load_config
 from analysis.load import Run, load_runs, tidy_table
-from analysis.output import to_markdown, write_parquet
-from rla.files import write_csv, write_text
+from analysis.output import to_markdown
+from rla.files import atomic_path, write_csv, write_text
 
 log = logging.getLogger("analysis")
 
@@ -24,24 +22,10 @@ def _default_tables(runs_dir: str) -> Path:
     return Path(runs_dir).resolve().parent / "tables"
 
 
-class _Timer:
-    """Logs how long each stage took (long work shows progress)."""
-
-    def __init__(self) -> None:
-        self.stages: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        log.info("%s ...", name)
-        start = time.perf_counter()
-        yield
-        self.stages[name] = time.perf_counter() - start
-        log.info("%s done in %.2f s", name, self.stages[name])
-
-
 def collect(runs: list[Run], out: Path) -> None:
     table = tidy_table(runs)
-    write_parquet(table, out)
+    with atomic_path(out) as tmp:  # written atomically, as every file (rla.files)
+        table.to_parquet(tmp, index=False, engine="pyarrow")
     log.info("wrote %s (%d rows, %d runs, %d non-finite values)", out, len(table), len(runs),
              int((~table["finite"]).sum()))
 
@@ -55,43 +39,27 @@ def stability(runs: list[Run], cfg: AnalysisConfig, out: Path):
     return table
 
 
-def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: Path, max_points: int,
-          stability_table=None, timer: _Timer | None = None) -> None:
+def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: Path, stability_table=None) -> None:
     from analysis.collapse import stability_table as compute_stability
+    from analysis.figures import make_figures
     from analysis.tables import summarize
 
-    timer = timer or _Timer()
     if stability_table is None:
-        with timer("stability"):
-            stability_table = compute_stability(runs, cfg.collapse)
-    with timer("figures"):
-        from analysis.figures import make_figures
-
-        make_figures(runs, stability_table, cfg, figures_dir, max_points=max_points)
+        stability_table = compute_stability(runs, cfg.collapse)
+    make_figures(runs, stability_table, cfg, figures_dir)
     summary = summarize(stability_table, cfg.models, cfg.ablations)
     write_csv(summary, tables_dir / "summary.csv")
     write_text(tables_dir / "summary.md", to_markdown(summary))
     log.info("wrote %s/summary.{csv,md}", tables_dir)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser, config_required: bool = False) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--runs", required=True, help="runs directory laid out {model}/{ablation}/seed{N}/")
-        p.add_argument("--config", required=config_required,
-                       help="experiment config (its collapse: section and model/ablation order)")
+        p.add_argument("--config", help="experiment config (its collapse: section and model/ablation order)")
         p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
 
     p = sub.add_parser("collect", help="all metrics as one tidy parquet table")
@@ -103,18 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--out", required=True, help="CSV file")
 
-    plot_args = dict(type=_positive_int, default=500, help="most steps per line after binning (default 500)")
     p = sub.add_parser("plots", help="figures (PNG + PDF) and the model x ablation summary table")
     common(p)
     p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
     p.add_argument("--tables", help="where summary.{csv,md} go (default: <runs>/../tables)")
-    p.add_argument("--max-points", **plot_args)
 
     p = sub.add_parser("all", help="collect + stability + plots with one read of the logs")
     common(p)
     p.add_argument("--tables", help="tables directory (default: <runs>/../tables)")
     p.add_argument("--figures", required=True, help="figures directory")
-    p.add_argument("--max-points", **plot_args)
     return parser
 
 
@@ -132,27 +97,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    timer = _Timer()
     try:
         cfg = load_config(args.config)
-        with timer("load"):
-            runs = load_runs(args.runs)
+        runs = load_runs(args.runs)
         if args.command == "collect":
             collect(runs, Path(args.out))
         elif args.command == "stability":
             stability(runs, cfg, Path(args.out))
         elif args.command == "plots":
             tables = Path(args.tables) if args.tables else _default_tables(args.runs)
-            plots(runs, cfg, Path(args.out), tables, args.max_points, timer=timer)
+            plots(runs, cfg, Path(args.out), tables)
         elif args.command == "all":
             tables = Path(args.tables) if args.tables else _default_tables(args.runs)
             collect(runs, tables / "metrics.parquet")
-            with timer("stability"):
-                table = stability(runs, cfg, tables / "stability.csv")
-            plots(runs, cfg, Path(args.figures), tables, args.max_points, table, timer)
+            table = stability(runs, cfg, tables / "stability.csv")
+            plots(runs, cfg, Path(args.figures), tables, table)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    log.info("total %.2f s (%s)", sum(timer.stages.values()),
-             ", ".join(f"{k} {v:.2f} s" for k, v in timer.stages.items()))
     return 0

@@ -6,8 +6,6 @@ definition", states them with the thresholds (:class:`analysis.config.CollapseCo
 - ``peak`` is the running maximum up to each step, so the threshold ``peak - drop_frac * (peak - start)``
   moves with it; under ``no_recovery`` a window counts when the smoothed score never climbs back to
   that window's threshold later in the run;
-- FP16 loss scaling (rule 2's overflow case) is recognised by a logged ``actor/loss_scale`` or, for verl's
-  FSDP engine, which logs none, by the ablation's registry precision;
 - when rules 1 and 2 fire at the same step, ``reason`` names both, joined by ``+``;
 - ``too_short`` means fewer than ``smooth_window + patience`` finite scores; ``peak_score``,
   ``final_score`` and ``start_score`` are smoothed, ``max_k3_kl`` and ``max_grad_norm`` maxima over

@@ -16,9 +16,8 @@ from rla.config import COLLAPSE, collapse_settings, settings_class
 
 
 class CollapseConfig(settings_class("CollapseConfig", "collapse", COLLAPSE)):
-    """Thresholds of the collapse definition (see :mod:`analysis.collapse` for their meaning): a
-    field per key of `rla.config.COLLAPSE` (smooth_window, min_rise, drop_frac, patience, no_recovery,
-    k3_kl_threshold, score_metric, k3_metric, nonfinite_metrics), with its default and check."""
+    """Thresholds of the collapse definition (:mod:`analysis.collapse`): a field per key of
+    `rla.config.COLLAPSE`, with its default and check."""
 
     @classmethod
     def from_mapping(cls, section: dict[str, Any] | None) -> "CollapseConfig":

@@ -2,7 +2,7 @@
 ``mismatch``, ``dynamics``, ``collapse_heatmap`` (what each shows: docs/reference.md, "Reading the figures").
 
 Log-scale panels average seeds in log space (geometric mean, interval in log space) and leave out
-values <= 0, which a log axis cannot show. Long runs are binned to at most ``max_points`` steps
+values <= 0, which a log axis cannot show. Long runs are binned to at most ``MAX_POINTS`` steps
 after smoothing (:func:`analysis.series.bin_steps`). A metric no run logged loses its panel, with a
 :class:`FigureWarning`.
 """
@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 PANEL_SIZE = (3.4, 2.5)  # inches per panel
 MAX_COLUMNS = 4
+MAX_POINTS = 500  # most steps per line after binning
 FORMATS = ("png", "pdf")
 # No creation date (PDF) and no version stamp: the same logs give the same bytes.
 REPRODUCIBLE_METADATA = {"png": {"Software": None}, "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}
@@ -95,12 +96,12 @@ def _layout(runs: list[Run], cfg: AnalysisConfig) -> Layout:
     return Layout(models, ablations, ablation_palette(ablations))
 
 
-def _prepare(data: pd.DataFrame, panel: Panel, max_points: int) -> tuple[dict, dict]:
+def _prepare(data: pd.DataFrame, panel: Panel) -> tuple[dict, dict]:
     """(per-seed lines, mean + CI) for one metric in display units, split by (model, ablation)."""
     data = data[data["metric"] == panel.metric]
     if panel.log_scale:
         data = data[data["value"] > 0].assign(value=lambda d: np.log10(d["value"]))
-    per_seed = bin_steps(data, max_points, by=["model", "ablation", "run"])
+    per_seed = bin_steps(data, MAX_POINTS, by=["model", "ablation", "run"])
     agg = mean_ci(per_seed, ["model", "ablation", "step"], "value")
     if panel.log_scale:
         per_seed = per_seed.assign(value=10 ** per_seed["value"])
@@ -204,42 +205,28 @@ def _available(panels: tuple[Panel, ...], runs: list[Run], figure: str) -> list[
     return [panel for panel in panels if panel.metric in logged]
 
 
-def score_figure(runs, stability, cfg: AnalysisConfig, layout: Layout, out_dir: Path, max_points: int) -> list[Path]:
-    if not _available((SCORE,), runs, "score"):
-        return []
-    window = cfg.collapse.smooth_window
-    per_seed, agg = _prepare(smoothed_frame(runs, [SCORE.metric], window), SCORE, max_points)
-    marks = _collapse_points(runs, stability, window, SCORE.metric)
-    fig, axes = _grid(1, len(layout.models))
-    for ax, model in zip(axes.flat, layout.models):
-        _draw_panel(ax, per_seed, agg, model, layout)
-        for ablation, pts in marks[marks["model"] == model].groupby("ablation"):
-            ax.scatter(pts["step"], pts["value"], marker="x", s=30, color=layout.palette[ablation],
-                       linewidths=1.5, zorder=5)
-        ax.set_title(model)
-        ax.set_xlabel("step")
-        ax.set_ylabel(SCORE.label if ax.get_subplotspec().is_first_col() else "")
-    for ax in list(axes.flat)[len(layout.models):]:
-        ax.set_visible(False)
-    _legend(fig, layout, with_collapse=not marks.empty)
-    return save_figure(fig, out_dir, "score")
-
-
 def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name: str,
-                  panels: tuple[Panel, ...], max_points: int) -> list[Path]:
-    """Rows = metrics, columns = models; one metric: the models in rows of MAX_COLUMNS, as the score figure."""
+                  panels: tuple[Panel, ...], stability: pd.DataFrame | None = None) -> list[Path]:
+    """Rows = metrics, columns = models; one metric: the models in rows of MAX_COLUMNS. With ``stability``
+    (the score figure) each collapse is marked on its run's line of the first metric."""
     panels = _available(panels, runs, name)
     if not panels:
         warnings.warn(f"{name}: no metric of this figure was logged; figure skipped", FigureWarning,
                       stacklevel=2)
         return []
     data = smoothed_frame(runs, [p.metric for p in panels], cfg.collapse.smooth_window)
+    marks = None if stability is None else _collapse_points(runs, stability, cfg.collapse.smooth_window,
+                                                             panels[0].metric)
     fig, axes = _grid(len(panels), len(layout.models))
     for row, panel in enumerate(panels):
-        per_seed, agg = _prepare(data, panel, max_points)
+        per_seed, agg = _prepare(data, panel)
         for col, model in enumerate(layout.models):
             ax = axes.flat[col] if len(panels) == 1 else axes[row, col]
             drawn = _draw_panel(ax, per_seed, agg, model, layout)
+            if marks is not None:
+                for ablation, pts in marks[marks["model"] == model].groupby("ablation"):
+                    ax.scatter(pts["step"], pts["value"], marker="x", s=30, color=layout.palette[ablation],
+                               linewidths=1.5, zorder=5)
             if panel.log_scale and drawn:
                 ax.set_yscale("log")
                 ax.yaxis.set_minor_locator(NullLocator())  # unlabelled minor ticks cost draw time
@@ -250,7 +237,7 @@ def metric_figure(runs, cfg: AnalysisConfig, layout: Layout, out_dir: Path, name
                 ax.set_xlabel("step")
     for ax in list(axes.flat)[len(panels) * len(layout.models):]:
         ax.set_visible(False)
-    _legend(fig, layout)
+    _legend(fig, layout, with_collapse=marks is not None and not marks.empty)
     return save_figure(fig, out_dir, name)
 
 
@@ -277,8 +264,7 @@ def collapse_heatmap(stability: pd.DataFrame, cfg: AnalysisConfig, out_dir: Path
     return save_figure(fig, out_dir, "collapse_heatmap")
 
 
-def make_figures(runs: list[Run], stability: pd.DataFrame, cfg: AnalysisConfig, out_dir: str | Path,
-                 max_points: int = 500) -> list[Path]:
+def make_figures(runs: list[Run], stability: pd.DataFrame, cfg: AnalysisConfig, out_dir: str | Path) -> list[Path]:
     """Write every figure into ``out_dir``; returns the files written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -286,8 +272,8 @@ def make_figures(runs: list[Run], stability: pd.DataFrame, cfg: AnalysisConfig, 
     with_data = [r for r in runs if r.steps > 0]
     layout = _layout(runs, cfg)
     written = []
-    written += score_figure(with_data, stability, cfg, layout, out_dir, max_points)
-    written += metric_figure(with_data, cfg, layout, out_dir, "mismatch", MISMATCH, max_points)
-    written += metric_figure(with_data, cfg, layout, out_dir, "dynamics", DYNAMICS, max_points)
+    written += metric_figure(with_data, cfg, layout, out_dir, "score", (SCORE,), stability)
+    written += metric_figure(with_data, cfg, layout, out_dir, "mismatch", MISMATCH)
+    written += metric_figure(with_data, cfg, layout, out_dir, "dynamics", DYNAMICS)
     written += collapse_heatmap(stability, cfg, out_dir)
     return written

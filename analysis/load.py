@@ -40,7 +40,6 @@ class Run:
     model: str
     ablation: str
     seed: int
-    path: Path
     wide: pd.DataFrame
     long: pd.DataFrame  # columns step, metric, value: only values that were logged
 
@@ -164,7 +163,7 @@ def load_run(run_dir: str | Path) -> Run:
                 LogWarning,
                 stacklevel=2,
             )
-    return Run(model=model, ablation=ablation, seed=seed, path=run_dir, wide=wide, long=long)
+    return Run(model=model, ablation=ablation, seed=seed, wide=wide, long=long)
 
 
 def _widen(steps: np.ndarray, codes: np.ndarray, names: list[str], values: np.ndarray,

@@ -1,17 +1,8 @@
-"""Tables for people (markdown) and data (parquet, written atomically: `rla.files`, as every file)."""
+"""Tables for people: markdown."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
-
-from rla.files import atomic_path
-
-
-def write_parquet(frame: pd.DataFrame, target: str | Path) -> None:
-    with atomic_path(target) as tmp:
-        frame.to_parquet(tmp, index=False, engine="pyarrow")
 
 
 def to_markdown(frame: pd.DataFrame, float_format: str = "{:.4g}") -> str:

@@ -17,6 +17,7 @@ from rla import files
 from rla import layout
 from rla import names
 from rla.names import ABLATIONS
+import verlrun.models as staging
 
 BACKEND_MODULES = {"local": "localrl", "verl": "verlrun"}
 CPU_ENV = "../../envs/cpu.yaml"
@@ -71,10 +72,7 @@ def _check_schema(cfg):
             unknown = sorted(set(error.instance) - set(allowed))
             lines.append(f"unknown key(s) {unknown} in {where} (from {_origin(list(error.path) + unknown)}); "
                          f"allowed: {', '.join(allowed)}")
-        elif error.validator == "enum":
-            lines.append(f"{where} = {error.instance!r} (from {_origin(list(error.path))}); "
-                         f"allowed: {', '.join(map(str, error.validator_value))}")
-        else:
+        else:  # an enum's message names the allowed values
             lines.append(f"{where} = {error.instance!r} (from {_origin(list(error.path))}): {error.message}")
     raise WorkflowError("invalid config:\n  " + "\n  ".join(lines))
 
@@ -130,6 +128,7 @@ FIGURES = f"{config['figures_dir'].rstrip('/')}/{PROFILE}"
 # (vLLM's CPU build, envs/cpu.yaml); the local backend runs on CPU.
 PLATFORM = settings.verl_settings(config)["platform"] if BACKEND == "verl" else "cpu"
 TRAIN_ENV = GPU_ENV if PLATFORM == "cuda" else CPU_ENV
+TRAIN_RESOURCES = config["resources"]["train"]
 
 
 def _resolved_config_file(cfg):
@@ -160,18 +159,12 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-def cell_dir(model, ablation, seed):
-    return str(layout.cell_dir(config, model, ablation, seed))
+GRID_CELLS = [(m, a, s) for m in config["models"] for a in config["ablations"] for s in config["seeds"]]
 
 
 def grid_metrics():
     """metrics.jsonl of every cell of the configured grid."""
-    return [
-        f"{cell_dir(m, a, s)}/metrics.jsonl"
-        for m in config["models"]
-        for a in config["ablations"]
-        for s in config["seeds"]
-    ]
+    return [f"{layout.cell_dir(config, m, a, s)}/metrics.jsonl" for m, a, s in GRID_CELLS]
 
 
 def probe_targets():
@@ -192,11 +185,6 @@ def all_targets():
     ] + probe_targets() + probe_figure_targets()
 
 
-def data_settings():
-    """The config section the prepared data depends on (provenance of prepare_data)."""
-    return config.get("data") if BACKEND == "verl" else config.get("task")
-
-
 def cell_settings(model):
     """Everything one training cell depends on besides its wildcards (provenance of train):
     changing these reruns the cell; adding seeds or models does not touch existing cells."""
@@ -214,21 +202,41 @@ def runs_root(metrics_file):
     return str(Path(metrics_file).parents[3])
 
 
-def train_inputs(wildcards):
+# one training cell: what it reads and the scheduler resources it gets (the model's `resources` in
+# model_specs, else the config's resources.train; one node unless the model asks for more)
+def cell_inputs(wildcards):
+    """The data, and the cell's model: warm-started (local backend) or staged, downloaded or built here
+    (verl backend; none for a local `path`)."""
     inputs = {"train": f"{DATA}/train.parquet", "test": f"{DATA}/test.parquet"}
     if BACKEND == "local":
         inputs["model"] = str(layout.model_dir(config, wildcards.model))
+    elif staging.needs_staging(config, wildcards.model):
+        inputs["hf_model"] = str(staging.local_path(config, wildcards.model))
     return inputs
 
 
-def train_resources():
-    return config["resources"]["train"]
+def _cell_resource(name):
+    def value(wildcards):
+        spec = config["model_specs"][wildcards.model].get("resources") or {}
+        return spec.get(name, TRAIN_RESOURCES[name])
+
+    return value
+
+
+cell_runtime = _cell_resource("runtime")
+cell_mem_mb = _cell_resource("mem_mb")
+
+
+def cell_nodes(wildcards):
+    if BACKEND != "verl":
+        return 1
+    return settings.verl_settings(config, wildcards.model)["nnodes"]
 
 
 def train_gpus(wildcards):
     """GPUs one cell holds: all of its verl nodes' GPUs; the local backend and verl on a CPU hold none."""
     if BACKEND != "verl":
-        return train_resources().get("gpu", 0)
+        return TRAIN_RESOURCES.get("gpu", 0)
     if PLATFORM == "cpu":
         return 0
     verl = settings.verl_settings(config, wildcards.model)
@@ -237,15 +245,12 @@ def train_gpus(wildcards):
 
 # --- the studies (workflows/rules/studies.smk)
 from studies import STUDIES
-from studies.pages import pages as rendered_pages
 
 STUDY_OUT = "results/studies"
-# What each study runs, unless the config's `studies:` section says otherwise (experiments/micro-studies.yaml:
-# the micro configuration `make test` runs every study's DAG with). A study that is a grid of its own is
-# that grid's DAG on its config files (later ones laid over earlier ones), run by a Snakemake of its own
-# (--nolock: this run holds the lock on the study's files; the inner one writes nothing else). Studies
-# whose configs name the same results_dir share one grid.
-STUDY_SETTINGS = {
+# What each study runs (its options; why and how long: studies/<name>/page.md), unless the config's
+# `studies:` section says otherwise (experiments/micro-studies.yaml). A grid study is that grid's DAG on
+# its config files (later ones laid over earlier ones); studies whose configs name the same results_dir share it.
+STUDY_DEFAULTS = {
     "grids": {
         "stress": ["experiments/stress.yaml"],
         "geo_rs": ["experiments/geo_rs.yaml"],
@@ -254,38 +259,31 @@ STUDY_SETTINGS = {
         "tiny_sdpa": ["experiments/tiny.yaml", "experiments/tiny-sdpa.yaml"],
         "tiny_amx": ["experiments/tiny.yaml", "experiments/tiny-amx.yaml"],
     },
-    # runs of `python -m studies run scaling`, one after the other into the same tables: the ladders
-    # (46 points, ~15 min on one core), then their expensive end and the real shapes (~1.5 h, ~8 GiB)
+    # runs of `python -m studies run scaling`, one after the other into the same tables
     "scaling": [[], ["--factors", "shape,depth,length,vocab", "--big", "--real"]],
     "gradprobe": "experiments/gradprobe.yaml",  # the pre-registered plan
-    "rope_lead": "experiments/gradprobe-rope.yaml",  # its HA4 again, pre-registered (~40 min on one core)
-    "treatments_cost": [],  # options of `python -m studies run treatments`
-    # options of `python -m studies run vllm_alignment`: the two smallest grid shapes, hidden 256, and YaRN
+    "rope_lead": "experiments/gradprobe-rope.yaml",  # its HA4 again, pre-registered
+    "treatments_cost": [],
     "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
     "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
-    # options of `python -m studies run depth`: its ladder (2-28 layers at hidden 256, 2 architectures x 3
-    # seeds x 32 sequences; ~1.5 h on 2 idle cores with three summation orders) and the paper models' widths
-    # at 28 layers (8 sequences, seed 0). The measurement resumes from the points it kept; `--resume-from` a
-    # published depth.json adds points to it without measuring its old ones again
     "depth": ["--widths"],
-    # options of `python -m studies run depth` for what `all` leaves at the goal depth (studies/leftover): 28
-    # layers, the engine's kernels (with its GEMMs also fed as its steps fed them) and the trainable attention
-    # rounding as its AMX kernel does, and the paper widths (~2 h on 2 idle cores with three summation
-    # orders; a kernels set added later is measured alone on the kept points, `--remeasure` measures one anew)
     "leftover": ["--layers", "28", "--kernels", "hf", "attention", "engine_attention", "engine_gemm", "engine",
                  "engine_steps", "amx_rounding", "amx_rounding_engine_gemm", "--widths"],
-    # options of `python -m studies run trace`: 28 layers at hidden 256, 2 architectures x 3 seeds x 32
-    # sequences, every layer's attention op on both sides at decode batch 32, the engine alone at batches
-    # 8, 4 and 1 (~30 min on 2 idle cores)
     "trace": [],
-    "kernels": ["--repeats", "7"],  # options of `python -m studies run kernels` (benchmarks/bench_regions.py)
-    "engine_tables": [],  # options of `python -m studies run engine_tables` (default: both configs, both shapes)
+    "kernels": ["--repeats", "7"],
+    "engine_tables": [],
     "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
     # the timing and engine studies' measuring jobs take every core, so that nothing runs beside them (off
     # where the numbers mean nothing: the micro configuration runs them side by side)
     "exclusive": True,
-    **config.get("studies", {}),
 }
+# the config's section overrides the defaults: the same keys, each with a value of the default's type
+_bad = [key for key, value in config.get("studies", {}).items()
+        if type(value) is not type(STUDY_DEFAULTS.get(key))]
+if _bad:
+    raise WorkflowError(f"studies: {_bad} unknown or of another type than the default; "
+                        f"keys: {', '.join(STUDY_DEFAULTS)}")
+STUDY_SETTINGS = {**STUDY_DEFAULTS, **config.get("studies", {})}
 
 
 EXCLUSIVE_THREADS = workflow.cores if STUDY_SETTINGS["exclusive"] else 1
@@ -314,8 +312,7 @@ def study_machine(name):
 
 def train_benchmarks():
     """The configured grid's training cells' benchmark files (the train rule's `benchmark:`)."""
-    return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv"
-            for m in config["models"] for a in config["ablations"] for s in config["seeds"]]
+    return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]
 
 
 def grid_tables(study):
@@ -323,17 +320,15 @@ def grid_tables(study):
 
 
 def published(name):
-    """The publish step's output: a copy of the provenance record it wrote beside the tracked files. Not
-    the tracked provenance.json itself, which a fresh clone already has: Snakemake would then take the
-    study for done and measure nothing."""
+    """The publish step's output: a copy of its provenance record. Not the tracked provenance.json, which a
+    fresh clone already has: Snakemake would take the study for done."""
     return f"{STUDY_OUT}/{name}/publication.json"
 
 
 def publish_params(name, sources, globs):
     """The publish step's options: copy `sources` (the `globs` of folders' files) into the study's tracked
-    folder with its provenance (the command, commit, machine, versions, wall times, engine and training-side
-    attention). Parameters, not a formatted command: a rule made in a loop formats its command when its job
-    runs, after the loop."""
+    folder with its provenance. Parameters, not a formatted command: a rule made in a loop formats its
+    command when its job runs, after the loop."""
     return dict(name=name, sources=list(sources), globs=shlex.join(["--include", *globs]) if globs else "",
                 command=shlex.quote(f"snakemake --cores N {name}"))
 
@@ -344,10 +339,9 @@ PUBLISH_SHELL = ("python -m studies publish {params.name} --source {params.sourc
                  + (" && python -m studies pages >> {log} 2>&1" if STUDY_SETTINGS["pages"] else ""))
 
 
-# One job each, `python -m studies run STUDY` with the study's options (STUDY_SETTINGS): the study whose
-# measurement it runs (leftover is the depth measurement with other kernels), the result it writes (a
-# folder where the name has no suffix), and the cores it takes - timings and the engine's throughput want
-# the machine to themselves.
+# One job each, `python -m studies run STUDY` with the study's options: the study whose measurement it runs,
+# the result it writes (a folder where the name has no suffix), and the cores it takes (timings want the
+# machine to themselves).
 MEASURED = {
     "vllm_alignment": ("vllm_alignment", "vllm_alignment.json", min(2, EXCLUSIVE_THREADS)),
     "kernels": ("kernels", "measure/regions.json", EXCLUSIVE_THREADS),

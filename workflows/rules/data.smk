@@ -7,7 +7,7 @@ rule prepare_data:
         test=f"{DATA}/test.parquet",
     params:
         module=BACKEND_MODULE,
-        settings=data_settings(),
+        settings=config.get("data") if BACKEND == "verl" else config.get("task"),  # what the data depends on
         out=lambda wildcards, output: os.path.dirname(output.train),
     log:
         f"{LOGS}/prepare_data/{PROFILE}.log",

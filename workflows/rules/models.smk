@@ -1,7 +1,6 @@
 # Verl backend: each Hub model downloaded once, at its pinned revision, into verl.models_dir (or, for
 # a model with `build:`, built there); the cells read that copy with the Hub offline. Runs where
 # Snakemake runs (a login node with internet).
-import verlrun.models as staging
 
 
 rule stage_model:

@@ -1,10 +1,6 @@
-# The studies (studies/): each one a target named after it that measures it, reports it and publishes
-# what the docs quote into studies/<name>/published/ with a provenance.json (studies/provenance.py).
-#   snakemake --cores N scaling          one study, end to end (`python -m studies list` names them all)
-#   snakemake --cores N studies          all of them (make studies)
-# Never part of the default target (`make run`): publishing writes tracked files, a run must not.
-# Working files go to results/studies/<name>/ (each job's log, benchmark and the measuring machine, and
-# publication.json: the target's own output, a copy of the provenance record it published).
+# The studies (studies/; docs/running.md, "The studies"): each one a target named after it that measures,
+# reports and publishes what the docs quote into studies/<name>/published/ with a provenance.json; `studies`
+# runs them all. Never part of the default target (`make run`): publishing writes tracked files, a run must not.
 
 
 localrules:
@@ -49,6 +45,7 @@ rule study_grid:
     threads: workflow.cores
     conda:
         CPU_ENV
+    # --nolock: this run holds the lock on the study's files; the inner one writes nothing else
     shell:
         "python -m studies machine > {output.machine}; "
         "snakemake --nolock --cores {threads} --configfile {input} > {log} 2>&1"

@@ -1,7 +1,6 @@
 # One grid cell per job; the only place that chooses a backend (localrl or verlrun).
 
 
-include: "cells.smk"
 include: "models.smk"
 
 
@@ -20,7 +19,7 @@ rule train:
         f"{LOGS}/train/{{model}}/{{ablation}}/seed{{seed}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/train/{{model}}/{{ablation}}/seed{{seed}}.tsv"
-    threads: train_resources()["threads"]
+    threads: TRAIN_RESOURCES["threads"]
     resources:
         gpu=train_gpus,
         nodes=cell_nodes,
