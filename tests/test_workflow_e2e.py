@@ -50,7 +50,7 @@ def test_micro_grid_end_to_end(tmp_path):
     assert plan(work, *args) == {}
     # A browsable report of the figures and tables, with the captions of workflows/report/.
     report = results / "report.html"
-    made = snakemake(work, "--report", str(report), *args)
+    made = snakemake(work, "--cores", "1", "--report", str(report), *args)
     assert made.returncode == 0, made.stderr[-3000:]
     html = report.read_text()
     for text in ("score.png", "collapse_heatmap.png", "stability.csv", "summary.csv", "Sampled score per model"):

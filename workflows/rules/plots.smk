@@ -1,5 +1,5 @@
 # Figures (PNG + PDF in figures/<profile>/) and the model x ablation summary table; all of them go
-# into `snakemake --report results/<profile>/report.html` with their captions (workflows/report/).
+# into `snakemake --cores 1 --report results/<profile>/report.html` with their captions (workflows/report/).
 
 FIGURE_NAMES = ["score", "mismatch", "dynamics", "collapse_heatmap"]
 
