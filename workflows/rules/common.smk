@@ -250,7 +250,7 @@ STUDY_OUT = "results/studies"
 # What each study runs (its options; why and how long: studies/<name>/page.md), unless the config's
 # `studies:` section says otherwise (experiments/micro-studies.yaml). A grid study is that grid's DAG on
 # its config files (later ones laid over earlier ones); studies whose configs name the same results_dir share it.
-STUDY_DEFAULTS = {
+STUDY_SETTINGS = {
     "grids": {
         "stress": ["experiments/stress.yaml"],
         "geo_rs": ["experiments/geo_rs.yaml"],
@@ -276,14 +276,8 @@ STUDY_DEFAULTS = {
     # the timing and engine studies' measuring jobs take every core, so that nothing runs beside them (off
     # where the numbers mean nothing: the micro configuration runs them side by side)
     "exclusive": True,
+    **config.get("studies", {}),
 }
-# the config's section overrides the defaults: the same keys, each with a value of the default's type
-_bad = [key for key, value in config.get("studies", {}).items()
-        if type(value) is not type(STUDY_DEFAULTS.get(key))]
-if _bad:
-    raise WorkflowError(f"studies: {_bad} unknown or of another type than the default; "
-                        f"keys: {', '.join(STUDY_DEFAULTS)}")
-STUDY_SETTINGS = {**STUDY_DEFAULTS, **config.get("studies", {})}
 
 
 EXCLUSIVE_THREADS = workflow.cores if STUDY_SETTINGS["exclusive"] else 1
