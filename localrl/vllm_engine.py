@@ -7,9 +7,11 @@ between processes and `gemm_outputs` can call the engine's own GEMM layers."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from localrl.engine.engine import Rollout, left_pad, pad
 
 LOGPROBS_MODE = "processed_logprobs"  # verl's rollout setting; vLLM's default is raw_logprobs
 TOP_K_OFF = 0                         # vLLM 0.32: 0 disables top-k (-1 is still accepted)
+HEARTBEAT_S = 15.0
 SEED_RANGE = 2**31 - 1
 # Set before vLLM is imported: offline (models are local directories) and quiet (its INFO lines would
 # bury the cell's progress; VLLM_LOGGING_LEVEL=INFO brings them back).
@@ -60,6 +63,24 @@ def prepare_environment(kv_cache_gib: int, log=print) -> None:
     os.environ[key] = value
 
 
+@contextlib.contextmanager
+def heartbeat(log, what: str, every: float = HEARTBEAT_S):
+    """A line every `every` seconds while the block runs (a long start-up is visibly alive)."""
+    start, done = time.perf_counter(), threading.Event()
+
+    def beat():
+        while not done.wait(every):
+            log(f"{what}: still running ({time.perf_counter() - start:.0f} s)")
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
 def _layer0_gemms(worker, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
     """Runs inside vLLM's worker: the GEMM layers of decoder layer 0 and the LM head on `inputs`."""
     model = worker.model_runner.get_model()
@@ -89,45 +110,46 @@ class VllmEngine:
         self.model_dir, self.dtype, self.eos_id, self.pad_id = Path(model_dir), dtype, eos_id, pad_id
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         start = time.perf_counter()
-        import vllm
-        from vllm import LLM
-        from vllm.compilation.counter import compilation_counter
-        from vllm.platforms import current_platform
-        from vllm.utils.gc_utils import freeze_gc_heap
+        with heartbeat(log, "vLLM start-up"):
+            import vllm
+            from vllm import LLM
+            from vllm.compilation.counter import compilation_counter
+            from vllm.platforms import current_platform
+            from vllm.utils.gc_utils import freeze_gc_heap
 
-        from localrl.vllm_compile_cache import reuse_compiles
+            from localrl.vllm_compile_cache import reuse_compiles
 
-        reuse_compiles()
-        loaded_before = compilation_counter.num_aot_artifacts_loaded
-        self.version, self.platform = vllm.__version__, current_platform.device_type
-        _quiet_known_benign()
-        log(f"vLLM {self.version} ({self.platform}): starting an in-process engine for {self.model_dir} "
-            f"({str(dtype).removeprefix('torch.')}); it compiles the model with Inductor (15-60 s on a CPU, "
-            f"less when Inductor's cache is warm), or loads the compile it saved for this configuration")
-        kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
-        if compilation_config:
-            kwargs["compilation_config"] = compilation_config
-        if self.platform == "cpu":
-            # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks (it rewinds
-            # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
-            # not use offset"); without chunked prefill every prompt is prefilled in one piece.
-            kwargs["enable_chunked_prefill"] = False
-        # What this process holds before the engine (torch, transformers, vLLM's own modules) out of
-        # the collector's way while vLLM starts: its start-up runs full collections, about 1 s of a start
-        # here (vLLM's own helper; it collects first). Collectable again once the engine is up, so that
-        # an engine closed later is freed.
-        freeze_gc_heap()
-        try:
-            self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
-                           max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=False,
-                           logprobs_mode=LOGPROBS_MODE, enable_prefix_caching=True, **kwargs)
-        finally:
-            gc.unfreeze()
-            # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it guards its own thread
-            # binding, which an in-process engine does not do); the trainer in this process keeps its
-            # threads.
-            torch.set_num_threads = set_threads
-            torch.set_num_threads(threads)
+            reuse_compiles()
+            loaded_before = compilation_counter.num_aot_artifacts_loaded
+            self.version, self.platform = vllm.__version__, current_platform.device_type
+            _quiet_known_benign()
+            log(f"vLLM {self.version} ({self.platform}): starting an in-process engine for {self.model_dir} "
+                f"({str(dtype).removeprefix('torch.')}); it compiles the model with Inductor (15-60 s on a CPU, "
+                f"less when Inductor's cache is warm), or loads the compile it saved for this configuration")
+            kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
+            if compilation_config:
+                kwargs["compilation_config"] = compilation_config
+            if self.platform == "cpu":
+                # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks (it rewinds
+                # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
+                # not use offset"); without chunked prefill every prompt is prefilled in one piece.
+                kwargs["enable_chunked_prefill"] = False
+            # What this process holds before the engine (torch, transformers, vLLM's own modules) out of
+            # the collector's way while vLLM starts: its start-up runs full collections, about 1 s of a start
+            # here (vLLM's own helper; it collects first). Collectable again once the engine is up, so that
+            # an engine closed later is freed.
+            freeze_gc_heap()
+            try:
+                self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
+                               max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=False,
+                               logprobs_mode=LOGPROBS_MODE, enable_prefix_caching=True, **kwargs)
+            finally:
+                gc.unfreeze()
+                # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it guards its own thread
+                # binding, which an in-process engine does not do); the trainer in this process keeps its
+                # threads.
+                torch.set_num_threads = set_threads
+                torch.set_num_threads(threads)
         self.startup_s = time.perf_counter() - start
         self.loaded_compile = compilation_counter.num_aot_artifacts_loaded > loaded_before
         config = self.llm.llm_engine.vllm_config

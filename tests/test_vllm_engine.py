@@ -222,3 +222,17 @@ def test_the_compile_keeps_its_kernels_in_the_process_inductor_cache(engine):
     built_in_own = [f for _, _, files in os.walk(own_folder) for f in files if f.endswith(".so")]
     assert built_in_own == []
     assert reuse_compiles() == engine.inductor_cache_before  # a second call changes nothing
+
+
+def test_a_long_start_up_says_it_is_alive_and_stops_saying_so_when_done():
+    import time
+
+    from localrl.vllm_engine import heartbeat
+
+    lines = []
+    with heartbeat(lines.append, "start-up", every=0.02):
+        time.sleep(0.15)
+    assert lines and all(line.startswith("start-up: still running (") for line in lines)
+    said = len(lines)
+    time.sleep(0.1)
+    assert len(lines) == said  # the beat ends with the block
