@@ -1,5 +1,5 @@
-# Two entry points: `make run` (the embedded default, end to end) and `make test`; every target and its
-# time: docs/running.md, "Make targets".
+# Two entry points: `make run` (the embedded default, end to end) and `make test`; every target: docs/running.md,
+# "Make targets".
 PY      := .venv/bin/python
 STAMP   := .venv/.installed
 CORES   ?= 2
