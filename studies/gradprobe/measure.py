@@ -73,6 +73,16 @@ class Sample:
     groups: np.ndarray
 
 
+def train_prompts(tokenizer, data_dir: Path) -> tuple[list[list[int]], list[str]]:
+    """The train split's prompts as token ids, and their ground truths."""
+    from localrl.data import load_split
+    from localrl.task import render_prompt
+
+    frame = load_split(data_dir, "train")
+    return ([tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]],
+            [rm["ground_truth"] for rm in frame["reward_model"]])
+
+
 def sample_batches(engine, tokenizer, prompts: list[list[int]], truths: list[str], n_batches: int, rl: dict,
                    temperature: float, max_new_tokens: int, seed: int) -> list[Sample]:
     """`n_batches` RL batches as the loop draws them: prompts in the seeded epoch order of the train
@@ -297,9 +307,7 @@ class PointSpec:
 def run_point(spec: PointSpec, log=print) -> PointResult:
     from transformers import AutoTokenizer
 
-    from localrl.data import load_split
     from localrl.engine.engine import Engine
-    from localrl.task import render_prompt
     from rla import layout
     from rla.config import load, model_spec, rl_settings
 
@@ -312,9 +320,7 @@ def run_point(spec: PointSpec, log=print) -> PointResult:
                           f"--model {spec.model} --out {model_dir}` first")
     max_new = spec.max_new_tokens or rl["max_response_length"]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    frame = load_split(data_dir, "train")
-    prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
-    truths = [rm["ground_truth"] for rm in frame["reward_model"]]
+    prompts, truths = train_prompts(tokenizer, data_dir)
     started = time.perf_counter()
     with Trainer(str(model_dir), rl, REFERENCE_ABLATION, target="vllm", gemm="fp32") as trainer:
         step = 0

@@ -2,10 +2,7 @@
 (setup and results: studies/trace/page.md): `engine_side` runs in a child process, tapping the engine's
 attention op (`engine_tap.py`); `recording` and `training_side` record the same values on the training side
 under each of SETTINGS; `compare` sets either against the engine's decode. Each point is kept as measured in
-`FILE.json.points/` with the options that made it; a rerun resumes.
-
-    python -m studies run trace --out FILE.json [--layers 28] [--archs qwen2 qwen3] [--seeds 0 1 2]
-                                [--prompts 32] [--batches 32 8 4 1] [--settings ...]
+`FILE.json.points/` with the options that made it; a rerun resumes. Command: the page; options: --help.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -100,11 +96,12 @@ def per_request(calls, requests: int) -> list[dict[str, torch.Tensor]]:
 
 
 def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int) -> list[dict]:
+    from studies.vllm_alignment.measure import in_child
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.pt"
-        subprocess.run([sys.executable, "-m", "studies.trace.measure", "--engine", model_dir, str(out),
-                        "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed), "--batch", str(batch)],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        in_child("studies.trace.measure", "--engine", model_dir, out, "--prompts", n_prompts, "--prompt-seed",
+                 prompt_seed, "--batch", batch)
         return torch.load(out)
 
 
@@ -223,12 +220,13 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, se
 
 
 def main(argv: list[str] | None = None) -> int:
+    from studies.vllm_alignment.measure import (HIDDEN_256, NEW_TOKENS, VERSIONS, kept_checkpoint, kept_points,
+                                                make_checkpoint, point_options, start)
+
     p = argparse.ArgumentParser(prog="python -m studies run trace", description=__doc__.split("\n")[0])
     p.add_argument("--out", help="the JSON file to write")
     p.add_argument("--layers", type=int, default=LAYERS, help=f"decoder layers (default {LAYERS})")
-    p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
-    p.add_argument("--prompts", type=int, default=PROMPTS, help=f"sequences per point (default {PROMPTS})")
+    point_options(p, PROMPTS)
     p.add_argument("--batches", nargs="+", type=int, default=list(BATCHES),
                    help="the engine's decode batch sizes: the prompts are sampled this many at a time (the training "
                         "side is traced at the largest)")
@@ -248,21 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers < 1:
         p.error(f"--layers: {args.layers} is not a layer count; allowed: a positive integer")
     from localrl.vllm_kernels import attention_isa
-    from studies.vllm_alignment.measure import NEW_TOKENS, kept_checkpoint, make_checkpoint, start
 
     if (header := start("trace", argv)) is None:
         return 2
     from rla.files import write_text
-    from studies.depth.measure import HIDDEN_256, VERSIONS  # a point measured with other versions is measured again
 
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
                "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n])) for n in args.settings},
                "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},
                "batches": args.batches, "training_batches": [max(args.batches)],
                "engine_attention_isa": attention_isa(), "points": {}}
-    out = Path(args.out)
-    kept = out.parent / f"{out.name}.points"
-    kept.mkdir(parents=True, exist_ok=True)
+    kept = kept_points(args.out)
     # seeds outermost: a run stopped early has every architecture and batch at its first seeds
     points = [(f"{arch}-256x{args.layers}-s{seed}-b{batch}", arch, seed, batch) for seed in args.seeds
               for arch in args.archs for batch in args.batches]
@@ -286,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                                      args.settings if training else [], print)}
         results["points"][name] = entry
         write_text(path, json.dumps({"made_by": made_by, "entry": entry}))  # whole or absent
-    out.write_text(json.dumps(results) + "\n")
-    print(f"wrote {out}")
+    Path(args.out).write_text(json.dumps(results) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -1,25 +1,21 @@
 """Training cost of each treatment, side by side in one process (a measurement, not a test).
 
-    python -m studies run treatments [--results results/treatments] [--rounds 7]
-
-For each warm-started model of a grid (`<results>/models/<model>`, data in `<results>/data`): one RL
-batch as the grid draws it (prompts_per_step x samples_per_prompt responses of up to
-max_response_length tokens, sampled once by the stock BF16 engine, scored, GRPO advantages), then one
-trainer per ablation. Each ablation gets the same batch: its own old log-probs (and, for tis / mis,
-verl's rollout correction on them, as `localrl.run.rl_step` does). Timed, after two warm-up passes
-each (compile's one-off compilation is reported on its own as `first_update_s`):
+Command: studies/treatments/page.md; options: --help. For each warm-started model of a grid
+(`<results>/models/<model>`, data in `<results>/data`): one RL batch as the grid draws it
+(prompts_per_step x samples_per_prompt responses of up to max_response_length tokens, sampled once by
+the stock BF16 engine, scored, GRPO advantages), then one trainer per ablation. Each ablation gets the
+same batch: its own old log-probs (and, for tis / mis, verl's rollout correction on them, as
+`localrl.run.rl_step` does). Timed, after two warm-up passes each (compile's one-off compilation is
+reported on its own as `first_update_s`):
 
 - `update`: one PPO epoch over the batch (forward, backward, optimizer steps, weight sync);
 - `log_prob`: the forward-only old-log-prob pass.
 
 In each of `--rounds` rounds every ablation runs once, in a seeded random order, with its regions
 applied first; a time is the median over rounds, a ratio the median over rounds of (time / stock's
-time in the same round), so a slow moment of the machine hits every ablation of a round alike. Peak memory: the most bytes held
-through torch's CPU allocator during one update above the level at its start, from the profiler's
-allocation events (one profiled update per ablation, not timed). One thread, as the grid runs.
-
-Each ablation of the configs (experiments/tiny.yaml with experiments/treatments.yaml laid over it, as the
-grid reads them). Writes --out, a JSON file with every round's times too.
+time in the same round), so a slow moment of the machine hits every ablation of a round alike. Peak
+memory: `peak_bytes` of one update per ablation (not timed). One thread, as the grid runs. Writes --out,
+a JSON file with every round's times too.
 """
 
 from __future__ import annotations
@@ -57,16 +53,12 @@ def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
     BF16 engine; returns (batch, scores, groups)."""
     from transformers import AutoTokenizer
 
-    from localrl.data import load_split
     from localrl.engine.engine import Engine
-    from localrl.task import render_prompt
     from localrl.trainer import Trainer
-    from studies.gradprobe.measure import sample_batches
+    from studies.gradprobe.measure import sample_batches, train_prompts
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    train = load_split(data_dir, "train")
-    prompts = [tok(render_prompt(list(p)))["input_ids"] for p in train["prompt"]]
-    truths = [rm["ground_truth"] for rm in train["reward_model"]]
+    prompts, truths = train_prompts(tok, data_dir)
     with Trainer(str(model_dir), rl, "none") as stock:
         engine = Engine(stock.master.config, tok.eos_token_id, tok.pad_token_id)
         engine.load_weights(stock.weights_for_engine())

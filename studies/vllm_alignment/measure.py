@@ -1,9 +1,6 @@
 """The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
-(setup and results: studies/vllm_alignment/page.md). The depth, trace and engine-tables studies sample
-and score through this module's functions.
-
-    snakemake --cores 2 vllm_alignment             # published in studies/vllm_alignment/published
-    python -m studies run vllm_alignment --out FILE.json [--shapes qwen3-256-yarn ...]
+(setup, results and command: studies/vllm_alignment/page.md; options: --help). The depth, trace and
+engine-tables studies sample and score through this module's functions.
 """
 
 from __future__ import annotations
@@ -40,15 +37,13 @@ def tiny_grid_shapes() -> dict[str, dict]:
     return {name: {k: spec[k] for k in keys} for name, spec in specs.items()}
 
 
+HIDDEN_256 = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 SHAPES = {
     **tiny_grid_shapes(),
-    "qwen2-256": dict(arch="qwen2", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=64),
-    "qwen3-256": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=64),
+    "qwen2-256": dict(arch="qwen2", **HIDDEN_256, num_hidden_layers=4),
+    "qwen3-256": dict(arch="qwen3", **HIDDEN_256, num_hidden_layers=4),
     # Qwen3's long-context recipe: YaRN, factor 4 over 256 original positions (vLLM's table: 1024 rows)
-    "qwen3-256-yarn": dict(arch="qwen3", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    "qwen3-256-yarn": dict(arch="qwen3", **HIDDEN_256, num_hidden_layers=4,
                            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                             "original_max_position_embeddings": 256}),
 }
@@ -146,23 +141,25 @@ def engine_steps(samples: dict) -> list[EngineSteps]:
     return [EngineSteps(len(p), prefill, len(prompts)) for p in prompts]
 
 
+def in_child(module: str, *args) -> None:
+    """`python -m module args` in a fresh process (its engine state never reaches this one), quietly."""
+    subprocess.run([sys.executable, "-m", module, *map(str, args)], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+
+
 def sample_in_child(model_dir: str, n_prompts: int, compilation_config: dict | None = None,
                     prompt_seed: int = 1234) -> dict:
-    """`sample_with_vllm` in a child process (its engine state never reaches this one); its record.
-
-    With $RLA_SAMPLE_CACHE set (the Makefile sets it), the record is also kept there under everything
-    that makes it (`sample_key`), and a request for the same samples reads it instead of starting vLLM
-    again: studies that sample the same checkpoint share one engine start, and a request made while
-    another is sampling waits for it. A record read back says so (`"kept": true`); its times are those of
-    the start that sampled it."""
+    """`sample_with_vllm` in a child process; its record. With $RLA_SAMPLE_CACHE set, kept in that store
+    under everything that makes it (`sample_key`) and read back from there (`"kept": true`, with the times
+    of the start that sampled it; a request made while another samples waits for it): docs/running.md,
+    "The studies"."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "samples.json"
-        args = [sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(model_dir), str(out),
-                "--prompts", str(n_prompts), "--prompt-seed", str(prompt_seed),
-                "--compilation-config", json.dumps(compilation_config or {})]
+        args = ["studies.vllm_alignment.measure", "--sample", model_dir, out, "--prompts", n_prompts,
+                "--prompt-seed", prompt_seed, "--compilation-config", json.dumps(compilation_config or {})]
         store = os.environ.get("RLA_SAMPLE_CACHE")
         if not store:
-            subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            in_child(*args)
             return {**json.loads(out.read_text()), "kept": False}
         kept = Path(store) / f"{sample_key(model_dir, n_prompts, compilation_config, prompt_seed)}.json"
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +167,7 @@ def sample_in_child(model_dir: str, n_prompts: int, compilation_config: dict | N
             fcntl.flock(lock, fcntl.LOCK_EX)
             fresh = not kept.exists()
             if fresh:
-                subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                in_child(*args)
                 shutil.copyfile(out, f"{kept}.part")
                 os.replace(f"{kept}.part", kept)  # whole or absent
     return {**json.loads(kept.read_text()), "kept": not fresh}
@@ -182,12 +179,10 @@ KEEP_BELOW = 256 * 2**20
 
 
 def kept_checkpoint(folder: str | Path) -> str:
-    """The folder to start vLLM on for the checkpoint in `folder`. With $RLA_SAMPLE_CACHE set, a copy kept
-    in that store under a name made of the checkpoint's bytes (`checkpoints/<digest>`): every study and
-    every rerun that makes the same checkpoint starts vLLM on the same folder. vLLM's compile cache keys
-    on the model folder's path, so an engine started there loads the compile an earlier one saved
-    (localrl/vllm_compile_cache.py) instead of compiling again. Without the store, or for a checkpoint of
-    KEEP_BELOW bytes or more: `folder` itself."""
+    """The folder to start vLLM on for the checkpoint in `folder`: with $RLA_SAMPLE_CACHE set, a copy kept in
+    that store under its bytes' digest, so that vLLM's compile cache, which keys on the folder's path, serves
+    every start on the same checkpoint (docs/running.md, "The studies"); else, or from KEEP_BELOW bytes on,
+    `folder` itself."""
     store = os.environ.get("RLA_SAMPLE_CACHE")
     files = sorted(p for p in Path(folder).iterdir() if p.is_file())
     if not store or sum(p.stat().st_size for p in files) >= KEEP_BELOW:
@@ -353,6 +348,24 @@ def start(study: str, argv: list[str] | None) -> dict | None:
     record = header(study, argv)
     record["machine"]["vllm"] = vllm.__version__
     return record
+
+
+# the versions a kept point was measured with: with others it is measured again
+VERSIONS = ("torch", "vllm", "transformers", "aten_isa", "inductor_isa")
+
+
+def point_options(p: argparse.ArgumentParser, prompts: int) -> None:
+    """The options of a study measuring a random checkpoint per architecture and seed (depth, trace)."""
+    p.add_argument("--archs", nargs="+", default=["qwen2", "qwen3"], choices=["qwen2", "qwen3"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="checkpoint and prompt seeds")
+    p.add_argument("--prompts", type=int, default=prompts, help=f"sequences per point (default {prompts})")
+
+
+def kept_points(out: str | Path) -> Path:
+    """The folder beside the result `out` where a study keeps each point as it is measured (a rerun resumes)."""
+    kept = Path(out).parent / f"{Path(out).name}.points"
+    kept.mkdir(parents=True, exist_ok=True)
+    return kept
 
 
 def main(argv=None) -> int:
