@@ -62,14 +62,6 @@ def check_model(cfg: dict, model: str) -> None:
             f"(the workflow's stage_model rule does)")
 
 
-def _tee(proc: subprocess.Popen, log) -> None:
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        log.write(line)
-        log.flush()
-
-
 def _on_sigterm(signum, frame):
     raise Interrupted()
 
@@ -116,7 +108,10 @@ def train(cell: Cell, dry_run: bool = False) -> int:
     with open(cell_dir / "train.log", "a") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=cell_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         try:
-            _tee(proc, log)
+            for line in proc.stdout:  # to the job's output and the cell's log
+                print(line, end="", flush=True)
+                log.write(line)
+                log.flush()
             status = proc.wait()
         except (Interrupted, KeyboardInterrupt):
             proc.terminate()
