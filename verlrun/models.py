@@ -1,10 +1,7 @@
 """Stage each model once, at a pinned revision, into a local directory the cells read offline
-(docs/running.md, "Model staging"). verl copies only `hdfs://` paths to local disk; a Hub id would make every
-rank of every cell download the model, and offline compute nodes fail.
-
-A model with `build:` instead of `path` (the CPU profile's) is built here instead, with no download: the local
-backend's tiny Qwen model with random weights from its `seed`, and the task's tokenizer with a chat template
-that renders prompts as the local backend does."""
+(docs/running.md, "Model staging"), or build a `build:` model there (no download). verl copies only
+`hdfs://` paths to local disk; a Hub id would make every rank of every cell download the model, and
+offline compute nodes fail."""
 
 from __future__ import annotations
 
