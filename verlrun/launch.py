@@ -22,10 +22,6 @@ from verlrun import checkpoints, metrics, models
 from verlrun.overrides import CPU_SHIMS_MODULE, build_overrides, cell_settings, compose, run_dir_override, worker_env
 
 
-class Interrupted(Exception):
-    """SIGTERM (a scheduler ending the job): stop verl, keep what it logged."""
-
-
 def command(overrides: list[str], cell_dir: Path) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", run_dir_override(cell_dir), *overrides]
 
@@ -60,10 +56,6 @@ def check_model(cfg: dict, model: str) -> None:
             f"model {model!r} is not {verb} (complete, {how}) in {models.local_path(cfg, model)}; "
             f"run `python -m verlrun stage-model --config CONFIG --model {model}`{where} "
             f"(the workflow's stage_model rule does)")
-
-
-def _on_sigterm(signum, frame):
-    raise Interrupted()
 
 
 def train(cell: Cell, dry_run: bool = False) -> int:
@@ -104,7 +96,8 @@ def train(cell: Cell, dry_run: bool = False) -> int:
         print(f"kept the earlier metrics as {kept.name}", flush=True)
     # The driver gets the same variables as the workers (a local Ray cluster inherits them).
     env = {**os.environ, **env_vars}
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGTERM (a scheduler ending the job) interrupts as Ctrl-C does: stop verl, keep what it logged.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     with open(cell_dir / "train.log", "a") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=cell_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         try:
@@ -113,7 +106,7 @@ def train(cell: Cell, dry_run: bool = False) -> int:
                 log.write(line)
                 log.flush()
             status = proc.wait()
-        except (Interrupted, KeyboardInterrupt):
+        except KeyboardInterrupt:
             proc.terminate()
             try:
                 proc.wait(timeout=120)
