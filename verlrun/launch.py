@@ -118,11 +118,10 @@ def train(cell: Cell, dry_run: bool = False) -> int:
         log.write(f"=== exit status {status}\n")
     checkpoints.prune(cell_dir / "checkpoints", keep)
     if status == 0:
-        merged = metrics.merge(cell_dir)
-        if merged is None:
-            print("verl finished but logged no metrics", file=sys.stderr)
-            return 1
-        return 0
+        if metrics.merge(cell_dir) is not None:
+            return 0
+        print("verl finished but logged no metrics", file=sys.stderr)
+        return 1
     # A failed run keeps its steps as a part; the next launch resumes from the checkpoint and merges.
     for kept in metrics.rotate(cell_dir):
         print(f"verl exited with status {status}; its metrics are kept as {kept.name}", file=sys.stderr)
