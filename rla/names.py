@@ -11,15 +11,6 @@ from dataclasses import dataclass, field
 # Where the training side is aligned with the engine's rounding (the paper's three regions).
 REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
 
-# The region subsets the grid runs (what `patches.apply` accepts by name).
-REGION_ABLATIONS: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "rope": ("rope",),
-    "swiglu": ("swiglu",),
-    "rmsnorm": ("rmsnorm",),
-    "all": REGIONS,
-}
-
 # Which engine build the aligned training side rounds like (patches/targets.py says what each stores).
 TARGETS: tuple[str, ...] = ("vllm", "vllm-cpu")
 
@@ -124,6 +115,8 @@ ABLATIONS: dict[str, Ablation] = {name: compose_ablation(*spec) for name, spec i
     # collapse rule's calibration
     "all+engine_order": (REGIONS, ("engine_order",), "#333333"),
 }.items()}
+# The region subsets the grid runs (what `patches.apply` accepts by name): none, rope, swiglu, rmsnorm, all.
+REGION_ABLATIONS: dict[str, tuple[str, ...]] = {name: a.regions for name, a in ABLATIONS.items() if not a.treatments}
 
 # The sections of an experiment config (experiments/*.yaml) besides its top-level keys.
 SECTIONS: tuple[str, ...] = ("task", "model_specs", "warmstart", "rl", "engine", "collapse", "data", "verl",

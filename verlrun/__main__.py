@@ -7,6 +7,10 @@ import argparse
 import sys
 
 from rla import cells
+from rla.config import load as load_config
+from rla.config import verl_settings
+from verlrun import envcheck, launch, models, plan, preflight
+from verlrun.overrides import build_overrides
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--config", required=True)
     pre.add_argument("--partitions", help="the cluster's partition limits (default: profiles/slurm/partitions.yaml)")
 
-    plan = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
-    plan.add_argument("--config", required=True)
+    tables = sub.add_parser("plan", help="memory plan (token budgets) and disk of the grid, as Markdown tables")
+    tables.add_argument("--config", required=True)
 
     env = sub.add_parser("check-env", help="resolve a conda env's pip section for Linux x86-64 with wheels only")
     env.add_argument("env_file", help="e.g. envs/verl-gpu.yaml")
@@ -43,55 +47,33 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "check-env":
-        from verlrun.envcheck import main as check_env
-
-        return check_env(args.env_file, args.python_version, args.glibc, args.index_url)
-    from rla.config import load as load_config
-
+        return envcheck.main(args.env_file, args.python_version, args.glibc, args.index_url)
     try:
         cfg = load_config(args.config)
-        if args.command in ("preflight", "plan"):
-            from rla.config import verl_settings
-
-            if verl_settings(cfg)["platform"] == "cpu":
-                raise ValueError(f"{args.config}: verl.platform = 'cpu'; `{args.command}` checks GPU nodes and plans GPU "
-                                 f"memory (platform cuda); a CPU profile needs neither")
+        if args.command in ("preflight", "plan") and verl_settings(cfg)["platform"] == "cpu":
+            raise ValueError(f"{args.config}: verl.platform = 'cpu'; `{args.command}` checks GPU nodes and plans GPU "
+                             f"memory (platform cuda); a CPU profile needs neither")
         if args.command == "preflight":
-            from verlrun.preflight import main as preflight
-
-            return preflight(cfg, *([args.partitions] if args.partitions else []))
+            return preflight.main(cfg, *([args.partitions] if args.partitions else []))
         if args.command == "stage-model":
-            from verlrun.models import StagingError, stage
-
-            try:
-                print(stage(cfg, args.model))
-            except StagingError as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 1
-            return 0
-        if args.command == "plan":
-            from verlrun.plan import tables
-
-            print(tables(cfg))
-            return 0
-        if args.command == "prepare-data":
-            from verlrun.data import prepare
+            print(models.stage(cfg, args.model))
+        elif args.command == "plan":
+            print(plan.tables(cfg))
+        elif args.command == "prepare-data":
+            from verlrun.data import prepare  # pandas: only here
 
             if "data" not in cfg:
                 raise ValueError(f"{args.config} has no 'data' section (train/test sources for the verl backend)")
             prepare(cfg["data"], args.out)
-            return 0
-        from rla.cells import Cell
-
-        cell = Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps)
-        if args.command == "overrides":
-            from verlrun.overrides import build_overrides
-
+        else:
+            cell = cells.Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps)
+            if args.command == "train":
+                return launch.train(cell, dry_run=args.dry_run)
             print("\n".join(build_overrides(cell)))
-            return 0
-        from verlrun.launch import train as run_cell
-
-        return run_cell(cell, dry_run=args.dry_run)
+        return 0
+    except models.StagingError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

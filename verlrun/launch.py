@@ -22,10 +22,6 @@ from verlrun import checkpoints, metrics, models
 from verlrun.overrides import CPU_SHIMS_MODULE, build_overrides, cell_settings, compose, run_dir_override, worker_env
 
 
-class Interrupted(Exception):
-    """SIGTERM (a scheduler ending the job): stop verl, keep what it logged."""
-
-
 def command(overrides: list[str], cell_dir: Path) -> list[str]:
     return [sys.executable, "-m", "verl.trainer.main_ppo", run_dir_override(cell_dir), *overrides]
 
@@ -60,18 +56,6 @@ def check_model(cfg: dict, model: str) -> None:
             f"model {model!r} is not {verb} (complete, {how}) in {models.local_path(cfg, model)}; "
             f"run `python -m verlrun stage-model --config CONFIG --model {model}`{where} "
             f"(the workflow's stage_model rule does)")
-
-
-def _tee(proc: subprocess.Popen, log) -> None:
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        log.write(line)
-        log.flush()
-
-
-def _on_sigterm(signum, frame):
-    raise Interrupted()
 
 
 def train(cell: Cell, dry_run: bool = False) -> int:
@@ -112,13 +96,17 @@ def train(cell: Cell, dry_run: bool = False) -> int:
         print(f"kept the earlier metrics as {kept.name}", flush=True)
     # The driver gets the same variables as the workers (a local Ray cluster inherits them).
     env = {**os.environ, **env_vars}
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGTERM (a scheduler ending the job) interrupts as Ctrl-C does: stop verl, keep what it logged.
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     with open(cell_dir / "train.log", "a") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=cell_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         try:
-            _tee(proc, log)
+            for line in proc.stdout:  # to the job's output and the cell's log
+                print(line, end="", flush=True)
+                log.write(line)
+                log.flush()
             status = proc.wait()
-        except (Interrupted, KeyboardInterrupt):
+        except KeyboardInterrupt:
             proc.terminate()
             try:
                 proc.wait(timeout=120)
@@ -130,11 +118,10 @@ def train(cell: Cell, dry_run: bool = False) -> int:
         log.write(f"=== exit status {status}\n")
     checkpoints.prune(cell_dir / "checkpoints", keep)
     if status == 0:
-        merged = metrics.merge(cell_dir)
-        if merged is None:
-            print("verl finished but logged no metrics", file=sys.stderr)
-            return 1
-        return 0
+        if metrics.merge(cell_dir) is not None:
+            return 0
+        print("verl finished but logged no metrics", file=sys.stderr)
+        return 1
     # A failed run keeps its steps as a part; the next launch resumes from the checkpoint and merges.
     for kept in metrics.rotate(cell_dir):
         print(f"verl exited with status {status}; its metrics are kept as {kept.name}", file=sys.stderr)

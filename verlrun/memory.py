@@ -1,10 +1,7 @@
-"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU (docs/running.md, "Memory plan").
-
-An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a measurement; the margin covers
-its error. `apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder layer, then the root module, which
-stays unsharded all step; one layer is gathered and the next prefetched. Per phase (rollout, old-log-prob
-pass, update with gradient checkpointing), every term that grows with the micro-batch grows with the token
-budget (`use_dynamic_bsz`); the planner picks the largest budget (a multiple of `step`) whose peak fits."""
+"""Per-GPU memory of a verl FSDP2 actor, and the token budget that fits a GPU (docs/running.md, "Memory plan",
+says what each phase holds). An estimate written from what verl 0.9.1's FSDP engine keeps on a GPU, not a
+measurement; the margin covers its error. `apply_fsdp2` (verl/utils/fsdp_utils.py:573) shards each decoder
+layer, then the root module, which stays unsharded all step; one layer is gathered and the next prefetched."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""Keep every step's metrics across resumed verl runs (docs/running.md, "One cell, reruns and progress").
+"""Keep every step's metrics across resumed verl runs (docs/running.md, "One cell, reruns and progress"):
+verl's file logger opens `$VERL_FILE_LOGGER_PATH` with "wb", so the launcher moves it to a part before
+each launch and after a failed one, and merges the parts when verl succeeds.
 
-verl's file logger writes `metrics.running.jsonl` (`$VERL_FILE_LOGGER_PATH`) and opens it with "wb",
-so a resumed run would truncate the steps logged before the restart. Before each launch, and after a
-failed one, the running file (and a finished run's `metrics.jsonl`, when a finished cell is continued)
-move to the next `metrics.part-NNN.jsonl`; when verl succeeds, they merge into `metrics.jsonl`.
-
-Merging: files are read oldest first and a later file wins for every step it logged. A resumed run
-restarts from its last checkpoint, so records of an earlier file from the resumed run's first step
-on belong to an abandoned trajectory and are dropped as well, not just the duplicated steps.
+Merging: a later part wins for every step it logged, and an earlier part's records from the later one's
+first step on are dropped too (they belong to the trajectory abandoned at the resumed checkpoint).
 """
 
 from __future__ import annotations

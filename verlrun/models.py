@@ -1,10 +1,7 @@
 """Stage each model once, at a pinned revision, into a local directory the cells read offline
-(docs/running.md, "Model staging"). verl copies only `hdfs://` paths to local disk; a Hub id would make every
-rank of every cell download the model, and offline compute nodes fail.
-
-A model with `build:` instead of `path` (the CPU profile's) is built here instead, with no download: the local
-backend's tiny Qwen model with random weights from its `seed`, and the task's tokenizer with a chat template
-that renders prompts as the local backend does."""
+(docs/running.md, "Model staging"), or build a `build:` model there (no download). verl copies only
+`hdfs://` paths to local disk; a Hub id would make every rank of every cell download the model, and
+offline compute nodes fail."""
 
 from __future__ import annotations
 
@@ -70,20 +67,11 @@ def local_path(cfg: dict, model: str) -> Path:
     return models_dir(cfg) / model
 
 
-def _safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file is unusable (truncated, no header), or None when it is whole."""
-    import safetensors
-
-    try:
-        with safetensors.safe_open(path, "np"):
-            return None
-    except Exception as err:  # safetensors' own reading: header, JSON, every tensor's bytes present
-        return f"{path.name}: truncated or unreadable ({path.stat().st_size} bytes): {err}"
-
-
 def check_complete(directory: str | Path) -> list[str]:
     """What is missing or broken in a model directory ([] = complete): config, tokenizer, and every
     weight shard named by the index, each one whole."""
+    import safetensors
+
     directory = Path(directory)
     if not directory.is_dir():
         return [f"{directory}: no such directory"]
@@ -101,8 +89,12 @@ def check_complete(directory: str | Path) -> list[str]:
         path = directory / shard
         if not path.is_file():
             problems.append(f"{shard} missing")
-        elif (problem := _safetensors_problem(path)) is not None:
-            problems.append(problem)
+            continue
+        try:  # safetensors' own reading: header, JSON, every tensor's bytes present
+            with safetensors.safe_open(path, "np"):
+                pass
+        except Exception as err:
+            problems.append(f"{path.name}: truncated or unreadable ({path.stat().st_size} bytes): {err}")
     return problems
 
 
@@ -132,26 +124,11 @@ def build(spec: dict, out_dir: str | Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def _stage_into(dest: Path, fill, what: str, marker: dict) -> Path:
-    """`fill` a fresh temporary directory beside `dest`, check it is complete, mark it and rename it to
-    `dest` (atomically: a crash leaves the previous copy or none). `what` names the copy in errors."""
-    tmp = dest.with_name(f".{dest.name}.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    fill(tmp)
-    problems = check_complete(tmp)
-    if problems:
-        raise StagingError(f"{what} into {tmp} is incomplete: {'; '.join(problems)}")
-    shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
-    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
-    shutil.rmtree(dest, ignore_errors=True)
-    os.replace(tmp, dest)
-    return dest
-
-
 def stage(cfg: dict, model: str, download=None) -> Path:
     """Download the model at its pinned revision into models_dir/<model>, or build it there from its
-    `build:` spec. `download` defaults to huggingface_hub.snapshot_download; tests pass a stand-in."""
+    `build:` spec. `download` defaults to huggingface_hub.snapshot_download; tests pass a stand-in.
+    The copy is made in a temporary directory beside it, checked, marked and renamed into place
+    (atomically: a crash leaves the previous copy or none)."""
     source, built = hub_source(cfg, model), build_spec(cfg, model)
     dest = local_path(cfg, model)
     if source is None and built is None:
@@ -161,17 +138,27 @@ def stage(cfg: dict, model: str, download=None) -> Path:
         return dest
     if is_staged(cfg, model):
         return dest
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     if built is not None:
-        return _stage_into(dest, lambda tmp: build(built, tmp), f"{model}: the model built", {"build": built})
-    repo, revision = source
-    if download is None:
-        from huggingface_hub import snapshot_download as download
-
-    def fetch(tmp: Path) -> None:
+        what, marker = f"{model}: the model built", {"build": built}
+        build(built, tmp)
+    else:
+        repo, revision = source
+        what, marker = f"{model}: the download of {repo}@{revision}", {"repo": repo, "revision": revision}
+        if download is None:
+            from huggingface_hub import snapshot_download as download
         try:
             download(repo_id=repo, revision=revision, local_dir=str(tmp), allow_patterns=ALLOW_PATTERNS)
         except Exception as err:  # network, auth, unknown revision: one clear line, not a traceback in 8 ranks
             shutil.rmtree(tmp, ignore_errors=True)
             raise StagingError(f"{model}: downloading {repo}@{revision} failed: {type(err).__name__}: {err}") from err
-
-    return _stage_into(dest, fetch, f"{model}: the download of {repo}@{revision}", {"repo": repo, "revision": revision})
+    problems = check_complete(tmp)
+    if problems:
+        raise StagingError(f"{what} into {tmp} is incomplete: {'; '.join(problems)}")
+    shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+    (tmp / MARKER).write_text(json.dumps(marker) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+    return dest

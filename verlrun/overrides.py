@@ -73,25 +73,6 @@ def cell_settings(cfg: dict, model: str, ablation: str | None = None) -> tuple[d
     return rl, verl_settings(cfg, model)
 
 
-def platform_env(verl: dict) -> dict[str, str]:
-    """What verl's processes need to run on the cell's platform (nothing extra on GPUs)."""
-    if verl["platform"] != "cpu":
-        return {}
-    modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != CPU_SHIMS_MODULE]
-    return {
-        "VERL_USE_EXTERNAL_MODULES": ",".join([CPU_SHIMS_MODULE, *modules]),
-        "VERL_PLATFORM": "cpu",
-        # verl registers its FSDP engine for the devices cuda and npu only (workers/engine/fsdp/
-        # transformer_impl.py:1143); verl's own switch picks it by that name (workers/engine/base.py:405).
-        "VERL_ENGINE_DEVICE": "cuda",
-        # Without it vLLM-CPU sizes its KV cache from the host's memory (vllm/platforms/cpu.py:324).
-        "VLLM_CPU_KVCACHE_SPACE": str(verl["cpu_kv_cache_gib"]),
-        # vLLM-CPU's default ("auto") pins its OpenMP threads to one logical CPU per core and reserves
-        # others (vllm/utils/ompmultiprocessing.py); the cell's trainer and Ray share those cores.
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    }
-
-
 def worker_env(cell: Cell) -> dict[str, str]:
     """Environment every Ray worker (and the trainer actor, which owns the file logger) needs."""
     cfg, ablation = cell.cfg, cell.ablation
@@ -109,8 +90,21 @@ def worker_env(cell: Cell) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
-        **platform_env(verl),
     }
+    if verl["platform"] == "cpu":  # what verl's processes need on a CPU (nothing extra on GPUs)
+        modules = [m for m in os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != CPU_SHIMS_MODULE]
+        env.update({
+            "VERL_USE_EXTERNAL_MODULES": ",".join([CPU_SHIMS_MODULE, *modules]),
+            "VERL_PLATFORM": "cpu",
+            # verl registers its FSDP engine for the devices cuda and npu only (workers/engine/fsdp/
+            # transformer_impl.py:1143); verl's own switch picks it by that name (workers/engine/base.py:405).
+            "VERL_ENGINE_DEVICE": "cuda",
+            # Without it vLLM-CPU sizes its KV cache from the host's memory (vllm/platforms/cpu.py:324).
+            "VLLM_CPU_KVCACHE_SPACE": str(verl["cpu_kv_cache_gib"]),
+            # vLLM-CPU's default ("auto") pins its OpenMP threads to one logical CPU per core and reserves
+            # others (vllm/utils/ompmultiprocessing.py); the cell's trainer and Ray share those cores.
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        })
     wandb = cfg.get("wandb") or {}
     if wandb.get("enabled") and os.environ.get("WANDB_MODE", wandb.get("mode")):
         env["WANDB_MODE"] = os.environ.get("WANDB_MODE", wandb.get("mode"))
@@ -155,43 +149,9 @@ def _batching(cfg: dict, model: str, rl: dict) -> dict:
     # verl runs a reference policy only for a KL term (`need_reference_policy`, verl/trainer/ppo/utils.py):
     # the KL loss here (use_in_reward is always off).
     sections = ("rollout", "ref") if rl["kl_coef"] > 0 else ("rollout",)
-    keys = {A + "actor.use_dynamic_bsz": dynamic}
-    keys.update({A + f"{s}.log_prob_use_dynamic_bsz": dynamic for s in sections})
-    if dynamic:
-        keys[A + "actor.ppo_max_token_len_per_gpu"] = per_gpu
-        keys.update({A + f"{s}.log_prob_max_token_len_per_gpu": per_gpu for s in sections})
-    else:
-        keys[A + "actor.ppo_micro_batch_size_per_gpu"] = per_gpu
-        keys.update({A + f"{s}.log_prob_micro_batch_size_per_gpu": per_gpu for s in sections})
-    return keys
-
-
-def _precision(rl: dict) -> dict:
-    """What verl's FSDP engine reads for precision (`_build_fsdp_module`, workers/engine/fsdp/
-    transformer_impl.py:391); `fsdp_config.dtype` is not read there (nor anywhere) and is not written."""
-    short = FSDP_PRECISION[rl["dtype"]]
-    return {
-        # fp32 master weights; compute (params, autocast) in the experiment's dtype.
-        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": short, "reduce_dtype": "fp32",
-                                                                  "buffer_dtype": "fp32"},
-        "actor_rollout_ref.rollout.dtype": rl["dtype"],
-    }
-
-
-def _platform(verl: dict) -> dict:
-    """Settings of the cell's platform. On a CPU (verlrun.cpu_shims): Ray hands out logical GPUs
-    (`num_gpus`), since verl's resource pools count GPUs; vLLM-CPU has no sleep mode (it needs CUDA's
-    allocator: vllm/config/model.py:656), so verl must neither sleep it nor free its cache."""
-    keys = {"+actor_rollout_ref.model.override_config.attn_implementation": ATTENTION[verl["platform"]]}
-    if verl["platform"] == "cpu":
-        keys.update({
-            "+ray_kwargs.ray_init.num_gpus": verl["nnodes"] * verl["n_gpus_per_node"],
-            "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
-            "+actor_rollout_ref.rollout.enable_sleep_mode": False,
-            "actor_rollout_ref.rollout.free_cache_engine": False,
-        })
-    return keys
+    size = "max_token_len_per_gpu" if dynamic else "micro_batch_size_per_gpu"
+    return {A + "actor.use_dynamic_bsz": dynamic, **{A + f"{s}.log_prob_use_dynamic_bsz": dynamic for s in sections},
+            A + f"actor.ppo_{size}": per_gpu, **{A + f"{s}.log_prob_{size}": per_gpu for s in sections}}
 
 
 def _rollout_correction(ablation: str) -> dict:
@@ -257,7 +217,13 @@ def build_overrides(cell: Cell) -> list[str]:
         "actor_rollout_ref.actor.use_kl_loss": kl_coef > 0,
         "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
         "actor_rollout_ref.actor.data_loader_seed": seed,
-        **_precision(rl),
+        # What verl's FSDP engine reads for precision (`_build_fsdp_module`, workers/engine/fsdp/
+        # transformer_impl.py:391): fp32 master weights; compute (params, autocast) in the experiment's
+        # dtype. `fsdp_config.dtype` is not read there (nor anywhere) and is not written.
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": "fp32",
+        "+actor_rollout_ref.actor.fsdp_config.mixed_precision": {"param_dtype": FSDP_PRECISION[rl["dtype"]],
+                                                                  "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+        "actor_rollout_ref.rollout.dtype": rl["dtype"],
         # FSDP2 for every cell (verl's default is FSDP1 with use_orig_params false, under which
         # torch.compile of the `compile` treatment is unsupported; FSDP1 also refuses CPU modules with
         # sync_module_states). fsdp_config.seed is not set: verl reads it only with full_determinism.
@@ -284,8 +250,18 @@ def build_overrides(cell: Cell) -> list[str]:
         "trainer.total_training_steps": cell.steps,
         "trainer.test_freq": rl["test_every"] if rl["test_every"] > 0 else -1,
         "trainer.val_before_train": rl["test_every"] > 0,
-        **_platform(verl),
+        "+actor_rollout_ref.model.override_config.attn_implementation": ATTENTION[verl["platform"]],
     }
+    if verl["platform"] == "cpu":
+        # verlrun.cpu_shims: Ray hands out logical GPUs (`num_gpus`), since verl's resource pools count
+        # GPUs; vLLM-CPU has no sleep mode (it needs CUDA's allocator: vllm/config/model.py:656), so verl
+        # must neither sleep it nor free its cache.
+        settings.update({
+            "+ray_kwargs.ray_init.num_gpus": verl["nnodes"] * verl["n_gpus_per_node"],
+            "ray_kwargs.ray_init.num_cpus": CPU_RAY_LOGICAL_CPUS,
+            "+actor_rollout_ref.rollout.enable_sleep_mode": False,
+            "actor_rollout_ref.rollout.free_cache_engine": False,
+        })
     overrides = [f"{key}={hydra_value(value)}" for key, value in settings.items()]
     env = worker_env(cell)
     overrides += [f"{ENV_PREFIX}.{name}={hydra_value(value)}" for name, value in env.items()]
@@ -350,10 +326,10 @@ def compose(overrides: list[str]):
         # the GPUs: check the same config with one-sequence micro-batches too.
         static = copy.deepcopy(config)
         with open_dict(static):
-            for section in ("actor", "rollout", "ref"):
-                node = static.actor_rollout_ref[section]
-                node["use_dynamic_bsz" if section == "actor" else "log_prob_use_dynamic_bsz"] = False
-                node["ppo_micro_batch_size_per_gpu" if section == "actor" else "log_prob_micro_batch_size_per_gpu"] = 1
+            static.actor_rollout_ref.actor.update(use_dynamic_bsz=False, ppo_micro_batch_size_per_gpu=1)
+            for section in ("rollout", "ref"):
+                static.actor_rollout_ref[section].update(log_prob_use_dynamic_bsz=False,
+                                                         log_prob_micro_batch_size_per_gpu=1)
         checked.append(static)
     with warnings.catch_warnings():
         # GRPO runs without a critic on purpose; verl warns about that on every check.
