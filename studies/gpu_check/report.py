@@ -24,7 +24,7 @@ from analysis.output import to_markdown
 from rla import files
 
 RUNS = "studies/gpu_check/runs"
-TABLES = ("runs.csv", "fused.csv", "model.csv", "checks.csv", "regions.csv", "repeats.csv")  # with *.md views
+TABLES = ("runs.csv", "fused.csv", "model.csv", "checks.csv", "regions.csv")  # with *.md views
 VERDICTS = ("bit-equal", "last-bit", "order", "rounding")  # best to worst (benchmarks/check_fused.py)
 
 
@@ -98,8 +98,6 @@ def tables(runs: Path) -> dict[str, pd.DataFrame]:
         found["checks.csv"] += check_rows(name, folder)
         if regions := _read(folder, "regions"):
             found["regions.csv"] += region_rows(name, regions)
-        if repeat := _read(folder, "repeat"):  # per mode, model, region, side, output: distinct of runs
-            found["repeats.csv"] += [{"run": name, **r} for r in repeat.get("distinct", [])]
     return {t: pd.DataFrame(rows) for t, rows in found.items()}
 
 
@@ -143,7 +141,7 @@ def runs_view(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 VIEWS = {"runs.csv": runs_view, "fused.csv": fused_view, "model.csv": model_view, "checks.csv": lambda frame: frame,
-         "regions.csv": regions_view, "repeats.csv": lambda frame: frame}
+         "regions.csv": regions_view}
 
 
 def main(argv=None) -> int:
