@@ -8,16 +8,16 @@
 - `ladder.csv`: per architecture x layers x attention x setting, over seeds: k3 and bit-equal fraction
   (mean, min, max over seeds); `k3_vs_none`, stock's k3 over this setting's (mean over seeds of the
   per-seed ratio; infinite where this setting's k3 is 0); the sequence log-ratio (the sum over a
-  sequence's tokens of log(train / engine)) pooled over seeds: its mean and variance with LEVEL bootstrap intervals (sequences resampled within each seed,
-  BOOTSTRAP resamples, seeded by the row's own key: a row's interval does not move when the table gains
-  other rows), and its variance over stock's with a paired interval (both settings
-  score the same sampled sequences, so a resample draws the same sequences for both).
+  sequence's tokens of log(train / engine)) pooled over seeds: its mean and variance with LEVEL bootstrap
+  intervals (sequences resampled within each seed, BOOTSTRAP resamples, seeded by the row's own key: a
+  row's interval does not move when the table gains other rows), and its variance over stock's with a
+  paired interval (both settings score the same sampled sequences, so a resample draws the same
+  sequences for both).
 - `depth.png` / `.pdf`: k3 and the sequence log-ratio variance against depth.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import zlib
 from pathlib import Path
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 
 BOOTSTRAP, LEVEL = 2000, 0.95
 KEYS = ["arch", "layers", "width", "hidden_size", "kernels", "spec", "target", "reduction"]
@@ -129,20 +129,11 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     return figures.save_figure(fig, out_dir, "depth")
 
 
-def run(result: str | Path, out_dir: str | Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    frame, sums = points(json.loads(Path(result).read_text()))
-    table = ladder(frame, sums)
-    write_csv(frame.drop(columns=["index"]), out_dir / "points.csv")
-    write_csv(table, out_dir / "ladder.csv")
-    return [out_dir / "points.csv", out_dir / "ladder.csv"] + plot(table, out_dir)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report depth", description=__doc__.split("\n")[0])
-    p.add_argument("--result", required=True, help="the measurement's JSON (python -m studies run depth)")
-    p.add_argument("--out", required=True, help="where points.csv, ladder.csv and depth.{png,pdf} go")
-    args = p.parse_args(argv)
-    for path in run(args.result, args.out):
-        print(f"wrote {path}")
+    args = report_parser("depth", __doc__, result="the measurement's JSON (python -m studies run depth)",
+                         out="where points.csv, ladder.csv and depth.{png,pdf} go").parse_args(argv)
+    frame, sums = points(json.loads(args.result.read_text()))
+    table = ladder(frame, sums)
+    write_tables(args.out, {"points.csv": frame.drop(columns=["index"]), "ladder.csv": table})
+    plot(table, args.out)
     return 0

@@ -14,14 +14,12 @@ A new run: `benchmarks/gpu_check.sh` on the GPU machine returns gpu-check-gpu.ta
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.output import to_markdown
-from rla import files
+from analysis.output import report_parser, to_markdown, write_tables
 
 RUNS = "studies/gpu_check/runs"
 TABLES = ("runs.csv", "fused.csv", "model.csv", "checks.csv", "regions.csv")  # with *.md views
@@ -70,8 +68,9 @@ def check_rows(name: str, folder: Path) -> list[dict]:
             rows.append({"run": name, "check": f"epilogue: qkv bias, {graph}", "result": epilogue[graph]["bias"]})
     if model := _read(folder, "model"):
         for m in model["roundmaps"]:
+            verdict = "as target" if m["matches"] else "differs from"
             rows.append({"run": name, "check": f"rounding map of {m['model']}'s {m['graphs']} Triton graphs",
-                         "result": f"as target {model['target']}" if m["matches"] else f"differs from {model['target']}"})
+                         "result": f"{verdict} {model['target']}"})
     if tests := _read(folder, "cuda-tests"):
         rows += [{"run": name, "check": t["nodeid"], "result": t["outcome"]} for t in tests["tests"]]
     return rows
@@ -145,13 +144,10 @@ VIEWS = {"runs.csv": runs_view, "fused.csv": fused_view, "model.csv": model_view
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = report_parser("gpu_check", __doc__, out="folder for the tables")
     p.add_argument("--runs", type=Path, default=Path(RUNS), help="folder of run folders (default: %(default)s)")
-    p.add_argument("--out", type=Path, required=True, help="folder for the tables")
     args = p.parse_args(argv)
-    for table, frame in tables(args.runs).items():
-        files.write_text(args.out / table, frame.to_csv(index=False))
-        if not frame.empty:
-            files.write_text(args.out / table.replace(".csv", ".md"), to_markdown(VIEWS[table](frame)) + "\n")
-        print(f"{table}: {len(frame)} rows")
+    found = tables(args.runs)
+    views = {t.replace(".csv", ".md"): to_markdown(VIEWS[t](frame)) + "\n" for t, frame in found.items() if len(frame)}
+    write_tables(args.out, {**found, **views})
     return 0

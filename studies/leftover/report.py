@@ -16,13 +16,12 @@ kernels (setup: studies/leftover/page.md).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 from studies.depth.report import ladder, points
 
 BASELINE = ("attention", "inductor_cpu")  # the depth goal's condition
@@ -78,21 +77,12 @@ def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     return figures.save_figure(grid.figure, out_dir, "leftover")
 
 
-def run(result: str | Path, out_dir: str | Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    frame, sums = points(json.loads(Path(result).read_text()))
-    summary = ladder(frame, sums)
-    write_csv(frame.drop(columns=["index"]), out_dir / "points.csv")
-    write_csv(summary, out_dir / "summary.csv")
-    write_csv(shares(frame), out_dir / "shares.csv")
-    return [out_dir / name for name in ("points.csv", "summary.csv", "shares.csv")] + plot(summary, out_dir)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report leftover", description=__doc__.split("\n")[0])
-    p.add_argument("--result", required=True, help="the measurement's JSON (python -m studies run depth ...)")
-    p.add_argument("--out", required=True, help="where the tables and leftover.{png,pdf} go")
-    args = p.parse_args(argv)
-    for path in run(args.result, args.out):
-        print(f"wrote {path}")
+    args = report_parser("leftover", __doc__, result="the measurement's JSON (python -m studies run depth ...)",
+                         out="where the tables and leftover.{png,pdf} go").parse_args(argv)
+    frame, sums = points(json.loads(args.result.read_text()))
+    summary = ladder(frame, sums)
+    write_tables(args.out, {"points.csv": frame.drop(columns=["index"]), "summary.csv": summary,
+                            "shares.csv": shares(frame)})
+    plot(summary, args.out)
     return 0

@@ -21,7 +21,6 @@ Ratios "vs none" are taken per model. Writes ``treatments.csv`` (per model) and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -31,7 +30,7 @@ import pandas as pd
 from analysis import figures
 from analysis.figures import plt
 from analysis.style import ablation_order, ablation_palette, apply_theme
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +104,8 @@ def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
 
 
 PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p_train|, RL loop", True),
-          ("update_time_vs_none", "update time / none", False), ("update_peak_vs_none", "update peak memory / none",
-                                                                  False),
+          ("update_time_vs_none", "update time / none", False),
+          ("update_peak_vs_none", "update peak memory / none", False),
           ("rollout_time_vs_none", "rollout time per token / none", False))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
@@ -140,26 +139,23 @@ def plot(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     return figures.save_figure(fig, out_dir, "treatments")
 
 
-def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> list[Path]:
-    tables, out_dir = Path(tables), Path(out_dir)
+def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> None:
+    tables = Path(tables)
     if not (tables / "metrics.parquet").exists():
-        raise FileNotFoundError(f"{tables / 'metrics.parquet'} not found: run the grid (or `python -m analysis all`) first")
-    bench_data = None
-    if bench is not None:
-        if not Path(bench).exists():
-            raise FileNotFoundError(f"{bench} not found: run `python -m studies run treatments` first")
-        bench_data = json.loads(Path(bench).read_text())
-    frame = per_model(tables, bench_data)
-    write_csv(frame, out_dir / "treatments.csv")
-    return [out_dir / "treatments.csv"] + plot(frame, out_dir)
+        raise FileNotFoundError(f"{tables / 'metrics.parquet'} not found: run the grid "
+                                "(or `python -m analysis all`) first")
+    if bench is not None and not Path(bench).exists():
+        raise FileNotFoundError(f"{bench} not found: run `python -m studies run treatments` first")
+    frame = per_model(tables, None if bench is None else json.loads(Path(bench).read_text()))
+    write_tables(out_dir, {"treatments.csv": frame})
+    plot(frame, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report treatments", description="the fixes side by side: mismatch, cost, stability")
-    p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
+    p = report_parser("treatments", "the fixes side by side: mismatch, cost, stability",
+                      tables="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)",
+                      out="where treatments.{csv,png,pdf} go")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
-    p.add_argument("--out", required=True, help="where treatments.{csv,png,pdf} go")
     args = p.parse_args(argv)
-    written = run(args.tables, args.bench, args.out)
-    log.info("wrote %s", ", ".join(str(p) for p in written))
+    run(args.tables, args.bench, args.out)
     return 0
