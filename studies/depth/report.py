@@ -96,14 +96,12 @@ LINES = (  # (spec, target, reduction) -> label, drawn on the ladder
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     from analysis import figures
-    from analysis.figures import plt, sns
-    from analysis.style import apply_theme
+    from analysis.figures import sns
 
-    apply_theme()
     ladder_rows = table[table["width"] == "ladder"]
     lines = dict(list(ladder_rows.groupby(["kernels", "spec", "target", "reduction", "arch"])))
     colors = dict(zip([label for _, label in LINES], sns.color_palette("colorblind", len(LINES))))
-    fig, axes = plt.subplots(2, 2, figsize=(8, 6), layout="constrained", sharex=True)
+    fig, axes = figures.subplots(2, 2, figsize=(8, 6), layout="constrained", sharex=True)
     for col, kernels in enumerate(("attention", "hf")):
         for (spec, target, reduction), label in LINES:
             for arch, style in (("qwen2", "-"), ("qwen3", "--")):

@@ -18,9 +18,8 @@ import pandas as pd
 from rla.names import REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from analysis import figures
-from analysis.figures import plt
 from analysis.output import report_parser, to_markdown, write_tables
-from analysis.style import ABLATION_COLORS, apply_theme
+from analysis.style import ABLATION_COLORS
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +196,8 @@ def _bars(ax, main: pd.DataFrame, title: str) -> None:
 
 def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "probe_subsets") -> list[Path]:
     """One bar panel per model, shared log axis."""
-    apply_theme()
-    fig, axes = plt.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True, layout="constrained",
-                             squeeze=False)
+    fig, axes = figures.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True,
+                                 layout="constrained", squeeze=False)
     for ax, (model, subsets) in zip(axes[0], probes.items()):
         _bars(ax, training_settings(subsets), model)
     all_values = np.concatenate([training_settings(s)["mean_abs_dlogprob"].to_numpy(float) for s in probes.values()])

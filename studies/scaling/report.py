@@ -18,7 +18,7 @@ from analysis.figures import plt
 from analysis.output import report_parser, to_markdown, write_tables
 from studies.probe import MAIN_REFERENCE
 from studies.probe.report import region_shares
-from analysis.style import ABLATION_COLORS, apply_theme
+from analysis.style import ABLATION_COLORS
 from rla import names
 
 log = logging.getLogger(__name__)
@@ -120,9 +120,8 @@ def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     if not factors:
         raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
     archs = sorted(set(table["arch"]))
-    apply_theme()
-    fig, axes = plt.subplots(len(METRICS), len(factors), figsize=(2.6 * len(factors) + 1.6, 2.2 * len(METRICS)),
-                             squeeze=False)
+    fig, axes = figures.subplots(len(METRICS), len(factors), squeeze=False,
+                                 figsize=(2.6 * len(factors) + 1.6, 2.2 * len(METRICS)))
     for col, factor in enumerate(factors):
         data = table[table["factor"] == factor]
         for row, (metric, label) in enumerate(METRICS.items()):

@@ -28,8 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
-from analysis.figures import plt
-from analysis.style import ablation_order, ablation_palette, apply_theme
+from analysis.style import ablation_order, ablation_palette
 from analysis.output import report_parser, write_tables
 
 log = logging.getLogger(__name__)
@@ -112,12 +111,12 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 def plot(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
-    apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     ablations = ablation_order(set(frame["ablation"]))
     palette = ablation_palette(ablations)
     models = sorted(frame["model"].unique())
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2), layout="constrained", squeeze=False)
+    fig, axes = figures.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2), layout="constrained",
+                                 squeeze=False)
     x = {a: i for i, a in enumerate(ablations)}
     for ax, (column, label, log_scale) in zip(axes[0], panels):
         for ablation, group in frame.groupby("ablation"):
