@@ -25,6 +25,14 @@ def to_markdown(frame: pd.DataFrame, float_format: str = "{:.4g}") -> str:
     return "\n".join([header, rule, *rows]) + "\n"
 
 
+def read_checked(path: Path, required: list[str], **options) -> pd.DataFrame:
+    """A CSV file (`options` for pd.read_csv), with an error naming the `required` columns it lacks."""
+    frame = pd.read_csv(path, **options)
+    if missing := [c for c in required if c not in frame.columns]:
+        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {required}")
+    return frame
+
+
 def write_tables(out_dir: str | Path, tables: dict[str, pd.DataFrame | str]) -> None:
     """Each table into `out_dir` under its file name: a frame as CSV, a text (a markdown view) as it is."""
     from rla.files import write_csv, write_text

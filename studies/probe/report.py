@@ -18,7 +18,7 @@ import pandas as pd
 from rla.names import REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from analysis import figures
-from analysis.output import report_parser, to_markdown, write_tables
+from analysis.output import read_checked, report_parser, to_markdown, write_tables
 from analysis.style import ABLATION_COLORS
 
 log = logging.getLogger(__name__)
@@ -42,21 +42,9 @@ def color(setting: str) -> str:
 # Reading
 
 
-def load_subsets(probe_dir: str | Path) -> pd.DataFrame:
-    """The subsets.csv of one probe directory (the tables here read no other), checked for its columns."""
-    path = Path(probe_dir) / "subsets.csv"
-    frame = pd.read_csv(path)
-    missing = [c for c in REQUIRED if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
-    return frame
-
-
 def find_probes(root: str | Path) -> dict[str, Path]:
     """{model: dir}: ``root`` itself if it is a probe directory, else its subdirectories that are."""
     root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"probe directory not found: {root}")
     if (root / "subsets.csv").exists():
         return {root.name: root}
     found = {p.name: p for p in sorted(root.iterdir()) if (p / "subsets.csv").exists()}
@@ -65,16 +53,10 @@ def find_probes(root: str | Path) -> dict[str, Path]:
     return found
 
 
-def _ordered(frame: pd.DataFrame, column: str = "setting") -> pd.DataFrame:
-    rank = {name: i for i, name in enumerate(SETTING_ORDER)}
-    return frame.assign(_rank=frame[column].map(lambda s: rank.get(s, len(rank)))).sort_values(
-        "_rank", kind="stable").drop(columns="_rank")
-
-
 def training_settings(subsets: pd.DataFrame, reference: str = MAIN_REFERENCE) -> pd.DataFrame:
     """Rows of the training-side settings against one reference, in the fixed order."""
     rows = subsets[(subsets["reference"] == reference) & subsets["setting"].isin(SETTING_ORDER)]
-    return _ordered(rows).reset_index(drop=True)
+    return rows.sort_values("setting", key=lambda s: s.map(SETTING_ORDER.index), kind="stable").reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +196,8 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
     if tables_dir is None:  # results/tables for results/probe or results/probe/NAME
         base = Path(probe_root).resolve()
         tables_dir = (base.parent if (base / "subsets.csv").exists() else base).parent / "tables"
-    subsets = {model: load_subsets(path) for model, path in probes.items()}
+    # the subsets.csv of each probe directory: the tables here read no other
+    subsets = {model: read_checked(path / "subsets.csv", REQUIRED) for model, path in probes.items()}
     shares = []
     for model, frame in subsets.items():
         try:

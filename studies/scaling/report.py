@@ -15,7 +15,7 @@ import pandas as pd
 
 from analysis import figures
 from analysis.figures import plt
-from analysis.output import report_parser, to_markdown, write_tables
+from analysis.output import read_checked, report_parser, to_markdown, write_tables
 from studies.probe import MAIN_REFERENCE
 from studies.probe.report import region_shares
 from analysis.style import ABLATION_COLORS
@@ -50,11 +50,7 @@ def load_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `python -m studies run scaling --out {path.parent}` first")
-    table = pd.read_csv(path, float_precision="round_trip")  # the values as measured, to the last bit
-    missing = [c for c in REQUIRED if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
-    return table
+    return read_checked(path, REQUIRED, float_precision="round_trip")  # the values as measured, to the last bit
 
 
 def _treatment(setting: str) -> str:
