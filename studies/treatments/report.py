@@ -1,22 +1,11 @@
 """The fixes side by side (region alignment and the treatments of ``rla.names``), from files only.
 
-Per model x ablation, from a grid's tables and the treatment benchmark:
-
-- mismatch in the RL loop: mean over steps, then over seeds, of verl's ``rollout_corr/k3_kl`` and
-  ``training/rollout_probs_diff_mean`` (mean |p_rollout - p_train|) (``metrics.parquet``);
-- one-forward mismatch: the probe's mean |Δ logprob| against the engine's forward, same tokens for
-  every setting (``probe_subsets.csv``; regions, compile and fp16 only: the probe has no loss);
-- training cost: the update's time and peak memory relative to stock, measured side by side
-  (``studies/treatments/published/cost.json``, from ``studies/treatments/cost.py``);
-- rollout cost: the engine's wall time per response token in the RL loop (``timing_s/gen`` over
-  ``response_length/mean``; the batch size is the grid's for every cell), median over steps after the
-  first (the first pays the engine's warm-up), mean over seeds. The grid runs its cells side by side, so
-  these times share the machine with another cell: the rows whose engine is stock's (every one but
-  ``engine_casts``) show how far apart equal engines land;
-- stability: collapsed runs / runs (``stability.csv``).
-
-Ratios "vs none" are taken per model. Writes ``treatments.csv`` (per model) and ``treatments.{png,pdf}``
-(setup and results: studies/treatments/page.md).
+Per model x ablation (`per_model`): the mismatch the RL loop logged (`loop_mismatch`, from
+``metrics.parquet``), the probe's one-forward mismatch against the engine's forward (`probe_mismatch`,
+``probe_subsets.csv``: regions, compile and fp16 only), the update's time and peak memory (`costs`,
+``studies/treatments/published/cost.json`` from ``studies/treatments/cost.py``), the engine's time per
+response token (`rollout_time`) and collapsed runs / runs (``stability.csv``); ratios "vs none" per model.
+Writes ``treatments.csv`` and ``treatments.{png,pdf}`` (setup and results: studies/treatments/page.md).
 """
 
 from __future__ import annotations
@@ -38,7 +27,7 @@ GEN_S, LENGTH = "timing_s/gen", "response_length/mean"
 
 
 def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
-    """model, ablation, k3_kl, probs_diff, runs: step means, averaged over seeds."""
+    """model, ablation, k3_kl, probs_diff (mean |p_rollout - p_train|), runs: step means, averaged over seeds."""
     rows = metrics[metrics["metric"].isin([K3, PROBS]) & metrics["finite"]]
     per_run = rows.groupby(["model", "ablation", "run", "metric"], observed=True)["value"].mean().unstack("metric")
     out = per_run.groupby(["model", "ablation"], observed=True).agg(
@@ -48,7 +37,9 @@ def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def rollout_time(metrics: pd.DataFrame) -> pd.DataFrame:
     """model, ablation, gen_s_per_token: the engine's seconds per mean response token of a step, median
-    over steps after the first, averaged over seeds."""
+    over steps after the first (which pays the engine's warm-up), averaged over seeds. The grid runs its
+    cells side by side, so these times share the machine with another cell: the rows whose engine is
+    stock's (every one but ``engine_casts``) show how far apart equal engines land."""
     rows = metrics[metrics["metric"].isin([GEN_S, LENGTH]) & metrics["finite"] & (metrics["step"] > 1)]
     if set(rows["metric"].unique()) != {GEN_S, LENGTH}:  # logs without the engine's timing: no column
         return pd.DataFrame(columns=["model", "ablation", "gen_s_per_token"])
