@@ -16,7 +16,6 @@ The text goes to stdout; with `--out DIR` the same results are also written as t
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 import pandas as pd
@@ -101,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if alternatives:
         if not args.runs:
-            print("error: the config's report.alternatives need --runs", file=sys.stderr)
-            return 2
+            raise ValueError("the config's report.alternatives need --runs")
         from analysis.collapse import stability_table
         from analysis.load import load_runs
 
@@ -112,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 alternative = replace(cfg, **parse_alternative(cfg, text))
                 table = stability_table(runs, alternative)
             except (ValueError, TypeError, AttributeError) as err:
-                print(f"error: alternative {text!r}: {err}", file=sys.stderr)
-                return 2
+                raise ValueError(f"alternative {text!r}: {err}") from err
             rows.append(alternative_row(text, alternative, table))
             print(f"alternative {text}: {rows[-1]['collapsed']} of {rows[-1]['runs']} runs collapsed, "
                   f"{rows[-1]['never_rose']} never rose")

@@ -11,7 +11,6 @@ takes before step 1's update). Then S1 (rejection ranges), S2 (the baseline's me
 from __future__ import annotations
 
 import math
-import sys
 
 import pandas as pd
 
@@ -75,8 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
     prereg = load_all(args.config).get("preregistration")
     if not isinstance(prereg, dict):
-        print(f"error: {args.config} has no `preregistration:` section", file=sys.stderr)
-        return 2
+        raise ValueError(f"{args.config} has no `preregistration:` section")
     runs = per_run(load_runs(args.runs))
     checks = judge(runs, prereg)
     write_tables(args.out, {"stall_runs.csv": runs, "stall_checks.csv": checks})

@@ -22,7 +22,6 @@ import pandas as pd
 from analysis.output import report_parser, to_markdown, write_tables
 
 RUNS = "studies/gpu_check/runs"
-TABLES = ("runs.csv", "fused.csv", "model.csv", "checks.csv", "regions.csv")  # with *.md views
 VERDICTS = ("bit-equal", "last-bit", "order", "rounding")  # best to worst (benchmarks/check_fused.py)
 
 
@@ -82,21 +81,21 @@ def region_rows(name: str, report: dict) -> list[dict]:
     return [{"run": name, **{k: r.get(k) for k in keep}, "copy_GBps": report["copy_GBps"]} for r in report["rows"]]
 
 
+STEP_ROWS = {"fused.csv": ("fused", fused_rows), "model.csv": ("model", model_rows),
+             "regions.csv": ("regions", region_rows)}
+
+
 def tables(runs: Path) -> dict[str, pd.DataFrame]:
     folders = sorted(p for p in runs.iterdir() if (p / "summary.json").is_file())
     if not folders:
         raise SystemExit(f"--runs {runs}: no run folder with a summary.json (what benchmarks/gpu_check.sh returns)")
-    found = {t: [] for t in TABLES}
+    found = {t: [] for t in VIEWS}
     for folder in folders:
-        name = folder.name
-        found["runs.csv"].append(run_row(name, json.loads((folder / "summary.json").read_text())))
-        if fused := _read(folder, "fused"):
-            found["fused.csv"] += fused_rows(name, fused)
-        if model := _read(folder, "model"):
-            found["model.csv"] += model_rows(name, model)
-        found["checks.csv"] += check_rows(name, folder)
-        if regions := _read(folder, "regions"):
-            found["regions.csv"] += region_rows(name, regions)
+        found["runs.csv"].append(run_row(folder.name, json.loads((folder / "summary.json").read_text())))
+        found["checks.csv"] += check_rows(folder.name, folder)
+        for table, (step, rows) in STEP_ROWS.items():  # the tables of one step's JSON each
+            if report := _read(folder, step):
+                found[table] += rows(folder.name, report)
     return {t: pd.DataFrame(rows) for t, rows in found.items()}
 
 
@@ -139,6 +138,7 @@ def runs_view(runs: pd.DataFrame) -> pd.DataFrame:
                  "liger_kernel"]].astype(str)
 
 
+# every table, in this order, with its markdown view
 VIEWS = {"runs.csv": runs_view, "fused.csv": fused_view, "model.csv": model_view, "checks.csv": lambda frame: frame,
          "regions.csv": regions_view}
 
