@@ -20,15 +20,9 @@ from analysis.output import report_parser, write_tables
 from studies.depth.report import ladder, points
 
 BASELINE = ("attention", "inductor_cpu")  # the depth goal's condition
-# the training kernels a share is measured with, and what each swaps in (studies/vllm_alignment TRAINING_KERNELS)
-SWAPS = {
-    "engine_attention": "vLLM-CPU's attention kernel",
-    "engine_gemm": "vLLM-CPU's GEMMs",
-    "engine": "both",
-    "engine_steps": "both, each GEMM row in a product of its engine step's rows",
-    "amx_rounding": "a trainable attention rounding where the AMX kernel does",
-    "amx_rounding_engine_gemm": "that attention and vLLM-CPU's GEMMs",
-}
+# the training kernels a share is measured with, in the figure's order (what each swaps in:
+# studies/vllm_alignment/measure.py TRAINING_KERNELS)
+SWAPS = ("engine_attention", "engine_gemm", "engine", "engine_steps", "amx_rounding", "amx_rounding_engine_gemm")
 ORDERS = {"eager": "eager order", "inductor_cpu": "engine order", "vllm_cpu_graph": "engine graph's order"}
 
 
