@@ -179,6 +179,12 @@ def _legend(fig, layout: Layout, with_collapse: bool = False) -> None:
                title="ablation", frameon=False)
 
 
+def subplots(*args, **kwargs):
+    """`plt.subplots` in the theme every figure uses (the studies' reports start their figures here)."""
+    apply_theme()
+    return plt.subplots(*args, **kwargs)
+
+
 def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
     """`name`.png and .pdf in `out_dir`, byte-reproducible, written atomically; closes the figure.
     Every figure of the suite goes through here."""

@@ -16,13 +16,11 @@ The text goes to stdout; with `--out DIR` the same results are also written as t
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 
+from analysis.output import report_parser, write_tables
 from analysis.tables import wilson_interval
 
 # Every reason a run's stability row can give (analysis/collapse.py), a column of calibration.csv each,
@@ -83,8 +81,8 @@ def alternative_row(text: str, cfg, table: pd.DataFrame) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report calibration", description="the collapse rule's false positives on runs with no mismatch")
-    p.add_argument("--stability", required=True, help="stability.csv of the calibration runs")
+    p = report_parser("calibration", "the collapse rule's false positives on runs with no mismatch",
+                      stability="stability.csv of the calibration runs")
     p.add_argument("--config", required=True, nargs="+", help="their config(s), later laid over earlier (its "
                    "`collapse:` thresholds, `report.alternatives`)")
     p.add_argument("--runs", help="the runs themselves (needed for the config's report.alternatives)")
@@ -102,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if alternatives:
         if not args.runs:
-            print("error: the config's report.alternatives need --runs", file=sys.stderr)
-            return 2
+            raise ValueError("the config's report.alternatives need --runs")
         from analysis.collapse import stability_table
         from analysis.load import load_runs
 
@@ -113,16 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                 alternative = replace(cfg, **parse_alternative(cfg, text))
                 table = stability_table(runs, alternative)
             except (ValueError, TypeError, AttributeError) as err:
-                print(f"error: alternative {text!r}: {err}", file=sys.stderr)
-                return 2
+                raise ValueError(f"alternative {text!r}: {err}") from err
             rows.append(alternative_row(text, alternative, table))
             print(f"alternative {text}: {rows[-1]['collapsed']} of {rows[-1]['runs']} runs collapsed, "
                   f"{rows[-1]['never_rose']} never rose")
     if args.out:
-        from rla.files import write_csv
-
-        out = Path(args.out)
-        write_csv(calibration_row(stability, cfg.patience, cfg.smooth_window), out / "calibration.csv")
         columns = ["alternative", *THRESHOLDS, "runs", "collapsed", "never_rose"]
-        write_csv(pd.DataFrame(rows, columns=columns), out / "alternatives.csv")
+        write_tables(args.out, {"calibration.csv": calibration_row(stability, cfg.patience, cfg.smooth_window),
+                                "alternatives.csv": pd.DataFrame(rows, columns=columns)})
     return 0

@@ -2,22 +2,14 @@
 
     python -m studies report depth --result depth.json --out DIR
 
-- `points.csv`: one row per point (architecture, layers, seed; or a paper width) x training-side attention
-  x setting (region subset, target, summation order): k3, mean and max |d logprob|, bit-equal fraction,
-  the sequence log-ratio's mean and variance.
-- `ladder.csv`: per architecture x layers x attention x setting, over seeds: k3 and bit-equal fraction
-  (mean, min, max over seeds); `k3_vs_none`, stock's k3 over this setting's (mean over seeds of the
-  per-seed ratio; infinite where this setting's k3 is 0); the sequence log-ratio (the sum over a
-  sequence's tokens of log(train / engine)) pooled over seeds: its mean and variance with LEVEL bootstrap intervals (sequences resampled within each seed,
-  BOOTSTRAP resamples, seeded by the row's own key: a row's interval does not move when the table gains
-  other rows), and its variance over stock's with a paired interval (both settings
-  score the same sampled sequences, so a resample draws the same sequences for both).
-- `depth.png` / `.pdf`: k3 and the sequence log-ratio variance against depth.
+`points.csv`: one row per point (architecture, layers, seed; or a paper width) x training-side attention x
+setting (region subset, target, summation order). `ladder.csv`: the same over seeds, with the sequence
+log-ratio's LEVEL bootstrap intervals (`ladder`). `depth.png` / `.pdf`: k3 and the sequence log-ratio
+variance against depth. What each column shows: studies/depth/page.md (Result).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import zlib
 from pathlib import Path
@@ -25,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 
 BOOTSTRAP, LEVEL = 2000, 0.95
 KEYS = ["arch", "layers", "width", "hidden_size", "kernels", "spec", "target", "reduction"]
@@ -60,6 +52,10 @@ def _intervals(pairs: list[np.ndarray], rng: np.random.Generator) -> dict[str, t
 
 
 def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
+    """Per architecture x layers x attention x setting, over seeds: k3 and the bit-equal fraction (mean, min,
+    max); `k3_vs_none`, the mean per-seed ratio of stock's k3 to this setting's (infinite where it is 0); the
+    sequence log-ratio (the sum of a sequence's log(train / engine)) pooled over seeds: mean and variance,
+    and the variance over stock's, with paired intervals (both settings score the same sequences)."""
     out = []
     stock_rows = frame[(frame["spec"] == "none") & (frame["target"] == "vllm-cpu")]
     stock_of = {(r.point, r.kernels, r.reduction): r for r in stock_rows.itertuples()}
@@ -78,6 +74,7 @@ def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
                    seq_mean=float(pooled[:, 0].mean()), seq_var=float(pooled[:, 0].var(ddof=1)),
                    seq_var_none=float(pooled[:, 1].var(ddof=1)))
         row["seq_var_vs_none"] = row["seq_var"] / row["seq_var_none"]
+        # resamples seeded by the row's own key: its interval does not move when the table gains other rows
         rng = np.random.default_rng(zlib.crc32(json.dumps([str(k) for k in key]).encode()))
         for name, (low, high) in _intervals(pairs, rng).items():
             row[f"{name}_low"], row[f"{name}_high"] = low, high
@@ -96,14 +93,12 @@ LINES = (  # (spec, target, reduction) -> label, drawn on the ladder
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     from analysis import figures
-    from analysis.figures import plt, sns
-    from analysis.style import apply_theme
+    from analysis.figures import sns
 
-    apply_theme()
     ladder_rows = table[table["width"] == "ladder"]
     lines = dict(list(ladder_rows.groupby(["kernels", "spec", "target", "reduction", "arch"])))
     colors = dict(zip([label for _, label in LINES], sns.color_palette("colorblind", len(LINES))))
-    fig, axes = plt.subplots(2, 2, figsize=(8, 6), layout="constrained", sharex=True)
+    fig, axes = figures.subplots(2, 2, figsize=(8, 6), layout="constrained", sharex=True)
     for col, kernels in enumerate(("attention", "hf")):
         for (spec, target, reduction), label in LINES:
             for arch, style in (("qwen2", "-"), ("qwen3", "--")):
@@ -129,20 +124,11 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     return figures.save_figure(fig, out_dir, "depth")
 
 
-def run(result: str | Path, out_dir: str | Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    frame, sums = points(json.loads(Path(result).read_text()))
-    table = ladder(frame, sums)
-    write_csv(frame.drop(columns=["index"]), out_dir / "points.csv")
-    write_csv(table, out_dir / "ladder.csv")
-    return [out_dir / "points.csv", out_dir / "ladder.csv"] + plot(table, out_dir)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report depth", description=__doc__.split("\n")[0])
-    p.add_argument("--result", required=True, help="the measurement's JSON (python -m studies run depth)")
-    p.add_argument("--out", required=True, help="where points.csv, ladder.csv and depth.{png,pdf} go")
-    args = p.parse_args(argv)
-    for path in run(args.result, args.out):
-        print(f"wrote {path}")
+    args = report_parser("depth", __doc__, result="the measurement's JSON (python -m studies run depth)",
+                         out="where points.csv, ladder.csv and depth.{png,pdf} go").parse_args(argv)
+    frame, sums = points(json.loads(args.result.read_text()))
+    table = ladder(frame, sums)
+    write_tables(args.out, {"points.csv": frame.drop(columns=["index"]), "ladder.csv": table})
+    plot(table, args.out)
     return 0

@@ -10,15 +10,12 @@ takes before step 1's update). Then S1 (rejection ranges), S2 (the baseline's me
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from pathlib import Path
 
 import pandas as pd
 
 from analysis.load import load_runs
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 
 REJECTED = "rollout_corr/rollout_rs_seq_masked_fraction"
 VAL = "val/score/mean"
@@ -68,23 +65,19 @@ def judge(runs: pd.DataFrame, prereg: dict) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report geo_rs", description="judge the rejection-stall study's pre-registered predictions")
+    p = report_parser("geo_rs", __doc__, runs="the study's runs directory",
+                      out="where stall_runs.csv and stall_checks.csv go")
     p.add_argument("--config", required=True, nargs="+", help="the study's config(s), later laid over earlier "
                    "(its `preregistration:` section)")
-    p.add_argument("--runs", required=True, help="the study's runs directory")
-    p.add_argument("--out", required=True, help="where stall_runs.csv and stall_checks.csv go")
     args = p.parse_args(argv)
     from rla.config import load_all
 
     prereg = load_all(args.config).get("preregistration")
     if not isinstance(prereg, dict):
-        print(f"error: {args.config} has no `preregistration:` section", file=sys.stderr)
-        return 2
+        raise ValueError(f"{args.config} has no `preregistration:` section")
     runs = per_run(load_runs(args.runs))
     checks = judge(runs, prereg)
-    out = Path(args.out)
-    write_csv(runs, out / "stall_runs.csv")
-    write_csv(checks, out / "stall_checks.csv")
+    write_tables(args.out, {"stall_runs.csv": runs, "stall_checks.csv": checks})
     print(runs.groupby("ablation")[["rejected_frac", "val_gain"]].agg(["mean", "min", "max"]).to_string())
     print(checks.to_string(index=False))
     return 0

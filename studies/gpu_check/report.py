@@ -14,17 +14,14 @@ A new run: `benchmarks/gpu_check.sh` on the GPU machine returns gpu-check-gpu.ta
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from analysis.output import to_markdown
-from rla import files
+from analysis.output import report_parser, to_markdown, write_tables
 
 RUNS = "studies/gpu_check/runs"
-TABLES = ("runs.csv", "fused.csv", "model.csv", "checks.csv", "regions.csv", "repeats.csv")  # with *.md views
 VERDICTS = ("bit-equal", "last-bit", "order", "rounding")  # best to worst (benchmarks/check_fused.py)
 
 
@@ -70,8 +67,9 @@ def check_rows(name: str, folder: Path) -> list[dict]:
             rows.append({"run": name, "check": f"epilogue: qkv bias, {graph}", "result": epilogue[graph]["bias"]})
     if model := _read(folder, "model"):
         for m in model["roundmaps"]:
+            verdict = "as target" if m["matches"] else "differs from"
             rows.append({"run": name, "check": f"rounding map of {m['model']}'s {m['graphs']} Triton graphs",
-                         "result": f"as target {model['target']}" if m["matches"] else f"differs from {model['target']}"})
+                         "result": f"{verdict} {model['target']}"})
     if tests := _read(folder, "cuda-tests"):
         rows += [{"run": name, "check": t["nodeid"], "result": t["outcome"]} for t in tests["tests"]]
     return rows
@@ -83,23 +81,21 @@ def region_rows(name: str, report: dict) -> list[dict]:
     return [{"run": name, **{k: r.get(k) for k in keep}, "copy_GBps": report["copy_GBps"]} for r in report["rows"]]
 
 
+STEP_ROWS = {"fused.csv": ("fused", fused_rows), "model.csv": ("model", model_rows),
+             "regions.csv": ("regions", region_rows)}
+
+
 def tables(runs: Path) -> dict[str, pd.DataFrame]:
     folders = sorted(p for p in runs.iterdir() if (p / "summary.json").is_file())
     if not folders:
         raise SystemExit(f"--runs {runs}: no run folder with a summary.json (what benchmarks/gpu_check.sh returns)")
-    found = {t: [] for t in TABLES}
+    found = {t: [] for t in VIEWS}
     for folder in folders:
-        name = folder.name
-        found["runs.csv"].append(run_row(name, json.loads((folder / "summary.json").read_text())))
-        if fused := _read(folder, "fused"):
-            found["fused.csv"] += fused_rows(name, fused)
-        if model := _read(folder, "model"):
-            found["model.csv"] += model_rows(name, model)
-        found["checks.csv"] += check_rows(name, folder)
-        if regions := _read(folder, "regions"):
-            found["regions.csv"] += region_rows(name, regions)
-        if repeat := _read(folder, "repeat"):  # per mode, model, region, side, output: distinct of runs
-            found["repeats.csv"] += [{"run": name, **r} for r in repeat.get("distinct", [])]
+        found["runs.csv"].append(run_row(folder.name, json.loads((folder / "summary.json").read_text())))
+        found["checks.csv"] += check_rows(folder.name, folder)
+        for table, (step, rows) in STEP_ROWS.items():  # the tables of one step's JSON each
+            if report := _read(folder, step):
+                found[table] += rows(folder.name, report)
     return {t: pd.DataFrame(rows) for t, rows in found.items()}
 
 
@@ -142,18 +138,16 @@ def runs_view(runs: pd.DataFrame) -> pd.DataFrame:
                  "liger_kernel"]].astype(str)
 
 
+# every table, in this order, with its markdown view
 VIEWS = {"runs.csv": runs_view, "fused.csv": fused_view, "model.csv": model_view, "checks.csv": lambda frame: frame,
-         "regions.csv": regions_view, "repeats.csv": lambda frame: frame}
+         "regions.csv": regions_view}
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = report_parser("gpu_check", __doc__, out="folder for the tables")
     p.add_argument("--runs", type=Path, default=Path(RUNS), help="folder of run folders (default: %(default)s)")
-    p.add_argument("--out", type=Path, required=True, help="folder for the tables")
     args = p.parse_args(argv)
-    for table, frame in tables(args.runs).items():
-        files.write_text(args.out / table, frame.to_csv(index=False))
-        if not frame.empty:
-            files.write_text(args.out / table.replace(".csv", ".md"), to_markdown(VIEWS[table](frame)) + "\n")
-        print(f"{table}: {len(frame)} rows")
+    found = tables(args.runs)
+    views = {t.replace(".csv", ".md"): to_markdown(VIEWS[t](frame)) + "\n" for t, frame in found.items() if len(frame)}
+    write_tables(args.out, {**found, **views})
     return 0

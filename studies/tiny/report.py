@@ -5,13 +5,9 @@ over every logged step (and seed) of verl's k3 KL(rollout || train) and of its m
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
 import pandas as pd
 
-from analysis.output import to_markdown
-from rla.files import write_csv, write_text
+from analysis.output import report_parser, to_markdown, write_tables
 from rla.names import ABLATIONS
 
 METRICS = {"rollout_corr/k3_kl": "k3 KL", "training/rollout_probs_diff_mean": "mean abs(p_rollout - p_train)"}
@@ -38,13 +34,8 @@ def headline(tidy: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report tiny", description=__doc__.split("\n")[0])
-    p.add_argument("--tables", required=True, help="the grid's tables (metrics.parquet)")
-    p.add_argument("--out", required=True, help="where headline.csv and headline.md go")
-    args = p.parse_args(argv)
-    table = headline(pd.read_parquet(Path(args.tables) / "metrics.parquet"))
-    out = Path(args.out)
-    write_csv(table, out / "headline.csv")
-    write_text(out / "headline.md", to_markdown(table, float_format="{:.2g}"))
-    print(f"wrote {out / 'headline.csv'}, {out / 'headline.md'}")
+    args = report_parser("tiny", __doc__, tables="the grid's tables (metrics.parquet)",
+                         out="where headline.csv and headline.md go").parse_args(argv)
+    table = headline(pd.read_parquet(args.tables / "metrics.parquet"))
+    write_tables(args.out, {"headline.csv": table, "headline.md": to_markdown(table, float_format="{:.2g}")})
     return 0

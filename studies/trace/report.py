@@ -11,14 +11,13 @@ max), `first.csv` where each sequence first differs, `summary.csv` the logprobs'
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 
-from rla.files import write_csv
+from analysis.output import report_parser, write_tables
 
 LABELS = {"stock": "stock (SDPA, eager order)", "all": "`all`, attention rounded once, engine order",  # figure's order
           "all_amx_rounding": "`all`, attention rounding where the AMX kernel does, engine order",
@@ -79,7 +78,8 @@ def summary_table(points: pd.DataFrame) -> pd.DataFrame:
         tap_checked=("tap_responses_equal", "count"), tap_responses_equal=("tap_responses_equal", "min"),
         tap_logprobs_bit_equal=("tap_logprobs_bit_equal", "min")).reset_index()
     stock = table[table["compared"] == "stock"].set_index(["arch", "batch"])["k3"]
-    of_stock = pd.Series([stock.get((a, b)) for a, b in zip(table["arch"], table["batch"])], index=table.index, dtype=float)
+    of_stock = pd.Series([stock.get((a, b)) for a, b in zip(table["arch"], table["batch"])], index=table.index,
+                         dtype=float)
     return table.assign(k3_vs_stock=of_stock / table["k3"])
 
 
@@ -103,30 +103,23 @@ def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
             if column == "rel_l2":
                 ax.set_yscale("symlog", linthresh=1e-6)  # 0 where the two sides are bit-equal
                 ax.set_ylim(bottom=0)
-            ax.set_title(f"{arch}, {rows['layers'].max()} layers, decode batch {rows['batch'].max()}" if row == 0 else "")
+            if row == 0:
+                ax.set_title(f"{arch}, {rows['layers'].max()} layers, decode batch {rows['batch'].max()}")
             ax.set_ylabel(label)
     axes[0][0].legend(fontsize=7, title="against the engine's decode", title_fontsize=8)
     fig.tight_layout()
     return figures.save_figure(fig, out_dir, "trace")
 
 
-def run(result: str | Path, out_dir: str | Path) -> list[Path]:
-    out_dir = Path(out_dir)
+def run(result: str | Path, out_dir: str | Path) -> None:
     layers, firsts, points = frames(json.loads(Path(result).read_text()))
     table = layer_table(layers)
-    tables = {"layers.csv": table, "first.csv": first_table(firsts), "summary.csv": summary_table(points)}
-    for name, frame in tables.items():
-        write_csv(frame, out_dir / name)
-    return [out_dir / name for name in tables] + plot(table, out_dir)
+    write_tables(out_dir, {"layers.csv": table, "first.csv": first_table(firsts), "summary.csv": summary_table(points)})
+    plot(table, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report trace", description=__doc__.split("\n")[0])
-    p.add_argument("--result", required=True, help="the measurement's trace.json")
-    p.add_argument("--out", required=True, help="the folder for its tables and figure")
-    args = p.parse_args(argv)
-    if not Path(args.result).is_file():
-        p.error(f"--result: {args.result} is not a file; allowed: a trace.json of `python -m studies run trace`")
-    for path in run(args.result, args.out):
-        print(f"wrote {path}")
+    args = report_parser("trace", __doc__, result="the measurement's trace.json",
+                         out="the folder for its tables and figure").parse_args(argv)
+    run(args.result, args.out)
     return 0

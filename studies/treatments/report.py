@@ -1,27 +1,15 @@
 """The fixes side by side (region alignment and the treatments of ``rla.names``), from files only.
 
-Per model x ablation, from a grid's tables and the treatment benchmark:
-
-- mismatch in the RL loop: mean over steps, then over seeds, of verl's ``rollout_corr/k3_kl`` and
-  ``training/rollout_probs_diff_mean`` (mean |p_rollout - p_train|) (``metrics.parquet``);
-- one-forward mismatch: the probe's mean |Δ logprob| against the engine's forward, same tokens for
-  every setting (``probe_subsets.csv``; regions, compile and fp16 only: the probe has no loss);
-- training cost: the update's time and peak memory relative to stock, measured side by side
-  (``studies/treatments/published/cost.json``, from ``studies/treatments/cost.py``);
-- rollout cost: the engine's wall time per response token in the RL loop (``timing_s/gen`` over
-  ``response_length/mean``; the batch size is the grid's for every cell), median over steps after the
-  first (the first pays the engine's warm-up), mean over seeds. The grid runs its cells side by side, so
-  these times share the machine with another cell: the rows whose engine is stock's (every one but
-  ``engine_casts``) show how far apart equal engines land;
-- stability: collapsed runs / runs (``stability.csv``).
-
-Ratios "vs none" are taken per model. Writes ``treatments.csv`` (per model) and ``treatments.{png,pdf}``
-(setup and results: studies/treatments/page.md).
+Per model x ablation (`per_model`): the mismatch the RL loop logged (`loop_mismatch`, from
+``metrics.parquet``), the probe's one-forward mismatch against the engine's forward (`probe_mismatch`,
+``probe_subsets.csv``: regions, compile and fp16 only), the update's time and peak memory (`costs`,
+``studies/treatments/published/cost.json`` from ``studies/treatments/cost.py``), the engine's time per
+response token (`rollout_time`) and collapsed runs / runs (``stability.csv``); ratios "vs none" per model.
+Writes ``treatments.csv`` and ``treatments.{png,pdf}`` (setup and results: studies/treatments/page.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 from pathlib import Path
@@ -29,9 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import figures
-from analysis.figures import plt
-from analysis.style import ablation_order, ablation_palette, apply_theme
-from rla.files import write_csv
+from analysis.style import ablation_order, ablation_palette
+from analysis.output import report_parser, write_tables
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +27,7 @@ GEN_S, LENGTH = "timing_s/gen", "response_length/mean"
 
 
 def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
-    """model, ablation, k3_kl, probs_diff, runs: step means, averaged over seeds."""
+    """model, ablation, k3_kl, probs_diff (mean |p_rollout - p_train|), runs: step means, averaged over seeds."""
     rows = metrics[metrics["metric"].isin([K3, PROBS]) & metrics["finite"]]
     per_run = rows.groupby(["model", "ablation", "run", "metric"], observed=True)["value"].mean().unstack("metric")
     out = per_run.groupby(["model", "ablation"], observed=True).agg(
@@ -50,7 +37,9 @@ def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def rollout_time(metrics: pd.DataFrame) -> pd.DataFrame:
     """model, ablation, gen_s_per_token: the engine's seconds per mean response token of a step, median
-    over steps after the first, averaged over seeds."""
+    over steps after the first (which pays the engine's warm-up), averaged over seeds. The grid runs its
+    cells side by side, so these times share the machine with another cell: the rows whose engine is
+    stock's (every one but ``engine_casts``) show how far apart equal engines land."""
     rows = metrics[metrics["metric"].isin([GEN_S, LENGTH]) & metrics["finite"] & (metrics["step"] > 1)]
     if set(rows["metric"].unique()) != {GEN_S, LENGTH}:  # logs without the engine's timing: no column
         return pd.DataFrame(columns=["model", "ablation", "gen_s_per_token"])
@@ -105,20 +94,20 @@ def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
 
 
 PANELS = (("k3_kl", "k3 KL, RL loop", True), ("probs_diff", "mean |p_rollout - p_train|, RL loop", True),
-          ("update_time_vs_none", "update time / none", False), ("update_peak_vs_none", "update peak memory / none",
-                                                                  False),
+          ("update_time_vs_none", "update time / none", False),
+          ("update_peak_vs_none", "update peak memory / none", False),
           ("rollout_time_vs_none", "rollout time per token / none", False))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def plot(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     """One panel per measure; x = ablation (its colour), one marker per model, a bar at the median."""
-    apply_theme()
     panels = [p for p in PANELS if p[0] in frame and frame[p[0]].notna().any()]
     ablations = ablation_order(set(frame["ablation"]))
     palette = ablation_palette(ablations)
     models = sorted(frame["model"].unique())
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2), layout="constrained", squeeze=False)
+    fig, axes = figures.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2), layout="constrained",
+                                 squeeze=False)
     x = {a: i for i, a in enumerate(ablations)}
     for ax, (column, label, log_scale) in zip(axes[0], panels):
         for ablation, group in frame.groupby("ablation"):
@@ -140,26 +129,23 @@ def plot(frame: pd.DataFrame, out_dir: Path) -> list[Path]:
     return figures.save_figure(fig, out_dir, "treatments")
 
 
-def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> list[Path]:
-    tables, out_dir = Path(tables), Path(out_dir)
+def run(tables: str | Path, bench: str | Path | None, out_dir: str | Path) -> None:
+    tables = Path(tables)
     if not (tables / "metrics.parquet").exists():
-        raise FileNotFoundError(f"{tables / 'metrics.parquet'} not found: run the grid (or `python -m analysis all`) first")
-    bench_data = None
-    if bench is not None:
-        if not Path(bench).exists():
-            raise FileNotFoundError(f"{bench} not found: run `python -m studies run treatments` first")
-        bench_data = json.loads(Path(bench).read_text())
-    frame = per_model(tables, bench_data)
-    write_csv(frame, out_dir / "treatments.csv")
-    return [out_dir / "treatments.csv"] + plot(frame, out_dir)
+        raise FileNotFoundError(f"{tables / 'metrics.parquet'} not found: run the grid "
+                                "(or `python -m analysis all`) first")
+    if bench is not None and not Path(bench).exists():
+        raise FileNotFoundError(f"{bench} not found: run `python -m studies run treatments` first")
+    frame = per_model(tables, None if bench is None else json.loads(Path(bench).read_text()))
+    write_tables(out_dir, {"treatments.csv": frame})
+    plot(frame, out_dir)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m studies report treatments", description="the fixes side by side: mismatch, cost, stability")
-    p.add_argument("--tables", required=True, help="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)")
+    p = report_parser("treatments", "the fixes side by side: mismatch, cost, stability",
+                      tables="a grid's tables (metrics.parquet, stability.csv, probe_subsets.csv)",
+                      out="where treatments.{csv,png,pdf} go")
     p.add_argument("--bench", help="studies/treatments/published/cost.json (cost columns)")
-    p.add_argument("--out", required=True, help="where treatments.{csv,png,pdf} go")
     args = p.parse_args(argv)
-    written = run(args.tables, args.bench, args.out)
-    log.info("wrote %s", ", ".join(str(p) for p in written))
+    run(args.tables, args.bench, args.out)
     return 0

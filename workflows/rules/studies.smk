@@ -314,8 +314,7 @@ rule treatments_report:
 # The GPU check: measured on a GPU machine by benchmarks/gpu_check.sh (no Snakemake there), its runs
 # committed in studies/gpu_check/runs/; the DAG turns them into tables.
 GPU_CHECK_RUNS = Path(sys.modules["studies"].__file__).parent / "gpu_check" / "runs"  # beside the code that reads them
-GPU_CHECK_TABLES = [f"{STUDY_OUT}/gpu_check/report/{t}.csv"
-                    for t in ("runs", "fused", "model", "checks", "regions", "repeats")]
+GPU_CHECK_TABLES = [f"{STUDY_OUT}/gpu_check/report/{t}.csv" for t in ("runs", "fused", "model", "checks", "regions")]
 
 
 rule gpu_check_report:
