@@ -23,6 +23,7 @@ from localrl.task import render_prompt, score
 from rla import cells, files, layout
 from rla.cells import Cell
 from rla.config import RL, ConfigError, engine_settings, identity_of, model_spec, rl_settings
+from rla.metricslog import METRICS, RUNNING
 from rla.names import ablation
 
 log = logging.getLogger("localrl")
@@ -291,6 +292,11 @@ def train_cell(cell: Cell, model_dir: str | Path | None = None, stop_after: int 
     steps, identity = cell.steps, cell_identity(config, model_dir, cell.data)
     old_identity, old_steps, state, has_results = _previous(out_dir)
     plan = cells.plan(old_identity, old_steps, state["step"] if state else 0, has_results, identity, steps)
+    if plan.action == "replace" and state and state["step"] == old_steps and not any(
+            (out_dir / name).exists() for name in (METRICS, RUNNING)):
+        # `snakemake --force` deletes a finished cell's metrics.jsonl before the job runs: the folder kept
+        # aside gets it back from its last checkpoint, which holds the lines byte for byte
+        files.write_bytes(out_dir / METRICS, b"".join(state["metrics"]))
     moved = cells.move_aside(out_dir) if plan.action == "replace" else None
     out_dir.mkdir(parents=True, exist_ok=True)
     files.write_text(out_dir / "config.yaml", yaml.safe_dump(

@@ -56,6 +56,7 @@ def test_reruns_never_lose_or_mix_results(tmp_path):
     work = copy_workflow(tmp_path / "wf")
     run(work, "steps=3")
     first = lines(work)
+    first_bytes = (work / CELL / "metrics.jsonl").read_bytes()
     assert [r["step"] for r in first] == [1, 2, 3]
     # engine: auto - vLLM's CPU build where it runs (each job starts its own), else local, saying why
     engine = yaml.safe_load((work / CELL / "config.yaml").read_text())["engine"]
@@ -73,6 +74,9 @@ def test_reruns_never_lose_or_mix_results(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert lines(work) == first
     assert len(moved_aside(work)) == 1 and "already finished all 3 steps" in train_log(work)
+    # Snakemake deleted the first run's metrics.jsonl before the forced job: the folder kept aside has it
+    # back, byte for byte
+    assert (work / CELL).parent.joinpath(moved_aside(work)[0], "metrics.jsonl").read_bytes() == first_bytes
 
     # More steps continue the finished cell.
     run(work, "steps=5")
