@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from rla.files import write_csv, write_text
+
 
 def to_markdown(frame: pd.DataFrame, float_format: str = "{:.4g}") -> str:
     """A GitHub-style markdown table (no extra dependency); missing values print as an empty cell."""
@@ -35,8 +37,6 @@ def read_checked(path: Path, required: list[str], **options) -> pd.DataFrame:
 
 def write_tables(out_dir: str | Path, tables: dict[str, pd.DataFrame | str]) -> None:
     """Each table into `out_dir` under its file name: a frame as CSV, a text (a markdown view) as it is."""
-    from rla.files import write_csv, write_text
-
     for name, table in tables.items():
         if isinstance(table, str):
             write_text(Path(out_dir) / name, table)
