@@ -63,6 +63,10 @@ STUDIES = {s.name: s for s in (
           "experiments/tiny-amx.yaml", AUTO_ENGINE,
           "the probabilities rounded to BF16 before they multiply V (rl.trainer_attention: amx_rounding)",
           per_machine=True),
+    Study("verl_cpu", "verl's own trainer on this CPU (experiments/verl-cpu.yaml): the mismatch verl logs for one "
+                      "tiny random Qwen2 x none / all / tis / fp16 / compile", None, "studies.tiny.report",
+          "experiments/verl-cpu.yaml", "verl 0.9.1's vLLM server: vLLM's CPU build 0.32 (its default compiled graph)",
+          "transformers' SDPA (verl's workers on a CPU: attn_implementation=sdpa)", per_machine=True),
     Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
           "experiments/stress.yaml"),
     Study("treatments", "the fixes side by side: alignment, compile, FP16, TIS/MIS: mismatch, cost, stability",

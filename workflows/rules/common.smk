@@ -258,6 +258,7 @@ STUDY_SETTINGS = {
         "treatments": ["experiments/tiny.yaml", "experiments/treatments.yaml"],
         "tiny_sdpa": ["experiments/tiny.yaml", "experiments/tiny-sdpa.yaml"],
         "tiny_amx": ["experiments/tiny.yaml", "experiments/tiny-amx.yaml"],
+        "verl_cpu": ["experiments/verl-cpu.yaml"],
     },
     # runs of `python -m studies run scaling`, one after the other into the same tables
     "scaling": [[], ["--factors", "shape,depth,length,vocab", "--big", "--real"]],

@@ -202,10 +202,12 @@ rule roundmap_machine:
 # --- the reports: `python -m studies report NAME` on what was measured (no torch: tables and figures)
 
 
-# the grid's headline, of the embedded default grid and of it with another attention on the training side
-# (rl.trainer_attention), from the table each waits for: the embedded grid's metrics, the others' summary
+# the grid's headline, of the embedded default grid, of it with another attention on the training side
+# (rl.trainer_attention) and of verl's own trainer on this CPU, from the table each waits for: the embedded
+# grid's metrics, the others' summary
 HEADLINE_INPUTS = {"tiny": f"{TABLES}/metrics.parquet", "tiny_sdpa": f"{grid_tables('tiny_sdpa')}/summary.csv",
-                   "tiny_amx": f"{grid_tables('tiny_amx')}/summary.csv"}
+                   "tiny_amx": f"{grid_tables('tiny_amx')}/summary.csv",
+                   "verl_cpu": f"{grid_tables('verl_cpu')}/summary.csv"}
 for name, table in HEADLINE_INPUTS.items():
 
     rule:
@@ -352,7 +354,7 @@ PUBLISHING = {
     "stress": of_grid("stress", [], [], GRID_TABLES + ["probe_*", "*.png"]),
     **{name: of_grid(name, ["report"], [f"{STUDY_OUT}/{name}/report"],
                      GRID_TABLES + ["metrics.parquet", "headline.*", "*.png"],
-                     inputs=[f"{STUDY_OUT}/{name}/report/headline.csv"]) for name in ("tiny_sdpa", "tiny_amx")},
+                     inputs=[f"{STUDY_OUT}/{name}/report/headline.csv"]) for name in ("tiny_sdpa", "tiny_amx", "verl_cpu")},
     "geo_rs": of_grid("geo_rs", ["report"], [f"{STUDY_OUT}/geo_rs/report"], GRID_TABLES + ["stall_*.csv", "*.png"],
                       inputs=rules.geo_rs_report.output),
     "calibration": of_grid("calibration", ["report"], [f"{STUDY_OUT}/calibration/report"],
