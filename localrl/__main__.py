@@ -11,8 +11,8 @@ from rla import cells
 
 
 def _prepare_data(args, cfg):
-    from localrl.data import write_splits
-    from localrl.task import TaskSettings
+    from tinyqwen.data import write_splits
+    from tinyqwen.task import TaskSettings
 
     write_splits(TaskSettings.from_config(cfg.get("task") or {}), args.out)  # a bad value: ConfigError naming it
 

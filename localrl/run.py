@@ -19,12 +19,12 @@ import yaml
 
 from localrl import checkpoint
 from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
-from localrl.task import render_prompt, score
 from rla import cells, files, layout
 from rla.cells import Cell
 from rla.config import RL, ConfigError, engine_settings, identity_of, model_spec, rl_settings
 from rla.metricslog import METRICS, RUNNING
 from rla.names import ablation
+from tinyqwen.task import render_prompt, score
 
 log = logging.getLogger("localrl")
 
@@ -129,7 +129,7 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
     from transformers import AutoConfig, AutoTokenizer
 
     from localrl import engines
-    from localrl.data import load_split
+    from tinyqwen.data import load_split
     from localrl.device import device
     from localrl.trainer import Trainer, compute_dtype
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from localrl.data import load_split
 from localrl.engine.engine import left_pad, pad
-from localrl.models import build_model, num_parameters
-from localrl.task import render_prompt, score
-from localrl.tokenizer import build_tokenizer
+from tinyqwen.data import load_split
+from tinyqwen.models import build_model, num_parameters
+from tinyqwen.task import render_prompt, score
+from tinyqwen.tokenizer import build_tokenizer
 
 def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded (prompt + solution + eos) ids and a loss mask over the solution tokens."""

@@ -216,7 +216,7 @@ COLLAPSE: dict[str, Key] = {
                              "a non-finite value in any of these is a collapse at once", identity=False),
 }
 
-TASK: dict[str, Key] = {  # the generated arithmetic task (localrl.task); verl's data.generate takes the same keys
+TASK: dict[str, Key] = {  # the generated arithmetic task (tinyqwen.task); verl's data.generate takes the same keys
     "name": Key("arith", "text", "the task", choices=("arith",)),
     "seed": Key(1234, "int", "the problems' seed"),
     "n_train": Key(4000, "count", "training problems"),

@@ -147,8 +147,8 @@ def test_a_plan_runs_its_points_and_records_one_without_signal(tmp_path):
     import yaml
 
     from studies.__main__ import main as studies_main
-    from localrl.data import write_splits
-    from localrl.task import TaskSettings
+    from tinyqwen.data import write_splits
+    from tinyqwen.task import TaskSettings
     from localrl.warmstart import warmstart
     from rla.config import ConfigError
 

@@ -37,8 +37,8 @@ def setup(warm_model):
 def _prompts(setup, n):
     from transformers import AutoTokenizer
 
-    from localrl.data import load_split
-    from localrl.task import render_prompt
+    from tinyqwen.data import load_split
+    from tinyqwen.task import render_prompt
 
     tok = AutoTokenizer.from_pretrained(setup["model"])
     frame = load_split(setup["data"], "train").iloc[:n]
@@ -67,8 +67,8 @@ MIN_SOLVED = 10
 def test_warmstart_solves_problems_an_untrained_model_does_not(setup):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from localrl.data import load_split
-    from localrl.models import build_model
+    from tinyqwen.data import load_split
+    from tinyqwen.models import build_model
     from localrl.warmstart import greedy_solve_rate
     from rla.config import warmstart_settings
 

@@ -25,7 +25,7 @@ def hub(tmp_path_factory) -> Path:
     """<hub>/<repo id>/<revision>/: a tiny Qwen2 with sharded safetensors and a tokenizer."""
     import transformers
 
-    from localrl.tokenizer import build_tokenizer
+    from tinyqwen.tokenizer import build_tokenizer
 
     root = tmp_path_factory.mktemp("hub")
     snapshot = root / "org/tiny-qwen" / REVISION

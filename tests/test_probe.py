@@ -189,8 +189,8 @@ def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
-    from localrl.data import write_splits
-    from localrl.task import TaskSettings
+    from tinyqwen.data import write_splits
+    from tinyqwen.task import TaskSettings
     from localrl.warmstart import warmstart
 
     root = tmp_path_factory.mktemp("cli")

@@ -15,7 +15,7 @@ from studies import STUDIES
 from studies.provenance import PROVENANCE, publish
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("analysis", "benchmarks", "localrl", "patches", "rla", "studies", "verlrun")
+PACKAGES = ("analysis", "benchmarks", "localrl", "patches", "rla", "studies", "tinyqwen", "verlrun")
 REQUIRED = {"probe", "scaling", "gradprobe", "geo_rs", "calibration", "stress", "treatments", "vllm_alignment"}
 
 
@@ -160,7 +160,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-@pytest.mark.parametrize("package", ["localrl", "studies", "analysis"])
+@pytest.mark.parametrize("package", ["localrl", "studies", "analysis", "tinyqwen"])
 def test_no_import_circle(package):
     assert _cycle(_imports(package)) is None
 
@@ -175,6 +175,14 @@ def test_nothing_outside_studies_imports_a_study():
             continue
         bad = {m: sorted(t for t in ts if t.startswith("studies")) for m, ts in _imports(package).items()}
         assert not {m: t for m, t in bad.items() if t}, package
+
+
+@pytest.mark.parametrize("package, never", [("verlrun", ("localrl",)), ("tinyqwen", ("localrl", "verlrun"))])
+def test_the_backends_meet_only_in_what_both_train_on(package, never):
+    """The task, tokenizer and model builders both backends need are tinyqwen's: the verl backend imports
+    nothing of the rig, and tinyqwen neither backend."""
+    bad = {m: sorted(t for t in ts if t.split(".")[0] in never) for m, ts in _imports(package).items()}
+    assert not {m: t for m, t in bad.items() if t}
 
 
 def test_no_private_name_is_imported_from_another_module():

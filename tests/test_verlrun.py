@@ -408,7 +408,7 @@ def test_a_model_spec_has_a_path_or_a_build(tmp_path):
 def test_a_built_model_is_staged_once_with_a_chat_template_and_rebuilt_when_its_spec_changes(tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
-    from localrl.task import chat_messages, render_prompt
+    from tinyqwen.task import chat_messages, render_prompt
 
     cpu = {**load_config(CPU), "results_dir": str(tmp_path)}
     path = models.stage(cpu, "qwen2-tiny")

@@ -26,8 +26,8 @@ def _probe(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 
 def _tiny_checkpoint(path, arch: str, chat_template: str | None = None, **spec):
     """A random-weight tiny checkpoint with the task tokenizer (no download)."""
-    from localrl.models import build_model
-    from localrl.tokenizer import build_tokenizer
+    from tinyqwen.models import build_model
+    from tinyqwen.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     if chat_template:

@@ -43,8 +43,8 @@ def reduced_config(engine: str = "vllm") -> dict:
 
 def build(root: Path) -> dict:
     """The reduced config's data and warm-started model under `root`, made unless already there."""
-    from localrl.data import write_splits
-    from localrl.task import TaskSettings
+    from tinyqwen.data import write_splits
+    from tinyqwen.task import TaskSettings
     from localrl.warmstart import warmstart
 
     cfg = reduced_config()
@@ -64,8 +64,8 @@ def build(root: Path) -> dict:
 def prompts(setup: dict, n: int, split: str = "train") -> tuple[object, list[list[int]]]:
     from transformers import AutoTokenizer
 
-    from localrl.data import load_split
-    from localrl.task import render_prompt
+    from tinyqwen.data import load_split
+    from tinyqwen.task import render_prompt
 
     tok = AutoTokenizer.from_pretrained(setup["model"])
     frame = load_split(setup["data"], split).iloc[:n]

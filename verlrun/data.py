@@ -113,8 +113,8 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
     data = data_settings({"data": data_cfg})
     if data["generate"] is not None:
         # The local backend's generated arithmetic problems, already in verl's schema: no download.
-        from localrl.data import write_splits
-        from localrl.task import TaskSettings
+        from tinyqwen.data import write_splits
+        from tinyqwen.task import TaskSettings
 
         return write_splits(TaskSettings.from_config(dict(data["generate"]), "data.generate"), out_dir)
     out_dir = Path(out_dir)

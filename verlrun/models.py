@@ -113,9 +113,9 @@ def is_staged(cfg: dict, model: str) -> bool:
 
 def build(spec: dict, out_dir: str | Path) -> None:
     """A tiny random Qwen model from a `build:` spec, with the task's tokenizer and chat template."""
-    from localrl.models import build_model
-    from localrl.task import CHAT_TEMPLATE
-    from localrl.tokenizer import build_tokenizer
+    from tinyqwen.models import build_model
+    from tinyqwen.task import CHAT_TEMPLATE
+    from tinyqwen.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE

@@ -75,8 +75,8 @@ class Sample:
 
 def train_prompts(tokenizer, data_dir: Path) -> tuple[list[list[int]], list[str]]:
     """The train split's prompts as token ids, and their ground truths."""
-    from localrl.data import load_split
-    from localrl.task import render_prompt
+    from tinyqwen.data import load_split
+    from tinyqwen.task import render_prompt
 
     frame = load_split(data_dir, "train")
     return ([tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]],
@@ -88,7 +88,7 @@ def sample_batches(engine, tokenizer, prompts: list[list[int]], truths: list[str
     """`n_batches` RL batches as the loop draws them: prompts in the seeded epoch order of the train
     split, `samples_per_prompt` responses each from the engine at `temperature`, verl's gsm8k scores."""
     from localrl.run import PromptSampler, decode_responses
-    from localrl.task import score
+    from tinyqwen.task import score
 
     sampler = PromptSampler(len(prompts), torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 1)

@@ -61,8 +61,8 @@ def plan_points(plan_file: str | Path) -> tuple[dict, dict[str, dict]]:
 
 def ensure_warm_start(point: dict, log=print) -> None:
     """The point's data and warm-started model, made as the workflow makes them if missing."""
-    from localrl.data import write_splits
-    from localrl.task import TaskSettings
+    from tinyqwen.data import write_splits
+    from tinyqwen.task import TaskSettings
     from localrl.warmstart import warmstart
     from rla import layout
     from rla.config import model_spec, warmstart_settings

@@ -93,8 +93,8 @@ def check_checkpoint(path: str | Path):
 
 def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
     """Token ids of each chat: the checkpoint's own chat template if it has one, else the task's
-    rendering (`localrl.task.render_prompt`, what the tiny models were trained on)."""
-    from localrl.task import render_prompt
+    rendering (`tinyqwen.task.render_prompt`, what the tiny models were trained on)."""
+    from tinyqwen.task import render_prompt
 
     if getattr(tokenizer, "chat_template", None):
         return [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -105,8 +105,8 @@ def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
 def task_messages(data_dir: str | Path | None, n: int, seed: int) -> list[list[dict]]:
     """`n` chats, a seeded choice in file order, from a verl-schema test.parquet (`data_dir`), or from the
     generated task's test split."""
-    from localrl.data import load_split, split_frame
-    from localrl.task import TaskSettings
+    from tinyqwen.data import load_split, split_frame
+    from tinyqwen.task import TaskSettings
 
     if data_dir is None:
         test = split_frame(TaskSettings(n_test=max(n, 200)), "test")

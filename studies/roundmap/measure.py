@@ -17,8 +17,8 @@ from collections import Counter
 
 import torch
 
-from localrl.models import REAL_SHAPES, real_shape_config
 from patches.engine_table import FROM_SOURCE, Graph, capture, compare, rounding_map, vllm_graphs
+from tinyqwen.models import REAL_SHAPES, real_shape_config
 
 def local_graphs(config, tokens: int = 16) -> list[Graph]:
     """The local engine's pieces (first, middle, last), compiled for a model of `config` on the CPU

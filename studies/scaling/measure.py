@@ -19,10 +19,11 @@ import pandas as pd
 import torch
 
 import patches
-from localrl import models
+from localrl.models import compute_copy as fsdp_copy
 from rla.config import ConfigError, load
 from rla.files import write_csv
 from studies.probe import measure as probe
+from tinyqwen import models
 
 ARCHS = ("qwen2", "qwen3")
 FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
@@ -74,7 +75,7 @@ def qwen_shape(arch: str, hidden: int, layers: int, vocab: int) -> Shape:
 
 
 def shape_of(arch: str, dims: dict, vocab: int, rope_theta: float = 1e6) -> Shape:
-    """A Shape from a transformers-style spec (experiments' model_specs, localrl.models.REAL_SHAPES)."""
+    """A Shape from a transformers-style spec (experiments' model_specs, tinyqwen.models.REAL_SHAPES)."""
     return Shape(arch, dims["num_hidden_layers"], dims["hidden_size"], dims["num_attention_heads"],
                  dims["num_key_value_heads"], dims["head_dim"], dims["intermediate_size"], vocab, rope_theta)
 
@@ -216,7 +217,7 @@ def compute_copy(master, keep_master: bool = True):
     from localrl.kernels import use_local_kernels
 
     if keep_master:
-        return use_local_kernels(models.compute_copy(master))
+        return use_local_kernels(fsdp_copy(master))
     for p in master.parameters():
         p.data = p.data.to(torch.bfloat16)
     return use_local_kernels(master)

@@ -54,7 +54,7 @@ PROMPTS, NEW_TOKENS, VOCAB = 64, 64, 4096
 def make_checkpoint(spec: dict, out: str, seed: int = 0) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
-    from localrl.models import sharpen
+    from tinyqwen.models import sharpen
 
     spec = dict(spec)
     cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec.pop("arch")]

@@ -13,7 +13,7 @@ import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from localrl.task import TaskSettings, chat_messages, make_problem, render_prompt
+from tinyqwen.task import TaskSettings, chat_messages, make_problem, render_prompt
 
 PAD, EOS = "<|pad|>", "<|endoftext|>"
 VOCAB_SIZE = 384

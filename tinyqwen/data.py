@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from rla.files import atomic_path
-from localrl.task import ABILITY, DATA_SOURCE, TaskSettings, chat_messages, make_split
+from tinyqwen.task import ABILITY, DATA_SOURCE, TaskSettings, chat_messages, make_split
 
 COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 

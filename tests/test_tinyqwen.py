@@ -1,4 +1,4 @@
-"""localrl task, data, tokenizer and config checks (fast: no model training)."""
+"""The shared task, its splits and tokenizer (tinyqwen), and the local backend's config checks (fast: no model training)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from rla.cells import Cell
 from rla.config import ConfigError
 from rla.config import load as load_config
-from localrl.data import COLUMNS, write_splits
+from tinyqwen.data import COLUMNS, write_splits
 from localrl.run import resolve
-from localrl.task import TaskSettings, chat_messages, make_split, render_prompt, score
+from tinyqwen.task import TaskSettings, chat_messages, make_split, render_prompt, score
 
 CONFIG = "experiments/tiny.yaml"
 SMALL = TaskSettings(seed=7, n_train=300, n_test=40, max_ops=3)
@@ -81,8 +81,8 @@ def test_parquet_has_verl_schema(tmp_path):
 def test_tokenizer_round_trips_and_survives_autotokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from localrl.models import model_config
-    from localrl.tokenizer import build_tokenizer
+    from tinyqwen.models import model_config
+    from tinyqwen.tokenizer import build_tokenizer
 
     tok = build_tokenizer()
     assert tok.pad_token_id != tok.eos_token_id and tok.padding_side == "left"
