@@ -51,6 +51,8 @@ EFFECTS: dict[str, dict] = {
     "engine_casts": {"engine_compilation": ENGINE_KEEPS_CASTS},
     "engine_order": {"reduction": "inductor_cpu", "local_only": True},
 }
+# Treatments that change the training forward itself (the probe's and the scaling study's treatment rows).
+FORWARD_TREATMENTS: tuple[str, ...] = tuple(t for t, e in EFFECTS.items() if {"compiled", "precision"} & set(e))
 # Treatments that act inside verl's FSDP workers (through patches.verl_plugin), not through verl's config.
 WORKER_TREATMENTS: tuple[str, ...] = ("compile",)
 

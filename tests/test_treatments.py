@@ -51,6 +51,10 @@ def test_every_ablation_is_regions_plus_known_treatments():
     for treatment in names.TREATMENTS:  # the patches know regions only
         with pytest.raises(ValueError, match=f"unknown alignment spec '{treatment}'"):
             patches.apply(treatment)
+    # the treatments that change the training forward (the probe's rows), read off what each does
+    assert names.FORWARD_TREATMENTS == ("compile", "fp16")
+    assert all(names.forward_treatment(names.ablation(t).compiled, names.ablation(t).precision == "fp16") == t
+               for t in names.FORWARD_TREATMENTS)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from torch import Tensor
 import patches
 from patches import compile as compiled_layers
 from rla.config import ConfigError
-from rla.names import REGIONS, forward_treatment, subset_name
+from rla.names import FORWARD_TREATMENTS, REGIONS, forward_treatment, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from localrl.engine.engine import Engine, Rollout, prefill_mask
 from localrl.models import compute_copy
@@ -76,8 +76,7 @@ def probe_settings(target: str = patches.DEFAULT_TARGET, other: str | None = Non
         settings += [Setting(f"{subset_name(c)}@{other}", c, target=other) for c in SUBSETS if "rmsnorm" in c]
         if engine_order:
             settings.append(Setting(f"{ENGINE_ORDER}@{other}", REGIONS, "inductor_cpu", target=other))
-    return settings + [Setting("compile", (), compiled=True, target=target),
-                       Setting("fp16", (), dtype=torch.float16, target=target)]
+    return settings + [replace(Setting.of_ablation(t), target=target) for t in FORWARD_TREATMENTS]
 
 
 # ---------------------------------------------------------------------------------------------

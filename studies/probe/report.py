@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rla.names import REGIONS, subset_name
+from rla.names import FORWARD_TREATMENTS, REGIONS, subset_name
 from studies.probe import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE, SUBSETS
 from analysis import figures
 from analysis.output import read_checked, report_parser, to_markdown, write_tables
@@ -23,9 +23,8 @@ from analysis.style import ABLATION_COLORS
 
 log = logging.getLogger(__name__)
 
-TREATMENTS = ("compile", "fp16")  # the probe's treatment rows: no region aligned, another training side
 # every subset of the regions by size, then all + the engine's order and the treatments
-SETTING_ORDER = tuple(subset_name(c) for c in SUBSETS) + (ENGINE_ORDER,) + TREATMENTS
+SETTING_ORDER = tuple(subset_name(c) for c in SUBSETS) + (ENGINE_ORDER,) + FORWARD_TREATMENTS
 PAIR_COLOR = "#999999"
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
 REQUIRED = ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
@@ -219,7 +218,7 @@ def models_table(combined: pd.DataFrame) -> str:
     """Setting x model: mean |Δ logprob| against the engine's full forward, with the fraction of response
     tokens bit-identical, for the region subsets and all + the engine's order."""
     main = combined[combined["reference"] == MAIN_REFERENCE]
-    main = main[main["setting"].isin(SETTING_ORDER[:-len(TREATMENTS)])]
+    main = main[main["setting"].isin(SETTING_ORDER[:-len(FORWARD_TREATMENTS)])]
     cells = main.assign(cell=[f"{m:.2g} ({f:.0%})" for m, f in zip(main["mean_abs_dlogprob"], main["frac_identical"])])
     wide = cells.pivot(index="setting", columns="model", values="cell")
     wide = wide.reindex([s for s in SETTING_ORDER if s in wide.index]).reset_index()

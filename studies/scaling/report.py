@@ -38,7 +38,7 @@ METRICS = {
     "seq_logratio_var": "var of sequence log-ratio",
     "frac_abs_d_gt_1e-2": "fraction |Δ| > 1e-2",
 }
-ABLATIONS = ("none", *names.REGIONS, "all", "compile", "fp16")  # those present are drawn
+ABLATIONS = ("none", *names.REGIONS, "all", *names.FORWARD_TREATMENTS)  # those present are drawn
 # The error of one region alone: the setting that aligns the other two.
 ALONE = {r: names.subset_name(set(names.REGIONS) - {r}) for r in names.REGIONS}
 ARCH_STYLE = {"qwen2": "-", "qwen3": "--"}
