@@ -112,7 +112,7 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
     `rla.config.DATA`)."""
     data = data_settings({"data": data_cfg})
     if data["generate"] is not None:
-        # The local backend's generated arithmetic problems, already in verl's schema: no download.
+        # The generated arithmetic problems (tinyqwen, as the local backend's), in verl's schema: no download.
         from tinyqwen.data import write_splits
         from tinyqwen.task import TaskSettings
 
