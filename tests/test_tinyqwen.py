@@ -1,4 +1,5 @@
-"""The shared task, its splits and tokenizer (tinyqwen), and the local backend's config checks (fast: no model training)."""
+"""The shared task, its splits and tokenizer (tinyqwen), and the local backend's config checks (fast: no
+model training)."""
 
 from __future__ import annotations
 

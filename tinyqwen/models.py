@@ -52,7 +52,8 @@ REAL_SHAPES: dict[str, dict] = {
 
 
 def real_shape_config(arch: str, shape: str, vocab_size: int = 1024, layers: int | None = None):
-    """A config of one of REAL_SHAPES (default RoPE, 1024 positions). `layers`: fewer decoder layers than the shape's own (the widths stay), or None for its depth."""
+    """A config of one of REAL_SHAPES (default RoPE, 1024 positions). `layers`: fewer decoder layers than
+    the shape's own (the widths stay), or None for its depth."""
     dims = dict(REAL_SHAPES[shape])
     if layers is not None:
         if not 1 <= layers <= dims["num_hidden_layers"]:

@@ -161,8 +161,8 @@ for name in ("gradprobe", "rope_lead"):
             " > {output.report} 2> {log}"
 
 
-# Each engine's graphs for each architecture at one of tinyqwen.models.REAL_SHAPES (default `tiny`: 4 layers). Exit status 1
-# is the map's verdict "differs from the target" - recorded in the JSON, not a failed job.
+# Each engine's graphs for each architecture at one of tinyqwen.models.REAL_SHAPES (default `tiny`: 4 layers).
+# Exit status 1 is the map's verdict "differs from the target" - recorded in the JSON, not a failed job.
 ROUNDMAP = STUDY_SETTINGS["roundmap"]
 ROUNDMAP_CELLS = [f"{engine}-{arch}" for engine in ROUNDMAP["engines"] for arch in ROUNDMAP["archs"]]
 
