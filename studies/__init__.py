@@ -13,6 +13,7 @@ from dataclasses import dataclass
 AUTO_ENGINE = "the config's `engine: auto`: vLLM's CPU build where it is installed (make install), else the local engine"
 RIG_ENGINE = "the local engine (localrl/engine: vLLM's GPU graph as compiled pieces, on this CPU)"
 RIG_ATTENTION = "the rig's shared attention kernel, used by both sides (FP32 inside, rounded to BF16 once)"
+GRID = ("localrl.__main__",)  # what a grid cell runs (workflows/rules/train.smk)
 BOTH_ATTENTIONS = "both, as separate rows: transformers' SDPA (`hf`) and FP32 attention rounded once (`attention`)"
 
 
@@ -29,6 +30,7 @@ class Study:
     attention: str = RIG_ATTENTION  # the training side's attention (a condition of every mismatch number)
     per_machine: bool = False  # its numbers depend on the machine's kind: published per kind, side by side
     measured_by: str | None = None  # where `measure` is None and no grid measures it: what does
+    code: tuple[str, ...] = ()  # modules that measure it besides `measure` (a grid's backend): studies/stale.py
 
     @property
     def published(self) -> str:
@@ -38,7 +40,7 @@ class Study:
 STUDIES = {s.name: s for s in (
     Study("tiny", "the embedded default grid (experiments/tiny.yaml): stability and score of 4 tiny Qwen models "
                   "x ablations x seeds", None, "studies.tiny.report", "experiments/tiny.yaml", AUTO_ENGINE,
-          per_machine=True),
+          per_machine=True, code=GRID),
     Study("probe", "per-region training-inference mismatch of the tiny grid's models against its engine",
           "studies.probe.cli", "studies.probe.report", "experiments/tiny.yaml", AUTO_ENGINE,
           "FP32 inside, rounded to BF16 once: the rig's shared kernel (against vLLM, on the training side only)",
@@ -51,27 +53,28 @@ STUDIES = {s.name: s for s in (
                        "Qwen2 counterparts, 3 seeds x 24 batches: pre-registered", "studies.gradprobe.plan",
           "studies.gradprobe.judge", "experiments/gradprobe-rope.yaml"),
     Study("geo_rs", "does verl's geometric rejection stall stock numerics: pre-registered", None,
-          "studies.geo_rs.judge", "experiments/geo_rs.yaml"),
+          "studies.geo_rs.judge", "experiments/geo_rs.yaml", code=GRID),
     Study("calibration", "the collapse rule's false positives on runs with no mismatch", None,
-          "studies.calibration.judge", "experiments/calibration.yaml"),
+          "studies.calibration.judge", "experiments/calibration.yaml", code=GRID),
     Study("tiny_sdpa", "the embedded default grid's none / rope / all with transformers' SDPA as the training "
                        "side's attention: the mismatch its RL loop logs", None, "studies.tiny.report",
           "experiments/tiny-sdpa.yaml",
-          AUTO_ENGINE, "transformers' SDPA (rl.trainer_attention: sdpa)", per_machine=True),
+          AUTO_ENGINE, "transformers' SDPA (rl.trainer_attention: sdpa)", per_machine=True, code=GRID),
     Study("tiny_amx", "the embedded default grid's none / rope / all with an attention rounding as vLLM-CPU's AMX "
                       "kernel does on the training side: the mismatch its RL loop logs", None, "studies.tiny.report",
           "experiments/tiny-amx.yaml", AUTO_ENGINE,
           "the probabilities rounded to BF16 before they multiply V (rl.trainer_attention: amx_rounding)",
-          per_machine=True),
+          per_machine=True, code=GRID),
     Study("verl_cpu", "verl's own trainer on this CPU (experiments/verl-cpu.yaml): the mismatch verl logs for one "
                       "tiny random Qwen2 x none / all / tis / fp16 / compile", None, "studies.tiny.report",
           "experiments/verl-cpu.yaml", "verl 0.9.1's vLLM server: vLLM's CPU build 0.32 (its default compiled graph)",
-          "transformers' SDPA (verl's workers on a CPU: attn_implementation=sdpa)", per_machine=True),
+          "transformers' SDPA (verl's workers on a CPU: attn_implementation=sdpa)", per_machine=True,
+          code=("verlrun.__main__",)),
     Study("stress", "the grid at stressed shapes and longer responses, with the probe", None, None,
-          "experiments/stress.yaml"),
+          "experiments/stress.yaml", code=GRID),
     Study("treatments", "the fixes side by side: alignment, compile, FP16, TIS/MIS: mismatch, cost, stability",
           "studies.treatments.cost", "studies.treatments.report", "experiments/treatments.yaml", AUTO_ENGINE,
-          per_machine=True),
+          per_machine=True, code=GRID),
     Study("vllm_alignment", "the patches against vLLM-CPU's own samples, with SDPA or a rounded-once attention "
                             "on the training side", "studies.vllm_alignment.measure", None, None,
           "vLLM's CPU build 0.32 (its default compiled graph), and the local engine for contrast",
@@ -115,7 +118,8 @@ STUDIES = {s.name: s for s in (
           "the local engine compiled by Inductor to Triton on the GPU (vLLM's GPU graph as read from vLLM's source; "
           "vLLM itself did not run there); measured on the GPU machine, each run's machine and versions in runs.csv",
           "one pinned attention kernel for both sides (torch's efficient SDPA kernel)",
-          measured_by="benchmarks/gpu_check.sh, on a GPU machine (its runs: studies/gpu_check/runs/)"),
+          measured_by="benchmarks/gpu_check.sh, on a GPU machine (its runs: studies/gpu_check/runs/)",
+          code=("benchmarks.gpu_check",)),
     Study("roundmap", "which values each engine's compiled graph stores as BF16, against the alignment targets",
           "studies.roundmap.measure", None, None, "the local engine's and vLLM's compiled graphs, read, not run",
           "none: no training side (the graphs' stored values against patches/targets.py)"),

@@ -1,4 +1,4 @@
-"""python -m studies list | run NAME [ARGS] | report NAME [ARGS] | machine | publish NAME ... | pages
+"""python -m studies list | run NAME [ARGS] | report NAME [ARGS] | machine | publish NAME ... | pages | stale
 (the registry: studies/__init__.py)."""
 
 from __future__ import annotations
@@ -68,24 +68,44 @@ def _publish(args) -> int:
 
 
 def _pages(args) -> int:
+    """Render each page (or, with --check, compare it with its render); a page that prints a number no table
+    gave, a measured number in prose, or a table that does not state its conditions is not written."""
     from studies import pages
 
+    chosen = [p for p in pages.pages().values() if not args.pages or p.output in args.pages or p.study in args.pages]
+    if args.pages and not chosen:
+        raise KeyError(f"no page {args.pages}; pages: {', '.join(pages.pages())} (or a study's name)")
     failed = 0
-    for page in pages.pages().values():
-        problems = pages.differences(page) if args.check else []
-        typed = pages.typed_numbers(page)
-        if typed:
-            problems.append(f"{page.template}: numbers no table gave:\n" + "\n".join(f"  {t}" for t in typed))
+    for page in chosen:
+        faults = []
+        if typed := pages.typed_numbers(page):
+            faults.append(f"{page.template}: numbers no table gave:\n" + "\n".join(f"  {t}" for t in typed))
+        if unstated := pages.table_problems(page):
+            faults.append(f"{page.template}: conditions not stated:\n" + "\n".join(f"  {t}" for t in unstated))
         if args.check:
+            problems = pages.differences(page) + faults
             failed += bool(problems)
             print("\n".join(problems) if problems else f"{page.output}: as rendered")
-        elif typed:
-            print("\n".join(problems), file=sys.stderr)
+        elif faults:
+            print("\n".join(faults), file=sys.stderr)
             failed += 1
         else:
             pages.write(page)
             print(f"wrote {page.output} and {page.ledger}")
     return 1 if failed else 0
+
+
+def _stale(args) -> int:
+    from studies import stale
+
+    found = stale.publications()
+    for p in found:
+        print(f"{'stale  ' if p.stale else 'current'}  {p.folder}  {p.status}")
+        if p.stale and args.verbose:
+            print("\n".join(f"           {path}" for path in p.changed))
+    print(f"{sum(p.stale for p in found)} of {len(found)} publications stale (their study's code changed after "
+          "their provenance commit; rerun: snakemake --cores N NAME)")
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,7 +131,13 @@ def parser() -> argparse.ArgumentParser:
     pub.set_defaults(func=_publish)
     pg = sub.add_parser("pages", help="render the docs' results pages from the published tables (studies/pages.py)")
     pg.add_argument("--check", action="store_true", help="write nothing; exit 1 where a page differs from its render")
+    pg.add_argument("pages", nargs="*", metavar="PAGE", help="only these pages (README.md, docs/results.md, or a "
+                    "study's name); default: all")
     pg.set_defaults(func=_pages)
+    st = sub.add_parser("stale", help="each publication, current or stale: its study's code changed since its "
+                                      "provenance commit (studies/stale.py)")
+    st.add_argument("-v", "--verbose", action="store_true", help="name the changed files")
+    st.set_defaults(func=_stale)
     return p
 
 

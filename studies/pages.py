@@ -20,27 +20,33 @@ import jinja2
 import pandas as pd
 import yaml
 
-from studies import STUDIES
-from studies.provenance import PROVENANCE
+from studies import AUTO_ENGINE, STUDIES, stale
+from studies.provenance import PROVENANCE, machine_class
 
 ROOT = Path(__file__).resolve().parents[1]
 LEDGERS = "docs/numbers"
 
-# Markers around what a placeholder or an included table printed, in the render the check reads.
+# Markers in the render the checks read: around a measured number a placeholder printed, around a setting
+# (an experiment config's value), and before a table's generated caption.
 OPEN, CLOSE = "\x02", "\x03"
+SETTING_OPEN, SETTING_CLOSE = "\x05", "\x06"
+CAPTION = "\x04"
 
 
 @dataclass(frozen=True)
 class Num:
-    """A number with where it came from; arithmetic keeps the derivation."""
+    """A number with where it came from; arithmetic keeps the derivation. A `setting` (read from an
+    experiment config, not measured) may stand in prose; a measured number only in a table."""
 
     value: float
     source: str
+    setting: bool = False
 
     def _combined(self, other, sign: str, value) -> Num:
         if not isinstance(other, Num):
             raise TypeError(f"{other!r} is a number typed into a template; numbers come from tables (Num)")
-        return Num(value(self.value, other.value), f"({self.source}) {sign} ({other.source})")
+        return Num(value(self.value, other.value), f"({self.source}) {sign} ({other.source})",
+                   self.setting and other.setting)
 
     def __truediv__(self, other) -> Num:
         return self._combined(other, "/", operator.truediv)
@@ -182,6 +188,83 @@ class Record:
         return Num(len(self.data), f"len({self.source})")
 
 
+# What makes a measured number: every table of measured numbers states each, as a column where it varies
+# across the rows and in the generated caption below the table where it does not (table_problems()).
+CONDITIONS = ("machine", "engine", "training attention", "model", "seeds", "pass", "reference", "publication")
+# What vLLM-CPU's attention is on each kind of machine (provenance.machine_class): another kernel, another
+# rounding.
+ATTENTION_KERNELS = {"avx512-amx": "AMX tiles: vLLM-CPU runs its AMX attention",
+                     "avx512": "AVX-512, no AMX: vLLM-CPU runs its AVX-512 attention",
+                     "avx2": "AVX2 only: vLLM-CPU runs its AVX2 attention"}
+
+
+def machine_text(record: dict) -> str:
+    """`avx512-amx` (the CPU; what vLLM-CPU's attention is there), or the GPU."""
+    kind = machine_class(record)
+    if kind == "cuda":
+        return f"`cuda` ({record.get('gpu', 'a GPU')})"
+    return f"`{kind}` ({record.get('cpu', 'unknown CPU')}; {ATTENTION_KERNELS.get(kind, 'an unnamed ISA')})"
+
+
+def engine_text(record: dict) -> str:
+    """The provenance's engine; for `engine: auto`, the one that ran (vLLM-CPU where it was installed)."""
+    engine = record.get("engine", "unknown")
+    if engine != AUTO_ENGINE:
+        return engine
+    vllm = record.get("machine", {}).get("versions", {}).get("vllm-cpu")
+    return f"vLLM's CPU build {vllm} (`engine: auto`)" if vllm else "the local engine (`engine: auto`, no vLLM)"
+
+
+def caption(conditions: dict[str, str], ledger: Ledger) -> str:
+    """The generated caption naming each condition a table's columns do not hold."""
+    text = "*Conditions:* " + "; ".join(f"**{key}** {value}" for key, value in conditions.items())
+    return (CAPTION if ledger.marking else "") + text
+
+
+def header_cells(line: str) -> list[str]:
+    """A markdown table header's column names, markers and code ticks removed."""
+    clean = re.sub(f"[{OPEN}{CLOSE}{SETTING_OPEN}{SETTING_CLOSE}]", "", line).strip().strip("|")
+    return [cell.strip().strip("`*") for cell in clean.split("|")]
+
+
+class Rows:
+    """A table of measured numbers built row by row in a template (`{% do t.row(conds, col=value, ...) %}`,
+    then `{{ t }}`): each row carries every condition, from `conds` (Published.conditions), the table's
+    defaults or its own keywords; conditions that vary across the rows become columns after the data's,
+    the others the caption."""
+
+    def __init__(self, ledger: Ledger, defaults: dict):
+        self.ledger, self.defaults = ledger, {k.replace("_", " ").rstrip(): str(v) for k, v in defaults.items()}
+        self.rows: list[tuple[dict, dict]] = []
+
+    def row(self, conditions: dict | None = None, **cells) -> str:
+        conds, data = {**self.defaults, **(conditions or {})}, {}
+        for key, value in cells.items():
+            name = key.replace("_", " ").rstrip()
+            if name in CONDITIONS:
+                conds[name] = str(value)
+            else:
+                data[name] = value
+        missing = [c for c in CONDITIONS if c not in conds]
+        if missing:
+            raise ValueError(f"a row ({data}) states no {missing}: give each (conditions: {', '.join(CONDITIONS)})")
+        self.rows.append((data, conds))
+        return ""
+
+    def __str__(self) -> str:
+        if not self.rows:
+            raise ValueError("a table with no rows")
+        columns = list(dict.fromkeys(name for data, _ in self.rows for name in data))
+        varying = [c for c in CONDITIONS if len({conds[c] for _, conds in self.rows}) > 1]
+        header = columns + varying
+        lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for data, conds in self.rows:
+            cells = [str(data.get(name, "")) for name in columns] + [conds[c] for c in varying]
+            lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+        constant = {c: self.rows[0][1][c] for c in CONDITIONS if c not in varying}
+        return "\n".join(lines) + ("\n\n" + caption(constant, self.ledger) if constant else "")
+
+
 class Published:
     """What one study published (`studies/NAME/published/[SUB/]FILE`), as a template sees it."""
 
@@ -233,11 +316,37 @@ class Published:
     def provenance(self, sub: str | None = None) -> Record:
         return self.json(PROVENANCE, sub)
 
-    def table(self, file: str, sub: str | None = None) -> str:
-        """A published markdown table, verbatim: its numbers are the table's own."""
+    def conditions(self, sub: str | None = None, post_hoc: str | None = None, **given) -> dict[str, str]:
+        """The conditions of this publication's numbers: machine, engine and training-side attention from its
+        provenance, whether its code changed since (studies/stale.py) and, with `post_hoc`, which rule was
+        set after seeing data; `given` adds the rest (model, seeds, pass, reference; `training_attention`
+        and the like override)."""
+        record = self.provenance(sub).data
+        folder = str(self.path(PROVENANCE, sub).parent.relative_to(ROOT))
+        publication = stale.publication(folder).status
+        if record.get("reconstructed"):
+            publication += "; provenance reconstructed after the run"
+        if post_hoc:
+            publication += f"; post-hoc: {post_hoc}"
+        found = {"machine": machine_text(record.get("machine", {})), "engine": engine_text(record),
+                 "training attention": record.get("training_attention", "unknown"), "publication": publication}
+        found.update({key.replace("_", " ").rstrip(): str(value) for key, value in given.items()})
+        return found
+
+    def table(self, file: str, sub: str | None = None, conditions: dict | None = None, **given) -> str:
+        """A published markdown table, verbatim (its numbers are the table's own), and the caption of the
+        conditions its columns do not hold: this publication's (`conditions`) and `given`'s."""
         path = self.path(file, sub)
         self.ledger.tables.append(str(path.relative_to(ROOT)))
-        return self.ledger.mark(path.read_text().rstrip("\n"))
+        text = path.read_text().rstrip("\n")
+        columns = header_cells(text.split("\n")[0])
+        said = {**self.conditions(sub), **(conditions or {}),
+                **{key.replace("_", " ").rstrip(): str(value) for key, value in given.items()}}
+        missing = [c for c in CONDITIONS if c not in columns and c not in said]
+        if missing:
+            raise ValueError(f"{path.relative_to(ROOT)}: give its conditions {missing} (or a column of each)")
+        marked = "\n".join(self.ledger.mark(line) for line in text.split("\n"))
+        return marked + "\n\n" + caption({c: said[c] for c in CONDITIONS if c in said}, self.ledger)
 
     def figure(self, file: str, sub: str | None = None) -> str:
         """The figure's path relative to the page."""
@@ -254,11 +363,11 @@ class Ledger:
 
     def printed(self, text: str, num: Num) -> str:
         self.rows.append({"text": text, "value": repr(num.value), "source": num.source})
-        return self.mark(text)
+        return self.mark(text, SETTING_OPEN, SETTING_CLOSE) if num.setting else self.mark(text)
 
-    def mark(self, text: str) -> str:
-        """`text` bracketed for typed_numbers() when marking, else as it is."""
-        return OPEN + text + CLOSE if self.marking else text
+    def mark(self, text: str, open_: str = OPEN, close: str = CLOSE) -> str:
+        """`text` bracketed for the checks when marking, else as it is."""
+        return open_ + text + close if self.marking else text
 
     def frame(self) -> pd.DataFrame:
         rows = self.rows + [{"text": "(table)", "value": "", "source": table} for table in self.tables]
@@ -329,7 +438,7 @@ def config(path: str, *keys: str) -> Num:
         value = value[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{path}: {'.'.join(keys)} is {value!r}, not a number")
-    return Num(value, f"{path}: {'.'.join(keys)}")
+    return Num(value, f"{path}: {'.'.join(keys)}", setting=True)
 
 
 @dataclass(frozen=True)
@@ -356,10 +465,12 @@ def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
     """The page's text and its ledger (with `marking`, what came from tables is bracketed for typed_numbers())."""
     ledger = Ledger(marking)
     page_dir = (ROOT / page.output).parent
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+                             extensions=["jinja2.ext.do"])
     env.filters.update(formatters(ledger))
     env.globals["between"] = env.filters["between"]
     context = {"study": lambda name: Published(name, page_dir, ledger), "config": config,
+               "rows": lambda **defaults: Rows(ledger, defaults),
                "page": lambda output: os.path.relpath(ROOT / output, page_dir)}
     if page.study:
         context["s"] = context["study"](page.study)
@@ -373,7 +484,7 @@ NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:%|
 NUMBER_WORDS = re.compile(r"\b(?:halfs?|halves|thirds?|quarters?|twice|thrice|dozens?|\w+fold|orders? of magnitude)\b",
                           re.I)
 SKIPPED = [re.compile(p, re.S) for p in (
-    OPEN + ".*?" + CLOSE,  # what a placeholder or an included table printed
+    SETTING_OPEN + ".*?" + SETTING_CLOSE,  # a setting read from an experiment config
     r"```.*?```",  # code blocks
     r"`[^`\n]*`",  # code spans
     r"<!--.*?-->",  # comments
@@ -381,19 +492,60 @@ SKIPPED = [re.compile(p, re.S) for p in (
     r"\((?:19|20)\d\d\)",  # a citation's year: (2026)
     r"\b(?:AVX-512|x86-64)\b",  # names of instruction sets
 )]
+MEASURED = re.compile(OPEN + ".*?" + CLOSE)
+
+
+def _blanked(text: str) -> list[str]:
+    """The marked render's lines with what the checks skip blanked (line numbers kept)."""
+    for pattern in SKIPPED:
+        text = pattern.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    return text.split("\n")
+
+
+def _is_table(line: str) -> bool:
+    return line.lstrip(OPEN + " ").startswith("|")
 
 
 def typed_numbers(page: Page) -> list[str]:
-    """Numbers in the rendered page that no table gave: each as `line N: text`."""
+    """Numbers in the rendered page's prose and tables that no table gave, and measured numbers printed in
+    prose (they belong in a table row with its conditions): each as `line N: text`."""
     text, _ = render(page, marking=True)
-    for pattern in SKIPPED:
-        text = pattern.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)  # keep the line numbers
     found = []
-    for number, line in enumerate(text.split("\n"), 1):
+    for number, line in enumerate(_blanked(text), 1):
+        if line.startswith(CAPTION):  # generated from the provenance and the template's conditions
+            continue
+        if not _is_table(line):
+            found += [f"line {number}: measured number {m.group(0)[1:-1]!r} in prose: put it in a table row"
+                      for m in MEASURED.finditer(line)]
+        line = MEASURED.sub(lambda m: " " * len(m.group(0)), line)
         line = re.sub(r"^\s*\d+\.\s", "", line)  # an ordered list's numbers
         hits = sorted([*NUMBER.finditer(line), *NUMBER_WORDS.finditer(line)], key=lambda m: m.start())
         found += [f"line {number}: {m.group(0)!r} in {line.strip()[:80]!r}" for m in hits]
     return found
+
+
+def table_problems(page: Page) -> list[str]:
+    """Tables of measured numbers that do not state every condition (CONDITIONS) as a column or in the
+    generated caption under them."""
+    text, _ = render(page, marking=True)
+    lines, problems, i = _blanked(text), [], 0
+    raw = text.split("\n")
+    while i < len(lines):
+        if not _is_table(lines[i]):
+            i += 1
+            continue
+        start = i
+        while i < len(lines) and _is_table(lines[i]):
+            i += 1
+        if not any(OPEN in line for line in raw[start:i]):
+            continue  # no measured number: a table of names or settings
+        after = next((line for line in raw[i:] if line.strip()), "")
+        named = set(re.findall(r"\*\*([^*]+)\*\*", after)) if after.startswith(CAPTION) else set()
+        missing = [c for c in CONDITIONS if c not in header_cells(raw[start]) and c not in named]
+        if missing:
+            problems.append(f"line {start + 1}: a table of measured numbers states no {', '.join(missing)} "
+                            "(a column, or the caption its builder generates)")
+    return problems
 
 
 def write(page: Page) -> None:

@@ -1,0 +1,135 @@
+"""Which publications are stale: the study's code changed after the commit its provenance names.
+
+A study's code is its folder's Python files (not its page, not what it published), its experiment config,
+and every module of this project that its measurement and report import, followed import by import
+(function-level imports included). Each file is compared by content with the provenance commit
+(`git diff --name-only COMMIT -- FILES`, the working tree on the right): a publication is current when
+none differs. Torch-free: it reads source files and git, never imports the study.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from studies import STUDIES
+from studies.provenance import PROVENANCE
+
+ROOT = Path(__file__).resolve().parents[1]
+# The top-level packages of this project: an import of any other name is a dependency, not its code.
+PACKAGES = ("analysis", "benchmarks", "localrl", "patches", "rla", "studies", "tinyqwen", "verlrun")
+
+
+@dataclass(frozen=True)
+class Publication:
+    study: str
+    folder: str  # from the repository's root: studies/NAME/published[/KIND]
+    commit: str  # the provenance's commit ("unknown" where it names none)
+    changed: tuple[str, ...]  # the study's code files that differ from that commit, or that it lacks
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.changed)
+
+    @property
+    def status(self) -> str:
+        """`current at abc1234` or `stale since abc1234 (N files changed)`."""
+        short = self.commit[:7]
+        if not self.changed:
+            return f"current at {short}"
+        return f"stale since {short} ({len(self.changed)} code file{'s' * (len(self.changed) != 1)} changed)"
+
+
+def module_file(module: str, root: Path) -> Path | None:
+    """The source file of a dotted project module (a package's __init__.py), or None outside the project."""
+    if module.split(".")[0] not in PACKAGES:
+        return None
+    base = root / module.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@cache
+def imported_modules(path: Path, root: Path) -> frozenset[str]:
+    """The dotted names a source file imports, relative imports resolved, each `from M import name` also
+    tried as the submodule M.name."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return frozenset(found)
+
+
+def code_files(study: str, root: Path = ROOT) -> list[str]:
+    """The files whose content makes `study`'s numbers, from the repository's root, sorted."""
+    entry = STUDIES[study]
+    folder = root / "studies" / study
+    start = {p for p in folder.rglob("*.py") if "published" not in p.parts and "runs" not in p.parts}
+    for module in (*entry.code, entry.measure, entry.report):
+        if module and (path := module_file(module, root)):
+            start.add(path)
+    seen, todo = set(), list(start)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in imported_modules(path, root):
+            parts = module.split(".")
+            # importing a.b.c runs a/__init__.py and a/b/__init__.py too
+            for depth in range(1, len(parts) + 1):
+                if (found := module_file(".".join(parts[:depth]), root)) and found not in seen:
+                    todo.append(found)
+    files = {str(p.relative_to(root)) for p in seen}
+    if entry.config:
+        files.add(entry.config)
+    return sorted(files)
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+
+
+@cache
+def _publications(root: Path) -> tuple[Publication, ...]:
+    found = []
+    for name in STUDIES:
+        files = code_files(name, root)
+        for record in sorted((root / "studies" / name / "published").rglob(PROVENANCE)):
+            commit = json.loads(record.read_text()).get("commit", "unknown")
+            diff = _git(root, "diff", "--name-only", commit, "--", *files)
+            if diff.returncode != 0:  # a commit this history lacks: nothing says the code is the same
+                changed = tuple(files)
+            else:
+                changed = tuple(sorted(set(diff.stdout.split())))
+            found.append(Publication(name, str(record.parent.relative_to(root)), commit, changed))
+    return tuple(found)
+
+
+def publications(root: Path = ROOT) -> list[Publication]:
+    """Every publication (one per provenance.json) with the study code that changed since its commit."""
+    return list(_publications(Path(root).resolve()))
+
+
+def publication(folder: str, root: Path = ROOT) -> Publication:
+    """The publication in `folder` (studies/NAME/published[/KIND]), or a KeyError naming those there are."""
+    found = {p.folder: p for p in publications(root)}
+    if folder not in found:
+        raise KeyError(f"no publication in {folder}; there are: {', '.join(found)}")
+    return found[folder]
