@@ -259,7 +259,9 @@ class Rows:
         header = columns + varying
         lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         for data, conds in self.rows:
-            cells = [str(data.get(name, "")) for name in columns] + [conds[c] for c in varying]
+            # a condition states how the numbers were made, as the caption does: not a result to check
+            cells = ([str(data.get(name, "")) for name in columns]
+                     + [self.ledger.mark(conds[c], SETTING_OPEN, SETTING_CLOSE) for c in varying])
             lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
         constant = {c: self.rows[0][1][c] for c in CONDITIONS if c not in varying}
         return "\n".join(lines) + ("\n\n" + caption(constant, self.ledger) if constant else "")
@@ -325,7 +327,7 @@ class Published:
         folder = str(self.path(PROVENANCE, sub).parent.relative_to(ROOT))
         publication = stale.publication(folder).status
         if record.get("reconstructed"):
-            publication += "; provenance reconstructed after the run"
+            publication += "; provenance reconstructed"
         if post_hoc:
             publication += f"; post-hoc: {post_hoc}"
         found = {"machine": machine_text(record.get("machine", {})), "engine": engine_text(record),
@@ -471,6 +473,7 @@ def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
     env.globals["between"] = env.filters["between"]
     context = {"study": lambda name: Published(name, page_dir, ledger), "config": config,
                "rows": lambda **defaults: Rows(ledger, defaults),
+               "publications": lambda name: [p for p in stale.publications() if p.study == name],
                "page": lambda output: os.path.relpath(ROOT / output, page_dir)}
     if page.study:
         context["s"] = context["study"](page.study)

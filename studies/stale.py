@@ -37,11 +37,11 @@ class Publication:
 
     @property
     def status(self) -> str:
-        """`current at abc1234` or `stale since abc1234 (N files changed)`."""
+        """`current at abc1234`, or `stale: N files since abc1234` (the study's code files that changed)."""
         short = self.commit[:7]
         if not self.changed:
             return f"current at {short}"
-        return f"stale since {short} ({len(self.changed)} code file{'s' * (len(self.changed) != 1)} changed)"
+        return f"stale: {len(self.changed)} file{'s' * (len(self.changed) > 1)} since {short}"
 
 
 def module_file(module: str, root: Path) -> Path | None:
@@ -107,7 +107,7 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @cache
-def _publications(root: Path) -> tuple[Publication, ...]:
+def _publications(root: Path, _state: str) -> tuple[Publication, ...]:
     found = []
     for name in STUDIES:
         files = code_files(name, root)
@@ -124,7 +124,10 @@ def _publications(root: Path) -> tuple[Publication, ...]:
 
 def publications(root: Path = ROOT) -> list[Publication]:
     """Every publication (one per provenance.json) with the study code that changed since its commit."""
-    return list(_publications(Path(root).resolve()))
+    root = Path(root).resolve()
+    # computed once per state of the checkout: its commit and the files changed in the working tree
+    state = _git(root, "rev-parse", "HEAD").stdout + _git(root, "diff", "HEAD", "--name-only").stdout
+    return list(_publications(root, state))
 
 
 def publication(folder: str, root: Path = ROOT) -> Publication:

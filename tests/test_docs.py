@@ -48,13 +48,13 @@ def test_a_broken_link_is_found(tmp_path):
     assert broken_links([page]) == ["p.md: #nowhere", "p.md: missing.md"]
 
 
-def test_the_readmes_example_for_other_trainers_runs_aligned():
-    """The README's "Outside verl" example, run as written: the regions apply (the patched forward runs,
+def test_the_example_for_other_trainers_runs_aligned():
+    """docs/patches.md's "Outside verl" example, run as written: the regions apply (the patched forward runs,
     its gradients flow) and `remove` gives stock back."""
     import patches
     from patches import rmsnorm
 
-    text = (ROOT / "README.md").read_text().split("### Outside verl", 1)[1]
+    text = (ROOT / "docs/patches.md").read_text().split("## Outside verl", 1)[1]
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     calls = []
     stock_norm = rmsnorm.rms_norm
@@ -66,7 +66,7 @@ def test_the_readmes_example_for_other_trainers_runs_aligned():
     rmsnorm.rms_norm = counted
     try:
         scope = {}
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/patches.md", "exec"), scope)
     finally:
         rmsnorm.rms_norm = stock_norm
     assert calls and not patches.active()

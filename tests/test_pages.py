@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from studies import pages
+from studies import pages, stale
 
 PAGES = pages.pages()
 
@@ -38,8 +38,9 @@ def test_a_typed_number_is_found_and_named(tmp_path):
     read from the table."""
     page = _page(tmp_path, "and 6 of its {{ s.csv('stability.csv', 'avx512-amx').rows() | count }} cells "
                            "never rose (`min_rise: 0.1`, qwen2-m, k3, 0.32.0)\n")
-    assert [t.split(":")[0] for t in pages.typed_numbers(page)] == ["line 1"]
-    assert "'6'" in pages.typed_numbers(page)[0]
+    hits = pages.typed_numbers(page)
+    assert [t.split(":")[0] for t in hits] == ["line 1", "line 1"]
+    assert "measured number '12' in prose" in hits[0] and "'6'" in hits[1]  # the table's count: in prose too
 
 
 @pytest.mark.parametrize("typed", ["0.5", "36x", "58%", "1e-6", "2-4", "3.1e-4", "1,024", "12.", "about a third",
@@ -118,11 +119,69 @@ def test_the_command_checks_without_writing():
     assert (pages.ROOT / "docs/studies/tiny.md").stat().st_mtime_ns == before
 
 
-def test_the_readme_states_attention_and_depth_beside_every_mismatch_reduction():
-    """Each README paragraph or bullet that quotes an x-fold reduction names the training side's attention
-    and the models' depth (the conditions that make the number)."""
+@pytest.mark.parametrize("output", sorted(PAGES))
+def test_every_table_of_measured_numbers_states_its_conditions(output):
+    assert pages.table_problems(PAGES[output]) == []
+
+
+def test_a_measured_number_in_prose_is_found_and_a_setting_is_not(tmp_path):
+    page = _page(tmp_path, "cut {{ s.csv('headline.csv', 'avx512-amx').col('k3 KL').max() | sig }} in "
+                           "{{ config('experiments/tiny.yaml', 'steps') | count }} steps\n")
+    assert [t.split(":")[0] for t in pages.typed_numbers(page)] == ["line 1"]
+    assert "measured number" in pages.typed_numbers(page)[0]
+
+
+def _conditions(**given):
+    said = {c.replace(" ", "_"): f"its {c}" for c in pages.CONDITIONS}
+    return {**said, **given}
+
+
+def test_a_table_without_its_conditions_is_found(tmp_path):
+    typed = "| ablation | k3 |\n| --- | --- |\n| all | {{ s.csv('headline.csv', 'avx512-amx').col('k3 KL').max() | sig }} |\n"
+    assert "states no machine, engine" in pages.table_problems(_page(tmp_path, typed))[0]
+    built = ("{% set t = rows(**c) %}{% do t.row(ablation='all', k3=s.csv('headline.csv', 'avx512-amx')"
+             ".col('k3 KL').max() | sig) %}{{ t }}\n")
+    whole = _page(tmp_path, "{% set c = " + repr(_conditions()) + " %}" + built)
+    assert pages.table_problems(whole) == [] and pages.typed_numbers(whole) == []
+    lacking = _page(tmp_path, "{% set c = " + repr({k: v for k, v in _conditions().items() if k != "seeds"})
+                    + " %}" + built)
+    with pytest.raises(ValueError, match="states no \\['seeds'\\]"):
+        pages.render(lacking)
+    with pytest.raises(ValueError, match="give its conditions"):
+        pages.render(_page(tmp_path, "{{ s.table('headline.md', 'avx512-amx') }}\n"))
+
+
+def test_a_caption_missing_a_condition_is_found(tmp_path):
+    """The check reads the rendered caption, not the builder: a caption written by hand that drops a
+    condition fails."""
+    caption = "*Conditions:* " + "; ".join(f"**{c}** x" for c in pages.CONDITIONS if c != "reference")
+    page = _page(tmp_path, "| k3 |\n| --- |\n| {{ s.csv('headline.csv', 'avx512-amx').col('k3 KL').max() | sig }} |\n\n"
+                           + caption + "\n")
+    assert "states no machine" in pages.table_problems(page)[0]  # a caption typed by hand is no caption
+
+
+def test_conditions_that_vary_become_columns_and_the_rest_the_caption(tmp_path):
+    page = _page(tmp_path, "{% set t = rows(**c) %}"
+                           "{% do t.row(reference='engine forward', k3=h.col('k3 KL').max() | sig) %}"
+                           "{% do t.row(reference='engine sampling', k3=h.col('k3 KL').min() | sig) %}{{ t }}\n")
+    page_text = "{% set c = " + repr(_conditions()) + " %}{% set h = s.csv('headline.csv', 'avx512-amx') %}"
+    (tmp_path / "page.md.j2").write_text(page_text + (tmp_path / "page.md.j2").read_text())
+    text, _ = pages.render(page)
+    header, caption = text.split("\n")[0], text.strip().split("\n")[-1]
+    assert header == "| k3 | reference |"
+    assert caption.startswith("*Conditions:* **machine** its machine") and "**reference**" not in caption
+    assert pages.table_problems(page) == []
+
+
+def test_a_publication_says_whether_it_is_stale(tmp_path):
+    text, _ = pages.render(_page(tmp_path, "{{ s.conditions('avx512-amx')['publication'] }}\n"))
+    status = stale.publication("studies/tiny/published/avx512-amx").status
+    assert text.strip() == status and status.split(":")[0] in ("stale", "current at 2867a99")
+
+
+def test_the_readme_is_one_screen_with_both_commands_first():
     text = (pages.ROOT / "README.md").read_text()
-    blocks = [b for b in re.split(r"\n(?=- )|\n\n", text) if re.search(r"\d(?:\.\d+)?x\b", b)]
-    assert blocks, "the README quotes no reduction: this test checks nothing"
-    for block in blocks:
-        assert "attention" in block and "layers" in block, block
+    lines = text.split("\n")
+    assert len(lines) <= 80 and len(text) <= 6000, (len(lines), len(text))
+    first = "\n".join(lines[:30])
+    assert "make run" in first and "make test" in first
