@@ -3,7 +3,7 @@
 rollout and patches.verl_plugin in the workers. Per cell: verl exited 0; the plugin logged the regions
 and target it applied in the FSDP worker; the metrics the analysis reads are there and finite; `all`
 lowers k3 against `none` by more than this machine's own spread of k3 between two cells with the same
-numerics; `figures_only` draws every cell; the README's rerun-one-cell command loses nothing (`make
+numerics; `figures_only` draws every cell; the rerun-one-cell command of docs/running.md loses nothing (`make
 test-extended`; run twice in a row, through the same rule, by tests/test_workflow_reruns.py). Skipped
 unless RLA_TEST_VERL=1 (the Makefile sets it)."""
 

@@ -302,7 +302,7 @@ def test_profiles_parse_and_plan_the_grid(tmp_path, conda_on_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# The command line as the README shows it
+# The command line as docs/running.md shows it
 
 
 def test_readme_examples_with_nested_values_are_typed(tmp_path):

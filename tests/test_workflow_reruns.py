@@ -1,4 +1,4 @@
-"""The README's rerun commands, for real, through Snakemake on the micro profile (one cell, CPU; the
+"""The rerun commands of docs/running.md, for real, through Snakemake on the micro profile (one cell, CPU; the
 rollout engine is `auto`: vLLM's CPU build where it runs).
 
 Each step is the command a user types; after each, the cell holds exactly its `steps` metric lines,
