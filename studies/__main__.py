@@ -78,6 +78,12 @@ def _pages(args) -> int:
     failed = 0
     for page in chosen:
         faults = []
+        try:
+            pages.render(page)
+        except (KeyError, ValueError, TypeError, FileNotFoundError) as err:  # this page's; the others go on
+            print(f"{page.template}: {err}", file=sys.stderr)
+            failed += 1
+            continue
         if typed := pages.typed_numbers(page):
             faults.append(f"{page.template}: numbers no table gave:\n" + "\n".join(f"  {t}" for t in typed))
         if unstated := pages.table_problems(page):

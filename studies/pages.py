@@ -237,14 +237,18 @@ class Rows:
         self.ledger, self.defaults = ledger, {k.replace("_", " ").rstrip(): str(v) for k, v in defaults.items()}
         self.rows: list[tuple[dict, dict]] = []
 
-    def row(self, conditions: dict | None = None, **cells) -> str:
+    def row(self, conditions: dict | None = None, post_hoc: str | None = None, **cells) -> str:
+        """One row: `cells` are its data columns (named as given) and conditions (`training_attention=...`
+        sets `training attention`); `post_hoc` adds to its publication which rule was set after the data."""
         conds, data = {**self.defaults, **(conditions or {})}, {}
         for key, value in cells.items():
             name = key.replace("_", " ").rstrip()
             if name in CONDITIONS:
                 conds[name] = str(value)
             else:
-                data[name] = value
+                data[key] = value
+        if post_hoc:
+            conds["publication"] = f"{conds.get('publication', 'unknown')}; post-hoc: {post_hoc}"
         missing = [c for c in CONDITIONS if c not in conds]
         if missing:
             raise ValueError(f"a row ({data}) states no {missing}: give each (conditions: {', '.join(CONDITIONS)})")
@@ -328,6 +332,8 @@ class Published:
         publication = stale.publication(folder).status
         if record.get("reconstructed"):
             publication += "; provenance reconstructed"
+        if record.get("uncommitted_changes"):
+            publication += "; measured with uncommitted changes"
         if post_hoc:
             publication += f"; post-hoc: {post_hoc}"
         found = {"machine": machine_text(record.get("machine", {})), "engine": engine_text(record),
@@ -340,15 +346,22 @@ class Published:
         conditions its columns do not hold: this publication's (`conditions`) and `given`'s."""
         path = self.path(file, sub)
         self.ledger.tables.append(str(path.relative_to(ROOT)))
-        text = path.read_text().rstrip("\n")
-        columns = header_cells(text.split("\n")[0])
         said = {**self.conditions(sub), **(conditions or {}),
                 **{key.replace("_", " ").rstrip(): str(value) for key, value in given.items()}}
-        missing = [c for c in CONDITIONS if c not in columns and c not in said]
-        if missing:
-            raise ValueError(f"{path.relative_to(ROOT)}: give its conditions {missing} (or a column of each)")
-        marked = "\n".join(self.ledger.mark(line) for line in text.split("\n"))
-        return marked + "\n\n" + caption({c: said[c] for c in CONDITIONS if c in said}, self.ledger)
+        out, lines, header = [], path.read_text().rstrip("\n").split("\n"), ""
+        for i, line in enumerate(lines):
+            if not _is_table(line):
+                out.append(line)
+                continue
+            header = header or line
+            out.append(self.ledger.mark(line))
+            if i + 1 == len(lines) or not _is_table(lines[i + 1]):  # a table's last line: its caption follows
+                columns, header = header_cells(header), ""
+                missing = [c for c in CONDITIONS if c not in columns and c not in said]
+                if missing:
+                    raise ValueError(f"{path.relative_to(ROOT)}: give its conditions {missing} (or a column of each)")
+                out += ["", caption({c: said[c] for c in CONDITIONS if c in said}, self.ledger)]
+        return "\n".join(out)
 
     def figure(self, file: str, sub: str | None = None) -> str:
         """The figure's path relative to the page."""
