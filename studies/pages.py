@@ -274,8 +274,8 @@ class Rows:
 class Published:
     """What one study published (`studies/NAME/published/[SUB/]FILE`), as a template sees it."""
 
-    def __init__(self, name: str, page_dir: Path, ledger: Ledger):
-        self.name, self.page_dir, self.ledger = name, page_dir, ledger
+    def __init__(self, name: str, page_dir: Path, ledger: Ledger, publications: dict[str, stale.Publication]):
+        self.name, self.page_dir, self.ledger, self.publications = name, page_dir, ledger, publications
         self.root = ROOT / STUDIES[name].published
 
     def path(self, file: str, sub: str | None = None) -> Path:
@@ -329,7 +329,7 @@ class Published:
         and the like override)."""
         record = self.provenance(sub).data
         folder = str(self.path(PROVENANCE, sub).parent.relative_to(ROOT))
-        publication = stale.publication(folder).status
+        publication = self.publications[folder].status
         if record.get("reconstructed"):
             publication += "; provenance reconstructed"
         if record.get("uncommitted_changes"):
@@ -484,9 +484,10 @@ def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
                              extensions=["jinja2.ext.do"])
     env.filters.update(formatters(ledger))
     env.globals["between"] = env.filters["between"]
-    context = {"study": lambda name: Published(name, page_dir, ledger), "config": config,
+    found = {p.folder: p for p in stale.publications()}  # once per render: it asks git
+    context = {"study": lambda name: Published(name, page_dir, ledger, found), "config": config,
                "rows": lambda **defaults: Rows(ledger, defaults),
-               "publications": lambda name: [p for p in stale.publications() if p.study == name],
+               "publications": lambda name: [p for p in found.values() if p.study == name],
                "page": lambda output: os.path.relpath(ROOT / output, page_dir)}
     if page.study:
         context["s"] = context["study"](page.study)
