@@ -266,7 +266,7 @@ class Rows:
             # a condition states how the numbers were made, as the caption does: not a result to check
             cells = ([str(data.get(name, "")) for name in columns]
                      + [self.ledger.mark(conds[c], SETTING_OPEN, SETTING_CLOSE) for c in varying])
-            lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
+            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
         constant = {c: self.rows[0][1][c] for c in CONDITIONS if c not in varying}
         return "\n".join(lines) + ("\n\n" + caption(constant, self.ledger) if constant else "")
 

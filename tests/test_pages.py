@@ -137,7 +137,8 @@ def _conditions(**given):
 
 
 def test_a_table_without_its_conditions_is_found(tmp_path):
-    typed = "| ablation | k3 |\n| --- | --- |\n| all | {{ s.csv('headline.csv', 'avx512-amx').col('k3 KL').max() | sig }} |\n"
+    typed = ("| ablation | k3 |\n| --- | --- |\n"
+             "| all | {{ s.csv('headline.csv', 'avx512-amx').col('k3 KL').max() | sig }} |\n")
     assert "states no machine, engine" in pages.table_problems(_page(tmp_path, typed))[0]
     built = ("{% set t = rows(**c) %}{% do t.row(ablation='all', k3=s.csv('headline.csv', 'avx512-amx')"
              ".col('k3 KL').max() | sig) %}{{ t }}\n")
