@@ -444,6 +444,18 @@ def formatters(ledger: Ledger) -> dict:
     return {**{how: filter_for(how) for how in TEXTS}, "between": between}
 
 
+def data(path: str):
+    """A YAML data file of the repository as it is (names and versions for a page, not numbers to print)."""
+    return yaml.safe_load((ROOT / path).read_text())
+
+
+def transformers_checked() -> list[str]:
+    """The transformers releases whose forwards the patches were checked against (patches/upstream.py)."""
+    from patches.upstream import CHECKED  # imports torch: only the support page asks, and it renders with it
+
+    return [release for releases in CHECKED for release in releases.split(", ")]
+
+
 def config(path: str, *keys: str) -> Num:
     """A number from an experiment config: `config("experiments/tiny.yaml", "steps")`."""
     value = yaml.safe_load((ROOT / path).read_text())
@@ -471,7 +483,8 @@ class Page:
 
 def pages() -> dict[str, Page]:
     """Every rendered page: the README, the results index, each study's page."""
-    found = [Page("README.md", "docs/templates/README.md"), Page("docs/results.md", "docs/templates/results.md")]
+    found = [Page("README.md", "docs/templates/README.md"), Page("docs/results.md", "docs/templates/results.md"),
+             Page("docs/support.md", "docs/templates/support.md")]
     found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES]
     return {p.output: p for p in found if (ROOT / p.template).is_file()}
 
@@ -485,7 +498,8 @@ def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
     env.filters.update(formatters(ledger))
     env.globals["between"] = env.filters["between"]
     found = {p.folder: p for p in stale.publications()}  # once per render: it asks git
-    context = {"study": lambda name: Published(name, page_dir, ledger, found), "config": config,
+    context = {"study": lambda name: Published(name, page_dir, ledger, found), "config": config, "data": data,
+               "transformers_checked": transformers_checked,
                "rows": lambda **defaults: Rows(ledger, defaults),
                "publications": lambda name: [p for p in found.values() if p.study == name],
                "page": lambda output: os.path.relpath(ROOT / output, page_dir)}

@@ -155,7 +155,7 @@ def test_figures_only_draws_every_cell(grid):
 
 
 @pytest.mark.extended  # a whole verl cell again (3-5 min on 2 AVX2 cores): make test-extended
-def test_the_readmes_rerun_one_cell_command_loses_nothing(grid):
+def test_the_rerun_one_cell_command_loses_nothing(grid):
     """`snakemake --configfile experiments/verl-cpu.yaml --cores 2 --force <cell>/metrics.jsonl`: the run
     trains the cell again and moves the previous verl cell aside, with its metrics and checkpoints; no other
     cell changes. (A second rerun moves a second folder aside beside the first: the train rule's, whatever
