@@ -3,7 +3,10 @@
 The measurement runs on the GPU machine with its own Python (no Snakemake there): each run's folder in
 `studies/gpu_check/runs/` is what one call returned (`summary.json` with the machine, versions, commit and
 command; every step's JSON and log). This report reads those folders and writes one table per step, each
-row naming its run; `runs.csv` holds each run's provenance. Torch-free.
+row naming its run; `runs.csv` holds each run's provenance. The second check's steps (preflight, gemm, long,
+kernels, determinism, cost) have tables of their own (`long` two: overall and per position bin), written
+once a run has them; every k3 there is against both of the engine's references, its prefill
+(`engine_forward`) and its sampling logprobs (`engine_sampling`). Torch-free.
 
     python -m studies report gpu_check --runs studies/gpu_check/runs --out results/studies/gpu_check/report
 
