@@ -34,10 +34,15 @@ QUICK_ROWS = (1, 2, 8, 32, 128)
 DECODE_ROWS = 8  # the engine's sampling batch
 
 
-def weights(shape: Shape, device: torch.device, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def randn(*size: int, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """BF16 normal values drawn on the generator's device (an 8B output layer drawn on a CPU takes seconds)."""
+    return (scale * torch.randn(*size, generator=gen, device=gen.device)).to(torch.bfloat16)
+
+
+def weights(shape: Shape, gen: torch.Generator) -> dict[str, torch.Tensor]:
     """A layer's projections and the output layer, random (std 0.02, HF's init), BF16, as (out, in)."""
     def w(rows: int, cols: int) -> torch.Tensor:
-        return (0.02 * torch.randn(rows, cols, generator=gen)).to(device, torch.bfloat16)
+        return randn(rows, cols, gen=gen, scale=0.02)
 
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     return {"q_proj": w(q, shape.hidden), "k_proj": w(kv, shape.hidden), "v_proj": w(kv, shape.hidden),
@@ -46,12 +51,12 @@ def weights(shape: Shape, device: torch.device, gen: torch.Generator) -> dict[st
             "lm_head": w(shape.vocab, shape.hidden)}
 
 
-def row_invariance(name: str, shape: Shape, rows: tuple[int, ...], device: torch.device, flag: str) -> list[dict]:
+def row_invariance(name: str, projections: dict[str, torch.Tensor], rows: tuple[int, ...], flag: str,
+                   gen: torch.Generator) -> list[dict]:
     """Per projection and row count: row 0's product against its 1-row product."""
-    gen = torch.Generator().manual_seed(0)
     out = []
-    for proj, w in weights(shape, device, gen).items():
-        x = torch.randn(max(rows), w.shape[1], generator=gen).to(device, torch.bfloat16)
+    for proj, w in projections.items():
+        x = randn(max(rows), w.shape[1], gen=gen)
         alone = F.linear(x[:1], w)
         for m in rows:
             out.append({"model": name, "reduced_precision": flag, "projection": proj, "out": w.shape[0],
@@ -59,16 +64,14 @@ def row_invariance(name: str, shape: Shape, rows: tuple[int, ...], device: torch
     return out
 
 
-def merged_vs_separate(name: str, shape: Shape, rows: tuple[int, ...], device: torch.device, flag: str) -> list[dict]:
+def merged_vs_separate(name: str, shape: Shape, w: dict[str, torch.Tensor], rows: tuple[int, ...], flag: str,
+                       gen: torch.Generator) -> list[dict]:
     """The engine's merged q/k/v (+ bias for Qwen2) and gate/up GEMMs against the separate ones, per output."""
-    gen = torch.Generator().manual_seed(1)
-    w = weights(shape, device, gen)
     groups = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
-    bias = {p: (0.5 * torch.randn(w[p].shape[0], generator=gen)).to(device, torch.bfloat16)
-            for p in groups["qkv"]} if shape.arch == "qwen2" else {}
+    bias = {p: randn(w[p].shape[0], gen=gen, scale=0.5) for p in groups["qkv"]} if shape.arch == "qwen2" else {}
     out = []
     for m in rows:
-        x = torch.randn(m, shape.hidden, generator=gen).to(device, torch.bfloat16)
+        x = randn(m, shape.hidden, gen=gen)
         for group, parts in groups.items():
             b = [bias.get(p) for p in parts]
             merged = F.linear(x, torch.cat([w[p] for p in parts]), torch.cat(b) if b[0] is not None else None)
@@ -102,21 +105,24 @@ def main(argv=None) -> int:
     matmul = torch.backends.cuda.matmul
     default = matmul.allow_bf16_reduced_precision_reduction
     invariance, merged = [], []
-    for flag, value in flags(device):
-        if value is not None:
-            matmul.allow_bf16_reduced_precision_reduction = value
-        try:
-            for name, shape in shapes.items():
-                invariance += row_invariance(name, shape, rows, device, flag)
-                merged += merged_vs_separate(name, shape, (DECODE_ROWS, max(rows)), device, flag)
+    for name, shape in shapes.items():
+        gen = torch.Generator(device).manual_seed(0)
+        w = weights(shape, gen)
+        for flag, value in flags(device):
+            if value is not None:
+                matmul.allow_bf16_reduced_precision_reduction = value
+            try:
+                invariance += row_invariance(name, w, rows, flag, gen)
+                merged += merged_vs_separate(name, shape, w, (DECODE_ROWS, max(rows)), flag, gen)
                 report.add("row_invariance", invariance)
                 report.add("merged_vs_separate", merged)
                 for proj in ("q_proj", "gate_proj", "down_proj", "lm_head"):
                     found = [r for r in invariance if (r["model"], r["projection"], r["reduced_precision"]) ==
                              (name, proj, flag)]
                     print(f"{name} {proj} (reduced precision {flag}): {first_differing(found)}", flush=True)
-        finally:
-            matmul.allow_bf16_reduced_precision_reduction = default
+            finally:
+                matmul.allow_bf16_reduced_precision_reduction = default
+        del w
     return 0
 
 
