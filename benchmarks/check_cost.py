@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,8 +41,6 @@ def liger_skip(device: torch.device) -> str:
 
 
 def build(shape, seq_len: int, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_config(shape, seq_len), dtype=torch.bfloat16,

@@ -90,7 +90,8 @@ def run_child(device: str, quick: bool, off: bool, work: Path, label: str) -> di
     """One fresh process with empty compile caches (--quick: one cache for every run, as a dry run
     compiling four times would take minutes on a CPU); its digests, or why it gave none."""
     caches = work / "caches" if quick else Path(tempfile.mkdtemp(prefix="caches-", dir=work))
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"), "TRITON_CACHE_DIR": str(caches / "triton")}
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
+           "TRITON_CACHE_DIR": str(caches / "triton")}
     out = work / f"{label.replace(' ', '-')}.json"
     cmd = [sys.executable, __file__, "--child", "--device", device, "--out", str(out),
            *(["--quick"] if quick else []), *(["--autotuning-off"] if off else [])]

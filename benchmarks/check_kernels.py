@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,8 +41,6 @@ FLASH_NAME = "sdpa_fa_backend"  # transformers reads a name with "flash" in it a
 def flash_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention interface on SDPA's flash backend, causal, on the BF16 values (as
     flash-attn 2 computes): unpadded batches only, as the flash kernels take no mask."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     mask = kernels.may_attend(attention_mask)
     if mask is not None and not torch.equal(mask.expand(mask.shape[0], 1, *mask.shape[-2:])[:, 0],
                                             kernels.causal_mask(query.shape[2], key.shape[2], mask.device)

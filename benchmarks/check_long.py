@@ -38,7 +38,7 @@ SCALES = {"matched": 1.0, "sharper": 4.0}  # the output layer x this, over the m
 BF16_SETTINGS = (("none", "-"), ("rope", "fused"), ("all", "fused"))
 
 
-def scored(train, engine, layout, settings, head: dict, refs: dict, entropy: torch.Tensor, report: Report) -> None:
+def scored(train, layout, settings, head: dict, refs: dict, entropy: torch.Tensor, report: Report) -> None:
     """Each setting's rows against both references, overall and per position bin, added to the report."""
     for regions, impl in settings:
         start = time.perf_counter()
@@ -70,14 +70,14 @@ def measure_scale(name: str, shape, lengths: dict, scale: str, device: torch.dev
     print(f"{name} {scale} scale ({point.logit_scale:.3g}): sampled {lengths['n_seq']} x {lengths['response_len']}"
           f" tokens, engine entropy {entropy.mean():.3f} nats ({time.perf_counter() - start:.0f} s)", flush=True)
     refs = {"engine_forward": ref, "engine_sampling": layout.sampling}
-    scored(train, engine, layout, BF16_SETTINGS, {**head, "dtype": "bf16", "entropy_engine": entropy.mean().item()},
+    scored(train, layout, BF16_SETTINGS, {**head, "dtype": "bf16", "entropy_engine": entropy.mean().item()},
            refs, entropy, report)
     del train, engine
     empty_cache(device)
     train16, engine16 = testbed.pair_of(master, point, device, torch.float16)
     ref16, entropy16 = testbed.engine_reference(engine16, layout)
     refs16 = {"engine_forward": ref16, "engine_sampling": testbed.replayed_sampling(engine16, layout)}
-    scored(train16, engine16, layout, (("none", "-"),), {**head, "dtype": "fp16",
+    scored(train16, layout, (("none", "-"),), {**head, "dtype": "fp16",
            "entropy_engine": entropy16.mean().item()}, refs16, entropy16, report)
     del train16, engine16, master
     empty_cache(device)

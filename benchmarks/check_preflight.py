@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -42,10 +43,7 @@ def versions(device: torch.device) -> dict:
 
 
 def sdpa_backends(device: torch.device) -> dict[str, str]:
-    """Each SDPA backend: "runs", or the first line of why not, on a small causal BF16 call with GQA
-    repeated out (the form every backend takes)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
+    """Each SDPA backend: "runs", or the first line of why not, on a small causal BF16 call."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 128, 128, generator=gen).to(device, torch.bfloat16) for _ in range(3))
     out = {}

@@ -206,7 +206,8 @@ def read_gemm(report: dict, run: Run) -> Rows:
     invariance = parts.get("row_invariance", [])
     for key in dict.fromkeys((r["model"], r["projection"], r["reduced_precision"]) for r in invariance):
         found = [r for r in invariance if (r["model"], r["projection"], r["reduced_precision"]) == key]
-        rows[f"{key[0]}/{key[1]}/rows 1-{max(r['rows'] for r in found)}/reduced precision {key[2]}"] = _first_moved(found)
+        most = max(r["rows"] for r in found)
+        rows[f"{key[0]}/{key[1]}/rows 1-{most}/reduced precision {key[2]}"] = _first_moved(found)
     merged = parts.get("merged_vs_separate", [])
     for key in dict.fromkeys((r["model"], r["group"], r["rows"], r["reduced_precision"]) for r in merged):
         found = [r for r in merged if (r["model"], r["group"], r["rows"], r["reduced_precision"]) == key]

@@ -62,8 +62,9 @@ def replayed_sampling(engine: Engine, layout: probe.Layout) -> torch.Tensor:
     """The engine's decode-path logprobs of the layout's responses (teacher-forced through its sampling
     loop), in the layout's (B, T-1) coordinates: the sampling reference of an engine that did not sample them."""
     cols = layout.response_cols
-    prompts = [row[m.bool()].tolist() for row, m in zip(layout.ids[:, :cols.start + 1], layout.mask[:, :cols.start + 1])]
-    responses = layout.ids[:, cols.start + 1:]
+    width = cols.start + 1  # the prompts' columns
+    prompts = [row[m.bool()].tolist() for row, m in zip(layout.ids[:, :width], layout.mask[:, :width])]
+    responses = layout.ids[:, width:]
     rollout = engine.generate(prompts, responses.shape[1], forced=responses)
     out = torch.zeros(layout.response.shape)
     out[:, cols] = torch.where(rollout.response_mask, rollout.logprobs, 0.0)

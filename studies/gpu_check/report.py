@@ -227,7 +227,8 @@ def gemm_view(gemm: pd.DataFrame) -> pd.DataFrame:
     and the smallest such row count."""
     keys = ["run", "model", "comparison", "projection", "reduced_precision"]
     moved = gemm.assign(moved_at=gemm["rows"].where(~gemm["bit_equal"].astype(bool)))
-    return moved.groupby(keys, sort=False).agg(row_counts=("rows", "size"), differing_at=("bit_equal", lambda b: int((~b.astype(bool)).sum())),
+    moved["differs"] = ~moved["bit_equal"].astype(bool)
+    return moved.groupby(keys, sort=False).agg(row_counts=("rows", "size"), differing_at=("differs", "sum"),
                                                first_differing_rows=("moved_at", "min"),
                                                max_differing=("differing", "max")).reset_index()
 
