@@ -39,7 +39,12 @@ MODEL = "r1-distill-qwen-1.5b"
 LAYERS = 4
 LENGTHS = dict(n_seq=4, prompt_len=16, response_len=48)
 QUICK_LENGTHS = dict(n_seq=2, prompt_len=8, response_len=8)
-RUNS = (("default", 1), ("default", 2), ("autotuning off", 1), ("autotuning off", 2))
+RUNS = ("default 1", "default 2", "autotuning off 1", "autotuning off 2")
+# (what it asks, one run, the other), each compared as soon as both ran: the rerun first (a step stopped at
+# its time limit keeps the answers it has)
+PAIRS = (("default: rerun in a fresh process", "default 1", "default 2"),
+         ("default against autotuning off", "default 1", "autotuning off 1"),
+         ("autotuning off: rerun in a fresh process", "autotuning off 1", "autotuning off 2"))
 CHILD_LIMIT_S = 240
 
 
@@ -126,19 +131,13 @@ def main(argv=None) -> int:
     report.data["parts"].update(runs=[], comparisons=[])
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for mode, index in RUNS:
-            label = f"{mode} {index}"
-            runs[label] = run_child(args.device, args.quick, mode != "default", Path(tmp), label)
+        for label in RUNS:
+            runs[label] = run_child(args.device, args.quick, label.startswith("autotuning off"), Path(tmp), label)
             report.data["parts"]["runs"].append(runs[label])
-            report.write()
             print(f"{label}: {runs[label].get('failed') or {d: runs[label][d] for d in DIGESTS}}", flush=True)
-            if index == 2:
-                found = compare(runs[f"{mode} 1"], runs[label], f"{mode}: rerun in a fresh process")
-                report.data["parts"]["comparisons"].append(found)
-                report.write()
-        found = compare(runs["default 1"], runs["autotuning off 1"], "default against autotuning off")
-        report.data["parts"]["comparisons"].append(found)
-        report.write()
+            report.data["parts"]["comparisons"] += [compare(runs[a], runs[b], pair) for pair, a, b in PAIRS
+                                                    if label in (a, b) and a in runs and b in runs]
+            report.write()
     for c in report.data["parts"]["comparisons"]:
         print(f"{c['pair']}: {c.get('skipped') or ('bit-equal' if c['all_equal'] else 'DIFFERS')}")
     return 0

@@ -53,7 +53,7 @@ def sdpa_backends(device: torch.device) -> dict[str, str]:
             with sdpa_kernel(backend):
                 F.scaled_dot_product_attention(q, k, v, is_causal=True)
             out[backend.name.lower()] = "runs"
-        except RuntimeError as error:  # a backend that does not apply raises; its reason is the answer
+        except (RuntimeError, NotImplementedError, ValueError) as error:  # its reason is the answer
             out[backend.name.lower()] = "does not run: " + str(error).strip().splitlines()[0][:200]
     return out
 
