@@ -1,6 +1,6 @@
 """The GPU check in one call: what the alignment does on a GPU, measured with the machine's own Python
 (torch with Triton, transformers; no vLLM, verl, ray or orjson) within a time budget, returned as one
-summary and one archive.
+summary, each step's JSON and one archive.
 
 Steps, in this order, so that the first minutes give the most:
   fused         check_fused.py: the fused region kernels and eager-aligned against the engine's
@@ -45,7 +45,7 @@ Written to --out (default: $OUT, else benchmarks/results/gpu-check), rewritten a
 call cut short returns is what had finished, and on SIGTERM the running step's part): gpu-check-<tag>.md,
 the summary (every step asked for, with its values or why it has none); <step>.json for the first six steps
 that ran; gpu-check-<tag>.tar.gz, every step's JSON and log, the environment and the summary as JSON: at
-most 8 files, one folder deep. The archive unpacked into studies/gpu_check/runs/<machine>-<commit>/ is what
+most 8 files, all directly in --out. The archive unpacked into studies/gpu_check/runs/<machine>-<commit>/ is what
 `snakemake --cores 2 gpu_check` makes its tables of.
 
     python3 benchmarks/gpu_check.py                                   # on the GPU machine (gpu_check.sh)
