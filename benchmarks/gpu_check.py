@@ -17,7 +17,8 @@ Steps, in this order, so that the first minutes give the most:
   regions       bench_regions.py: time and activation memory per region and per decoder layer, stock /
                 aligned eager / aligned fused / Liger (where its wheel is installed), against a copy
 The second check (`--steps preflight,gemm,long,kernels,determinism,cost`, one call of at most 9 minutes of
-command time), each step with its planned GPU time, which is also its limit there (SECOND_BUDGET_S in all):
+command time), each step `python -m studies.gpu_check.check_<step>` (its folder's check_<step>.py), with its
+planned GPU time, which is also its limit there (SECOND_BUDGET_S in all):
   preflight      20 s  check_preflight.py: versions, the SDPA backends that run, cuBLAS's reduced-precision
                        BF16 reduction flag, whether Inductor keeps an explicit BF16 cast in a compiled norm
                        (estimate: one small compile)
@@ -280,8 +281,8 @@ QUICK_REGIONS = ("qk_norm_rope", "swiglu", "add_rmsnorm")
 CUDA_TESTS = ("tests/test_kernels.py", "tests/test_patches_regions.py", "tests/test_device.py")
 
 def second_step(name: str, needs: tuple[str, ...], limit_s: int, read: Callable[[dict, Run], Rows]) -> Step:
-    """A step of the second check: benchmarks/check_<name>.py with the check's own options."""
-    return Step(name, needs, limit_s, lambda r: [f"benchmarks/check_{name}.py", "--device", r.device,
+    """A step of the second check: studies/gpu_check/check_<name>.py, run as a module from the repository root."""
+    return Step(name, needs, limit_s, lambda r: ["-m", f"studies.gpu_check.check_{name}", "--device", r.device,
                                                  "--out", str(r.json(name)), *(["--quick"] if r.quick else [])], read)
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from benchmarks import gpu_check
-from benchmarks.check_common import bit_compare
+from studies.gpu_check.check_common import bit_compare
 from studies.gpu_check import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_bit_compare_counts_bits_and_refuses_zeros():
 def test_forced_tokens_give_the_sampling_logprobs_bit_for_bit():
     """The decode-path reference of an engine that did not sample (check_long's FP16 engine) is its
     sampling loop fed the tokens: fed its own samples, the BF16 engine gives back its sampling logprobs."""
-    from benchmarks import testbed
+    from studies.gpu_check import testbed
     from studies.scaling.measure import qwen_shape
 
     point = testbed.point_at("t", qwen_shape("qwen2", 64, 1, 128), n_seq=2, prompt_len=4, response_len=6)

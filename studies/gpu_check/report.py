@@ -84,7 +84,7 @@ def region_rows(name: str, report: dict) -> list[dict]:
     return [{"run": name, **{k: r.get(k) for k in keep}, "copy_GBps": report["copy_GBps"]} for r in report["rows"]]
 
 
-# ---- the second check's steps (benchmarks/check_<step>.py): {"parts": {...}} each
+# ---- the second check's steps (studies/gpu_check/check_<step>.py): {"parts": {...}} each
 
 REFERENCES = ("engine_forward", "engine_sampling")  # the engine's prefill logprobs; its decode (sampling) ones
 MISMATCH = ("k3", "mean_abs_dlogprob", "bit_equal")

@@ -1,4 +1,4 @@
-"""What the second GPU check's step scripts (check_preflight.py ... check_cost.py) share: one command line
+"""What the second GPU check's steps (check_preflight.py ... check_cost.py, run as modules) share: one command line
 (--device, --quick, --out), a JSON report rewritten after every part (a step stopped at its time limit
 leaves what it measured), a skip that names its reason, and bitwise comparisons that refuse all-zero inputs
 (two zero tensors are equal whatever the kernels do).

@@ -4,26 +4,22 @@ shapes (R1-Distill-Qwen-1.5B, Qwen3-8B; random BF16 weights, no optimizer), 8,19
 eager, and Liger's kernels (RoPE, RMSNorm, SwiGLU) where its wheel is installed. Median step time over a
 few steps after a warm-up, and the peak of allocated GPU memory (torch keeps no such count on a CPU).
 
-    python3 benchmarks/check_cost.py --device cuda --out cost.json
+    python3 -m studies.gpu_check.check_cost --device cuda --out cost.json
 """
 
 from __future__ import annotations
 
 import importlib.util
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import patches  # noqa: E402
-from benchmarks.check_common import Report, checked_device, step_parser  # noqa: E402
-from studies.scaling.check_model import QUICK  # noqa: E402
-from studies.scaling.measure import PAPER_SHAPES, hf_config  # noqa: E402
+import patches
+from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.scaling.check_model import QUICK
+from studies.scaling.measure import PAPER_SHAPES, hf_config
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 BATCH, SEQ_LEN, REPEATS = 2, 4096, 3

@@ -8,7 +8,7 @@ autotunes) anew.
 The step: the R1-Distill-Qwen-1.5B widths at 4 decoder layers (compilation, not depth, is what a rerun
 could change), random weights, 4 sequences of 16 + 48 tokens.
 
-    python3 benchmarks/check_determinism.py --device cuda --out determinism.json
+    python3 -m studies.gpu_check.check_determinism --device cuda --out determinism.json
 """
 
 from __future__ import annotations
@@ -25,15 +25,14 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import patches
+from rla.digest import tensor_digest
+from studies.gpu_check import testbed
+from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.scaling.check_model import QUICK, TARGET
+from studies.scaling.measure import PAPER_SHAPES
 
-import patches  # noqa: E402
-from benchmarks import testbed  # noqa: E402
-from benchmarks.check_common import Report, checked_device, step_parser  # noqa: E402
-from rla.digest import tensor_digest  # noqa: E402
-from studies.scaling.check_model import QUICK, TARGET  # noqa: E402
-from studies.scaling.measure import PAPER_SHAPES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]  # the children run from the repository root
 
 MODEL = "r1-distill-qwen-1.5b"
 LAYERS = 4
@@ -98,7 +97,7 @@ def run_child(device: str, quick: bool, off: bool, work: Path, label: str) -> di
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(caches / "inductor"),
            "TRITON_CACHE_DIR": str(caches / "triton")}
     out = work / f"{label.replace(' ', '-')}.json"
-    cmd = [sys.executable, __file__, "--child", "--device", device, "--out", str(out),
+    cmd = [sys.executable, "-m", __spec__.name, "--child", "--device", device, "--out", str(out),
            *(["--quick"] if quick else []), *(["--autotuning-off"] if off else [])]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=CHILD_LIMIT_S)
     if done.returncode != 0:

@@ -11,21 +11,16 @@ whether the engine's merged projections give the bits of transformers' separate 
 Each at the paper shapes (R1-Distill-Qwen-1.5B, Qwen3-8B; random weights), with cuBLAS's reduced-precision
 BF16 reduction allowed and not (on a CPU the flag does nothing: one pass, named).
 
-    python3 benchmarks/check_gemm.py --device cuda --out gemm.json
+    python3 -m studies.gpu_check.check_gemm --device cuda --out gemm.json
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.check_common import Report, bit_compare, checked_device, step_parser  # noqa: E402
-from studies.scaling.measure import PAPER_SHAPES, Shape, qwen_shape  # noqa: E402
+from studies.gpu_check.check_common import Report, bit_compare, checked_device, step_parser
+from studies.scaling.measure import PAPER_SHAPES, Shape, qwen_shape
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from localrl.engine.engine import Engine
-from localrl.models import compute_copy as dtype_copy
 from localrl.kernels import use_local_kernels
+from localrl.models import compute_copy as dtype_copy
 from studies.probe import measure as probe
 from studies.scaling import measure as scaling
 from studies.scaling.check_model import token_mismatch

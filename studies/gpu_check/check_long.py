@@ -9,26 +9,22 @@ weights. Against both references: the engine's prefill (`engine_forward`) and it
 k3 overall and per log-spaced position bin, with the engine's entropy; at the logit scale matched to the
 scaling study's base and at one sharper scale (lower entropy, as trained models have).
 
-    python3 benchmarks/check_long.py --device cuda --out long.json
+    python3 -m studies.gpu_check.check_long --device cuda --out long.json
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import patches  # noqa: E402
-from benchmarks import testbed  # noqa: E402
-from benchmarks.check_common import Report, checked_device, step_parser  # noqa: E402
-from localrl.kernels import CUDA_ATTENTION  # noqa: E402
-from rla.digest import tensor_digest  # noqa: E402
-from studies.scaling.check_model import TARGET  # noqa: E402
-from studies.scaling.measure import PAPER_SHAPES, qwen_shape  # noqa: E402
+import patches
+from localrl.kernels import CUDA_ATTENTION
+from rla.digest import tensor_digest
+from studies.gpu_check import testbed
+from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.scaling.check_model import TARGET
+from studies.scaling.measure import PAPER_SHAPES, qwen_shape
 
 MODEL = "r1-distill-qwen-1.5b"
 LENGTHS = dict(n_seq=4, prompt_len=32, response_len=4064)  # 4,096 positions

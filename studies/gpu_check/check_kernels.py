@@ -9,27 +9,23 @@ attention kernels on the training side; k3, mean |d logprob| and the bit-equal s
 prefill and its sampling logprobs. On a CPU the flash backend is torch's C++ flash kernel on the BF16
 values and the engine's attention is FP32 rounded once (the rig's CPU kernel): named in the JSON.
 
-    python3 benchmarks/check_kernels.py --device cuda --out kernels.json
+    python3 -m studies.gpu_check.check_kernels --device cuda --out kernels.json
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import patches  # noqa: E402
-from benchmarks import testbed  # noqa: E402
-from benchmarks.check_common import Report, checked_device, step_parser  # noqa: E402
-from localrl import kernels  # noqa: E402
-from studies.scaling.check_model import QUICK, TARGET  # noqa: E402
-from studies.scaling.measure import PAPER_SHAPES  # noqa: E402
+import patches
+from localrl import kernels
+from studies.gpu_check import testbed
+from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.scaling.check_model import QUICK, TARGET
+from studies.scaling.measure import PAPER_SHAPES
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 LENGTHS = dict(n_seq=8, prompt_len=32, response_len=128)

@@ -7,22 +7,19 @@ Inductor against eager, bit for bit. Equal: the cast is kept (the normalised val
 weight multiplies it); differing: Inductor dropped it (it elides a downcast that is only upcast again,
 unless `emulate_precision_casts` is set), so a compiled norm rounds once where eager rounds twice.
 
-    python3 benchmarks/check_preflight.py --device cuda --out preflight.json
+    python3 -m studies.gpu_check.check_preflight --device cuda --out preflight.json
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.check_common import Report, bit_compare, checked_device, step_parser  # noqa: E402
+from studies.gpu_check.check_common import Report, bit_compare, checked_device, step_parser
 
 PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "liger_kernel")
 NORM_ROWS, NORM_WIDTH = 256, 1536  # one R1-Distill-Qwen-1.5B hidden state per row
