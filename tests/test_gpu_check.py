@@ -51,7 +51,8 @@ def test_dry_run_without_vllm_verl_ray_orjson_snakemake(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     files = [p for p in out.rglob("*") if p.is_file()]
-    assert sorted(p.name for p in files) == ["gpu-check-cpu-quick.md", "gpu-check-cpu-quick.tar.gz"]
+    assert sorted(p.name for p in files) == ["fused.json", "gpu-check-cpu-quick.md", "gpu-check-cpu-quick.tar.gz",
+                                             "model.json", "regions.json"]  # and each step's JSON that ran
     assert all(len(p.relative_to(out).parts) <= 3 for p in files)  # at most 2 folders deep
     with tarfile.open(out / "gpu-check-cpu-quick.tar.gz") as tar:
         tar.extractall(tmp_path / "archive", filter="data")

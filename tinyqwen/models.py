@@ -48,6 +48,9 @@ REAL_SHAPES: dict[str, dict] = {
                          num_key_value_heads=2, head_dim=128),
     "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128),
+    # the paper's small testbed: Qwen2 architecture, Qwen2.5-Math-1.5B's widths (its config.json)
+    "r1-distill-qwen-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                 num_attention_heads=12, num_key_value_heads=2, head_dim=128),
 }
 
 

@@ -60,7 +60,10 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-                 generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:
+                 generator: torch.Generator | None = None, greedy: bool = False,
+                 forced: Tensor | None = None) -> Rollout:
+        """Sample `max_new_tokens` per prompt; with `forced` (B, max_new_tokens), feed those tokens instead of
+        drawing them: their logprobs as the sampling loop computes them (the decode path of given responses)."""
         from localrl.engine.model import KVCache
 
         ids, prompt_mask = (t.to(self.device) for t in left_pad(prompts, self.pad_id))
@@ -78,7 +81,9 @@ class Engine:
         tokens, logps, masks = [], [], []
         for t in range(max_new_tokens):
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-            if greedy:
+            if forced is not None:
+                tok = forced[:, t].to(self.device)
+            elif greedy:
                 tok = logp.argmax(-1)
             else:  # drawn on the CPU (a CPU generator on every device): the same seed, the same stream
                 tok = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(-1).to(self.device)

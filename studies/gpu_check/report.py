@@ -3,7 +3,10 @@
 The measurement runs on the GPU machine with its own Python (no Snakemake there): each run's folder in
 `studies/gpu_check/runs/` is what one call returned (`summary.json` with the machine, versions, commit and
 command; every step's JSON and log). This report reads those folders and writes one table per step, each
-row naming its run; `runs.csv` holds each run's provenance. Torch-free.
+row naming its run; `runs.csv` holds each run's provenance. The second check's steps (preflight, gemm, long,
+kernels, determinism, cost) have tables of their own (`long` two: overall and per position bin), written
+once a run has them; every k3 there is against both of the engine's references, its prefill
+(`engine_forward`) and its sampling logprobs (`engine_sampling`). Torch-free.
 
     python -m studies report gpu_check --runs studies/gpu_check/runs --out results/studies/gpu_check/report
 
@@ -81,8 +84,89 @@ def region_rows(name: str, report: dict) -> list[dict]:
     return [{"run": name, **{k: r.get(k) for k in keep}, "copy_GBps": report["copy_GBps"]} for r in report["rows"]]
 
 
+# ---- the second check's steps (studies/gpu_check/check_<step>.py): {"parts": {...}} each
+
+REFERENCES = ("engine_forward", "engine_sampling")  # the engine's prefill logprobs; its decode (sampling) ones
+MISMATCH = ("k3", "mean_abs_dlogprob", "bit_equal")
+
+
+def _parts(report: dict) -> dict:
+    return report.get("parts", {})
+
+
+def _both_references(row: dict) -> dict:
+    """`<reference>/<metric>` of a step's row as `<reference>_<metric>` columns, every reference present."""
+    return {f"{ref}_{m}": row.get(f"{ref}/{m}") for ref in REFERENCES for m in MISMATCH}
+
+
+def preflight_rows(name: str, report: dict) -> list[dict]:
+    parts = _parts(report)
+    rows = [{"run": name, "item": f"version: {k}", "value": str(v)} for k, v in parts.get("versions", {}).items()]
+    rows += [{"run": name, "item": f"SDPA backend: {k}", "value": v} for k, v in parts.get("sdpa_backends", {}).items()]
+    if flag := parts.get("reduced_precision"):
+        rows.append({"run": name, "item": "allow_bf16_reduced_precision_reduction",
+                     "value": f"{flag['allow_bf16_reduced_precision_reduction']} (applies to {flag['applies']})"})
+    if norm := parts.get("norm_cast"):
+        c = norm["compiled_vs_eager"]
+        rows.append({"run": name, "item": f"compiled {norm['expression']} against eager",
+                     "value": f"{norm['verdict']}: {c['differing']} of {c['of']} differ "
+                              f"(emulate_precision_casts {norm['emulate_precision_casts']})"})
+    return rows
+
+
+def gemm_rows(name: str, report: dict) -> list[dict]:
+    parts = _parts(report)
+    keep = ("model", "reduced_precision", "projection", "rows", "differing", "of", "bit_equal")
+    rows = [{"run": name, "comparison": "row 0 against 1 row", **{k: r[k] for k in keep}}
+            for r in parts.get("row_invariance", [])]
+    rows += [{"run": name, "comparison": f"merged {r['group']} against separate", **{k: r[k] for k in keep}}
+             for r in parts.get("merged_vs_separate", [])]
+    return rows
+
+
+def long_rows(name: str, report: dict) -> list[dict]:
+    keep = ("model", "layers", "scale", "logit_scale", "dtype", "regions", "impl", "n_seq", "response_len",
+            "entropy_engine", "finite_share")
+    return [{"run": name, **{k: r.get(k) for k in keep}, **_both_references(r),
+             "n_tokens": r.get("engine_forward/n_tokens")} for r in _parts(report).get("rows", [])]
+
+
+def position_rows(name: str, report: dict) -> list[dict]:
+    keep = ("model", "scale", "dtype", "regions", "impl", "position_low", "position_high", "n_tokens",
+            "entropy_engine")
+    return [{"run": name, **{k: r[k] for k in keep},
+             **{f"{ref}_{m}": r[f"{ref}/{m}"] for ref in REFERENCES for m in ("k3", "mean_abs_dlogprob")}}
+            for r in _parts(report).get("by_position", [])]
+
+
+def kernels_rows(name: str, report: dict) -> list[dict]:
+    keep = ("model", "layers", "n_seq", "prompt_len", "response_len", "entropy_engine", "train_attention",
+            "regions", "impl")
+    kernels = report.get("kernels", {})
+    return [{"run": name, **{k: r[k] for k in keep}, "train_kernel": kernels.get(r["train_attention"]),
+             "engine_kernel": kernels.get("engine_kernel"), **_both_references(r)}
+            for r in _parts(report).get("rows", [])]
+
+
+DIGESTS = ("responses", "engine_sampling", "engine_forward", "train_none", "train_all")
+
+
+def determinism_rows(name: str, report: dict) -> list[dict]:
+    return [{"run": name, "pair": c["pair"], **{d: c.get(d) for d in DIGESTS}, "all_equal": c.get("all_equal"),
+             "skipped": c.get("skipped")} for c in _parts(report).get("comparisons", [])]
+
+
+def cost_rows(name: str, report: dict) -> list[dict]:
+    keep = ("model", "layers", "tokens", "impl", "step_s", "time_x_stock", "peak_bytes", "peak_x_stock", "skipped")
+    return [{"run": name, **{k: r.get(k) for k in keep}, "gradient_checkpointing": report.get("gradient_checkpointing")}
+            for r in _parts(report).get("rows", [])]
+
+
 STEP_ROWS = {"fused.csv": ("fused", fused_rows), "model.csv": ("model", model_rows),
-             "regions.csv": ("regions", region_rows)}
+             "regions.csv": ("regions", region_rows), "preflight.csv": ("preflight", preflight_rows),
+             "gemm.csv": ("gemm", gemm_rows), "long.csv": ("long", long_rows),
+             "long_positions.csv": ("long", position_rows), "kernels.csv": ("kernels", kernels_rows),
+             "determinism.csv": ("determinism", determinism_rows), "cost.csv": ("cost", cost_rows)}
 
 
 def tables(runs: Path) -> dict[str, pd.DataFrame]:
@@ -138,9 +222,66 @@ def runs_view(runs: pd.DataFrame) -> pd.DataFrame:
                  "liger_kernel"]].astype(str)
 
 
-# every table, in this order, with its markdown view
+def gemm_view(gemm: pd.DataFrame) -> pd.DataFrame:
+    """Per run, model, comparison, projection and reduction flag: at how many row counts the bits differ,
+    and the smallest such row count."""
+    keys = ["run", "model", "comparison", "projection", "reduced_precision"]
+    moved = gemm.assign(moved_at=gemm["rows"].where(~gemm["bit_equal"].astype(bool)))
+    moved["differs"] = ~moved["bit_equal"].astype(bool)
+    return moved.groupby(keys, sort=False).agg(row_counts=("rows", "size"), differing_at=("differs", "sum"),
+                                               first_differing_rows=("moved_at", "min"),
+                                               max_differing=("differing", "max")).reset_index()
+
+
+def long_view(long: pd.DataFrame) -> pd.DataFrame:
+    """Each setting's k3 against both references, the engine's entropy, and stock's k3 over the setting's
+    (the BF16 `none` row of the same scale and reference)."""
+    view = long[["run", "model", "scale", "dtype", "regions", "impl", "response_len", "entropy_engine",
+                 "engine_forward_k3", "engine_sampling_k3", "engine_forward_mean_abs_dlogprob"]].copy()
+    stock = long[(long["dtype"] == "bf16") & (long["regions"] == "none")].set_index(["run", "model", "scale"])
+    for ref in REFERENCES:
+        base = view.set_index(["run", "model", "scale"]).index.map(stock[f"{ref}_k3"])
+        view[f"bf16 stock k3 / k3 ({ref})"] = base.to_numpy() / view[f"{ref}_k3"].to_numpy()
+    return view
+
+
+def positions_view(positions: pd.DataFrame) -> pd.DataFrame:
+    """Per run, scale, position bin and reference: each setting's k3 side by side, the engine's entropy
+    there, and the share of stock's k3 that `rope` alone removes (1 - rope / none) against `all`'s."""
+    frame = positions.assign(setting=positions["dtype"] + " " + positions["regions"])
+    rows = []
+    for ref in REFERENCES:
+        wide = frame.pivot_table(index=["run", "model", "scale", "position_low", "position_high"], columns="setting",
+                                 values=f"{ref}_k3", aggfunc="first", sort=False)
+        wide.columns = [f"k3 {c}" for c in wide.columns]
+        entropy = frame[frame["dtype"] == "bf16"].groupby(["run", "model", "scale", "position_low", "position_high"],
+                                                          sort=False)["entropy_engine"].first()
+        wide.insert(0, "reference", ref)
+        wide.insert(1, "entropy_engine", entropy.reindex(wide.index).to_numpy())
+        if {"k3 bf16 none", "k3 bf16 rope", "k3 bf16 all"} <= set(wide.columns):
+            wide["rope removes"] = 1 - wide["k3 bf16 rope"] / wide["k3 bf16 none"]
+            wide["all removes"] = 1 - wide["k3 bf16 all"] / wide["k3 bf16 none"]
+        rows.append(wide.reset_index())
+    return pd.concat(rows, ignore_index=True)
+
+
+def kernels_view(kernels: pd.DataFrame) -> pd.DataFrame:
+    return kernels[["run", "model", "layers", "train_attention", "regions", "impl", "engine_forward_k3",
+                    "engine_sampling_k3", "engine_forward_bit_equal", "engine_sampling_bit_equal", "entropy_engine"]]
+
+
+def cost_view(cost: pd.DataFrame) -> pd.DataFrame:
+    view = cost.reindex(columns=["run", "model", "layers", "tokens", "impl", "step_s", "time_x_stock", "peak_x_stock",
+                                 "skipped"])
+    view.insert(7, "peak_GiB", cost["peak_bytes"].astype(float) / 2**30 if "peak_bytes" in cost else None)
+    return view
+
+
+# every table, in this order, with its markdown view; a table no run has rows for is not written
 VIEWS = {"runs.csv": runs_view, "fused.csv": fused_view, "model.csv": model_view, "checks.csv": lambda frame: frame,
-         "regions.csv": regions_view}
+         "regions.csv": regions_view, "preflight.csv": lambda frame: frame, "gemm.csv": gemm_view,
+         "long.csv": long_view, "long_positions.csv": positions_view, "kernels.csv": kernels_view,
+         "determinism.csv": lambda frame: frame, "cost.csv": cost_view}
 
 
 def main(argv=None) -> int:
@@ -148,6 +289,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=Path, default=Path(RUNS), help="folder of run folders (default: %(default)s)")
     args = p.parse_args(argv)
     found = tables(args.runs)
-    views = {t.replace(".csv", ".md"): to_markdown(VIEWS[t](frame)) + "\n" for t, frame in found.items() if len(frame)}
+    found = {t: frame for t, frame in found.items() if len(frame)}
+    views = {t.replace(".csv", ".md"): to_markdown(VIEWS[t](frame)) + "\n" for t, frame in found.items()}
     write_tables(args.out, {**found, **views})
     return 0

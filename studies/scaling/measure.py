@@ -86,7 +86,7 @@ REAL_SHAPES = {name: shape_of(arch, models.REAL_SHAPES[name], 151936)
                for name, arch in (("qwen2.5-1.5b", "qwen2"), ("qwen3-1.7b", "qwen3"))}
 # The paper grid's four models (experiments/paper.yaml), as their Hub config.json gives them; weights random.
 PAPER_SHAPES = {
-    "r1-distill-qwen-1.5b": Shape("qwen2", 28, 1536, 12, 2, 128, 8960, 151936, 1e4),
+    "r1-distill-qwen-1.5b": shape_of("qwen2", models.REAL_SHAPES["r1-distill-qwen-1.5b"], 151936, 1e4),
     "qwen2.5-math-7b": Shape("qwen2", 28, 3584, 28, 4, 128, 18944, 152064, 1e4),
     "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 128, 6144, 151936, 1e6),
     "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 1e6),

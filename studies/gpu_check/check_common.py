@@ -1,0 +1,68 @@
+"""What the second GPU check's steps (check_preflight.py ... check_cost.py, run as modules) share: one command line
+(--device, --quick, --out), a JSON report rewritten after every part (a step stopped at its time limit
+leaves what it measured), a skip that names its reason, and bitwise comparisons that refuse all-zero inputs
+(two zero tensors are equal whatever the kernels do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def step_parser(doc: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--quick", action="store_true", help="tiny shapes and lengths: a dry run")
+    p.add_argument("--out", type=Path, required=True, help="JSON path (rewritten after each part)")
+    return p
+
+
+def checked_device(p: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device visible to torch; allowed here: --device cpu")
+    return torch.device(args.device)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+class Report:
+    """One step's JSON: a head (device, versions, conditions) and named parts, each written to disk as
+    soon as it is measured; a part that cannot run holds {"skipped": why}."""
+
+    def __init__(self, path: Path, step: str, device: torch.device, quick: bool, **head):
+        self.path, self.start = path, time.perf_counter()
+        self.data = {"step": step, "device": device_name(device), "torch": torch.__version__, "quick": quick,
+                     **head, "parts": {}}
+        self.write()
+
+    def add(self, part: str, value) -> None:
+        self.data["parts"][part] = value
+        self.write()
+
+    def skip(self, part: str, why: str) -> None:
+        print(f"{part}: skipped: {why}", flush=True)
+        self.add(part, {"skipped": why})
+
+    def write(self) -> None:
+        self.data["seconds"] = round(time.perf_counter() - self.start, 1)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
+
+
+def bit_compare(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """Elements of `a` and `b` compared bit for bit (their raw bytes, so -0.0 != 0.0 and NaNs by payload).
+    Refuses a pair where either side is all zeros: such a comparison says nothing about the kernels."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"bit_compare: {tuple(a.shape)} {a.dtype} against {tuple(b.shape)} {b.dtype}")
+    if not (a.count_nonzero() and b.count_nonzero()):
+        raise ValueError("bit_compare: an all-zero operand proves nothing")
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    differing = int((a.contiguous().view(ints) != b.contiguous().view(ints)).sum())
+    return {"bit_equal": differing == 0, "differing": differing, "of": a.numel()}
