@@ -489,7 +489,7 @@ def test_full_determinism_with_aligned_regions_is_refused_naming_why(paper, tmp_
     with pytest.raises(ConfigError, match=rf"^{re.escape(switch)}: verl's full_determinism turns on vLLM's "
                                           r"batch-invariant mode \(VLLM_BATCH_INVARIANT=1\), which the aligned regions "
                                           r"of ablation 'rope' \(rope\) cannot follow: .*RMSNorm through its Triton "
-                                          r"kernel \(batch_invariant.py:1014-1061.*Allowed: "):
+                                          r"kernel \(batch_invariant.py:1035-1083.*Allowed: "):
         build_overrides(Cell.of(cfg, model, "rope", 0, tmp_path, tmp_path))
     assert switch in build_overrides(Cell.of(cfg, model, "none", 0, tmp_path, tmp_path))  # no region: allowed
     switched_off = _with_overrides(cfg, "actor_rollout_ref.rollout.full_determinism=False",

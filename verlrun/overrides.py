@@ -284,16 +284,17 @@ _COMPILATION = _ROLLOUT + "engine_kwargs.vllm.compilation_config"
 # vLLM's batch-invariant mode: verl turns it on for `rollout.full_determinism` (VLLM_BATCH_INVARIANT=1,
 # verl/trainer/main_ppo.py:47-49) and forwards the variable from the launching shell to every worker
 # (trainer/constants_ppo.py:141). vLLM then runs RMSNorm and the linear layers through its own kernels
-# (vllm/model_executor/determinism/batch_invariant.py, vLLM 0.32.0): no target describes where they round.
+# (vllm/model_executor/determinism/batch_invariant.py; vLLM 0.34.0's lines below, the same kernels as
+# 0.32.0's): no target describes where they round.
 BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
 _FULL_DETERMINISM = _ROLLOUT + "full_determinism"
 _BATCH_INVARIANT_WHY = (
     "it makes vLLM run another engine than the one the targets describe: RMSNorm through its Triton kernel "
-    "(batch_invariant.py:1014-1061: 1/sqrt(mean + eps) over 1024-wide partial sums, one rounding after the weight; "
-    "with the residual, the fused_add_rms_norm custom op, :1085-1092) instead of the compiled native formula "
-    "(layers/layernorm.py:101-113), and the linear layers through a Triton persistent matmul (linear.py:235-238; "
-    "batch_invariant.py:49-136), with softmax, log_softmax and mean replaced too (:1357-1377), in "
-    "vllm/model_executor/determinism/ of vLLM 0.32.0")
+    "(batch_invariant.py:1035-1083: 1/sqrt(mean + eps) over 1024-wide partial sums, one rounding after the "
+    "weight; with the residual, the fused_add_rms_norm custom op, :1106-1113) instead of the compiled native "
+    "formula (layers/layernorm.py:106-118), and the linear layers through a Triton persistent matmul "
+    "(layers/linear.py:241-244; batch_invariant.py:49-136), with softmax, log_softmax and mean replaced too "
+    "(:1443-1462), in vllm/model_executor/ of vLLM 0.34.0 (0.32.0: the same kernels)")
 
 
 def _switched_on(key: str, value) -> bool:
