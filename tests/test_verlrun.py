@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from verlrun import launch, memory, metrics, models
+from rla.config import ConfigError
 from rla.config import load as load_config
 from rla.names import ABLATIONS
 from verlrun.data import prepare, to_verl_rows
@@ -469,3 +471,35 @@ def test_auto_hands_the_workers_the_rollouts_engine_config(paper, tmp_path):
         assert engine_table.refusal(config) is None, model
     unfused = {**paper, "model_specs": {m: {**s, "overrides": []} for m, s in paper["model_specs"].items()}}
     assert "tensor_parallel_size=2" in engine_table.refusal(engine_config(unfused, tp2[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# vLLM's batch-invariant mode (verl's full_determinism): another engine than the targets describe
+
+
+def _with_overrides(cfg: dict, *overrides: str) -> dict:
+    return {**cfg, "verl": {**cfg["verl"], "overrides": [*cfg["verl"].get("overrides", []), *overrides]}}
+
+
+@pytest.mark.parametrize("switch", ["actor_rollout_ref.rollout.full_determinism=True",
+                                    "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_BATCH_INVARIANT='1'"])
+def test_full_determinism_with_aligned_regions_is_refused_naming_why(paper, tmp_path, monkeypatch, switch):
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    cfg, model = _with_overrides(paper, switch), paper["models"][0]
+    with pytest.raises(ConfigError, match=rf"^{re.escape(switch)}: verl's full_determinism turns on vLLM's "
+                                          r"batch-invariant mode \(VLLM_BATCH_INVARIANT=1\), which the aligned regions "
+                                          r"of ablation 'rope' \(rope\) cannot follow: .*RMSNorm through its Triton "
+                                          r"kernel \(batch_invariant.py:1035-1083.*Allowed: "):
+        build_overrides(Cell.of(cfg, model, "rope", 0, tmp_path, tmp_path))
+    assert switch in build_overrides(Cell.of(cfg, model, "none", 0, tmp_path, tmp_path))  # no region: allowed
+    switched_off = _with_overrides(cfg, "actor_rollout_ref.rollout.full_determinism=False",
+                                   "+ray_kwargs.ray_init.runtime_env.env_vars.VLLM_BATCH_INVARIANT='0'")
+    build_overrides(Cell.of(switched_off, model, "all", 0, tmp_path, tmp_path))  # the last override wins
+
+
+def test_batch_invariance_from_the_launching_environment_is_refused_with_regions(paper, tmp_path, monkeypatch):
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")  # verl forwards it to every worker
+    with pytest.raises(ConfigError, match=r"^VLLM_BATCH_INVARIANT=1 in the launching environment: .* 'all' "):
+        build_overrides(Cell.of(paper, paper["models"][0], "all", 0, tmp_path, tmp_path))
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    build_overrides(Cell.of(paper, paper["models"][0], "all", 0, tmp_path, tmp_path))

@@ -270,6 +270,7 @@ def build_overrides(cell: Cell) -> list[str]:
     overrides += [str(o) for o in spec.get("overrides") or []]
     if verl["target"] == "auto":  # the workers read the table of the engine these overrides configure
         overrides.append(f"{ENV_PREFIX}.{names.ENGINE_CONFIG_ENV}={hydra_value(rollout_engine_config(overrides))}")
+    check_batch_invariance(overrides, ablation, dict(os.environ))
     return overrides
 
 
@@ -278,6 +279,61 @@ _ROLLOUT = A + "rollout."
 _ENGINE_KEYS = {_ROLLOUT + "enforce_eager": "enforce_eager", _ROLLOUT + "tensor_model_parallel_size":
                 "tensor_parallel_size", "trainer.device": "device"}
 _COMPILATION = _ROLLOUT + "engine_kwargs.vllm.compilation_config"
+
+
+# vLLM's batch-invariant mode: verl turns it on for `rollout.full_determinism` (VLLM_BATCH_INVARIANT=1,
+# verl/trainer/main_ppo.py:47-49) and forwards the variable from the launching shell to every worker
+# (trainer/constants_ppo.py:141). vLLM then runs RMSNorm and the linear layers through its own kernels
+# (vllm/model_executor/determinism/batch_invariant.py; vLLM 0.34.0's lines below, the same kernels as
+# 0.32.0's): no target describes where they round.
+BATCH_INVARIANT_ENV = "VLLM_BATCH_INVARIANT"
+_FULL_DETERMINISM = _ROLLOUT + "full_determinism"
+_BATCH_INVARIANT_WHY = (
+    "it makes vLLM run another engine than the one the targets describe: RMSNorm through its Triton kernel "
+    "(batch_invariant.py:1035-1083: 1/sqrt(mean + eps) over 1024-wide partial sums, one rounding after the "
+    "weight; with the residual, the fused_add_rms_norm custom op, :1106-1113) instead of the compiled native "
+    "formula (layers/layernorm.py:106-118), and the linear layers through a Triton persistent matmul "
+    "(layers/linear.py:241-244; batch_invariant.py:49-136), with softmax, log_softmax and mean replaced too "
+    "(:1443-1462), in vllm/model_executor/ of vLLM 0.34.0 (0.32.0: the same kernels)")
+
+
+def _switched_on(key: str, value) -> bool:
+    """Whether an override's value turns the mode on, as verl reads a bool and vLLM the variable
+    (`bool(int(...))`, vllm/envs.py)."""
+    if key == _FULL_DETERMINISM:
+        return bool(value)
+    try:
+        return bool(int(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def batch_invariance_switch(overrides: list[str], environ: dict[str, str]) -> str | None:
+    """The setting that turns on vLLM's batch-invariant mode for these overrides (the last override of
+    a key wins, as in Hydra), or None."""
+    env_key = f"{ENV_PREFIX.lstrip('+')}.{BATCH_INVARIANT_ENV}"
+    final = {}
+    for override in overrides:
+        key, _, text = override.lstrip("+~").partition("=")
+        if key in (_FULL_DETERMINISM, env_key):
+            final[key] = (override, yaml.safe_load(text) if text and not override.startswith("~") else None)
+    switches = [override for key, (override, value) in final.items() if _switched_on(key, value)]
+    if _switched_on(BATCH_INVARIANT_ENV, environ.get(BATCH_INVARIANT_ENV)):
+        switches.append(f"{BATCH_INVARIANT_ENV}={environ[BATCH_INVARIANT_ENV]} in the launching environment")
+    return switches[0] if switches else None
+
+
+def check_batch_invariance(overrides: list[str], ablation: str, environ: dict[str, str]) -> None:
+    """Refuse vLLM's batch-invariant mode in a cell that aligns regions: they would be aligned to an engine
+    that does not run."""
+    regions = names.regions_of(ablation)
+    switch = batch_invariance_switch(overrides, environ)
+    if regions and switch:
+        raise ConfigError(
+            f"{switch}: verl's full_determinism turns on vLLM's batch-invariant mode ({BATCH_INVARIANT_ENV}=1), "
+            f"which the aligned regions of ablation {ablation!r} ({', '.join(regions)}) cannot follow: "
+            f"{_BATCH_INVARIANT_WHY}. Allowed: full_determinism and {BATCH_INVARIANT_ENV} off with aligned "
+            "regions, or on with an ablation that aligns none")
 
 
 def rollout_engine_config(overrides: list[str]) -> str:
