@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from diagnose.errors import DiagnoseError
-from diagnose.run import DEFAULTS, TARGET_CHOICES
+from diagnose.run import DEFAULTS, TARGET_CHOICES, TRACE_PROMPTS
 from diagnose.verdict import DEFAULT_THRESHOLD, THRESHOLD_SOURCE
 
 
@@ -34,8 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="prompt choice and sampling seeds")
     p.add_argument("--small-batch", type=int, default=DEFAULTS["small_batch"],
                    help="the second decode batch size of the engine's self-check (default %(default)s)")
-    p.add_argument("--trace-prompts", type=int, default=DEFAULTS["trace_prompts"],
-                   help="prompts traced layer by layer (default %(default)s; 0: no trace)")
+    p.add_argument("--trace-prompts", type=int, help=f"prompts traced layer by layer (default {TRACE_PROMPTS}, at "
+                                                      "most --n-prompts; 0: no trace)")
     p.add_argument("--reduction", default=DEFAULTS["reduction"], help="the norms' summation order on the training "
                                                                        "side (patches.REDUCTIONS; default eager)")
     p.add_argument("--position-bin", type=int, default=DEFAULTS["position_bin"], help="positions per bin")

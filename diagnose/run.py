@@ -20,8 +20,9 @@ from diagnose import weights as weight_check
 from diagnose.errors import DiagnoseError
 
 TARGET_CHOICES = ("auto", *TARGETS)
+TRACE_PROMPTS = 4  # prompts traced layer by layer unless told: the tap copies every layer's q/k/v/out
 DEFAULTS = dict(prompts=None, threshold=verdict.DEFAULT_THRESHOLD, target="auto", n_prompts=32, max_new_tokens=64,
-                seed=0, small_batch=1, trace_prompts=4, reduction="eager", position_bin=16, kv_cache_gib=1,
+                seed=0, small_batch=1, trace_prompts=None, reduction="eager", position_bin=16, kv_cache_gib=1,
                 engine_model=None)
 
 
@@ -52,6 +53,8 @@ def check_options(o: dict) -> dict:
         raise DiagnoseError(f"reduction {o['reduction']!r}; allowed: {', '.join(patches.REDUCTIONS)}")
     for name in ("n_prompts", "max_new_tokens", "small_batch", "position_bin", "kv_cache_gib"):
         positive(name, o[name])
+    if o["trace_prompts"] is None:
+        o["trace_prompts"] = min(TRACE_PROMPTS, o["n_prompts"])
     if not isinstance(o["trace_prompts"], int) or not 0 <= o["trace_prompts"] <= o["n_prompts"]:
         raise DiagnoseError(f"trace_prompts {o['trace_prompts']!r}; allowed: 0..n_prompts ({o['n_prompts']})")
     if o["small_batch"] > o["n_prompts"]:
@@ -178,7 +181,11 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
     out.mkdir(parents=True, exist_ok=True)
     eos = eos_of(config)
     n, k = len(prompts), o["trace_prompts"]
-    bar = tqdm(total=0, desc="diagnose", unit="step", dynamic_ncols=True)
+    owned = engine is None
+    if owned:
+        engine = engines.start(engine_dir, max_model_len=min(limit, -(-longest // 16) * 16), max_num_seqs=n,
+                               seed=o["seed"], kv_cache_gib=o["kv_cache_gib"])
+    bar = tqdm(total=0, desc="diagnose", unit="step", dynamic_ncols=True, mininterval=1.0)
 
     def advance(count):
         bar.update(count)
@@ -186,12 +193,7 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
     def log(msg):
         tqdm.write(str(msg))
 
-    owned = engine is None
     try:
-        if owned:
-            bar.set_description("starting vLLM")
-            engine = engines.start(engine_dir, max_model_len=min(limit, -(-longest // 16) * 16), max_num_seqs=n,
-                                   seed=o["seed"], kv_cache_gib=o["kv_cache_gib"])
         run_info = {"checkpoint": Path(checkpoint_dir).resolve(), "settings": {
             "engine": engine.describe(), "engine loads": str(engine_dir), "prompts": o["prompts"] or
             f"{n} random token-id prompts (seed {o['seed']})", "prompts used": n,
@@ -235,7 +237,7 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
         return finish(out, run_info, tables, decided, None, started)
     finally:
         bar.close()
-        if owned and engine is not None:
+        if owned:
             engine.close()
 
 

@@ -6,11 +6,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from diagnose import report
+from diagnose import metrics, report
 
-STATS = ["k3", "k3_low", "k3_high", "mean_abs_dlogprob", "mean_abs_dlogprob_low", "mean_abs_dlogprob_high",
-         "bit_equal", "bit_equal_low", "bit_equal_high", "seq_logratio_var", "seq_logratio_var_low",
-         "seq_logratio_var_high", "max_abs_dlogprob", "tokens", "sequences"]
+STATS = ["k3", "mean_abs_dlogprob", "bit_equal", "seq_logratio_var", "max_abs_dlogprob", "tokens", "sequences"]
+
+
+def with_intervals(frame: pd.DataFrame) -> pd.DataFrame:
+    """Each statistic with a bootstrap interval shown as `value [low, high]` (the parquet keeps three columns)."""
+    frame = frame.copy()
+    for name in metrics.STATISTICS:
+        if name in frame:
+            frame[name] = [f"{v:.3g} [{lo:.3g}, {hi:.3g}]" for v, lo, hi in
+                           zip(frame[name], frame[f"{name}_low"], frame[f"{name}_high"])]
+    return frame
 
 
 def write(out: Path, run: dict, tables: dict[str, pd.DataFrame], decided: dict | None, stopped: str | None) -> None:
@@ -46,7 +54,7 @@ def section_engine(tables) -> list[str]:
             "(d = prefill - sampling). `small_batch_vs_batch`: the same seeded requests decoded at the small batch "
             "against all at once, over each response up to where the two sample differently. No training-side "
             "change removes either.", "",
-            report.table(tables["engine_self"], ["comparison"] + STATS + ["sequences_sampled_differently"]), ""]
+            report.table(with_intervals(tables["engine_self"]), ["comparison"] + STATS + ["sequences_sampled_differently"]), ""]
 
 
 def section_mismatch(tables, decided) -> list[str]:
@@ -56,7 +64,7 @@ def section_mismatch(tables, decided) -> list[str]:
              f"teacher-forced, stock (`none`) and under each region subset at target `{decided['target']}`; "
              "d = logp_train - logp_engine per response token; intervals: 95% bootstrap over sequences.", ""]
     for reference in ("engine_sampling", "engine_prefill"):
-        lines += [f"Against `{reference}`:", "", report.table(main[main["reference"] == reference], ["spec"] + STATS),
+        lines += [f"Against `{reference}`:", "", report.table(with_intervals(main[main["reference"] == reference]), ["spec"] + STATS),
                   ""]
     spec = decided["spec"]
     for name, columns in (("by_position", ["position_low", "position_high"]), ("by_probability", ["p_low", "p_high"])):

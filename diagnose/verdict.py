@@ -41,8 +41,8 @@ def decide(mismatch: pd.DataFrame, engine_self: pd.DataFrame, target: str, thres
     prob = by_probability[(by_probability["spec"] == spec)].sort_values("share_of_abs_dlogprob").iloc[-1]
     out = {"spec": spec, "target": target, "threshold": threshold, "threshold_source": THRESHOLD_SOURCE,
            "k3": float(best["k3"]), "k3_low": float(best["k3_low"]), "k3_high": float(best["k3_high"]),
-           "stock_k3": float(stock["k3"]), "engine_self_k3": float(floor["k3"]),
-           "engine_self_share": float(floor["k3"] / best["k3"]) if best["k3"] > 0 else float("nan"),
+           "stock_k3": float(stock["k3"]), "stock_k3_low": float(stock["k3_low"]),
+           "stock_k3_high": float(stock["k3_high"]), "engine_self_k3": float(floor["k3"]),
            "passes": bool(best["k3"] <= threshold), "passes_at_upper_bound": bool(best["k3_high"] <= threshold),
            "worst_positions": f"{int(pos['position_low'])}..{int(pos['position_high'])}",
            "worst_positions_share": float(pos["share_of_abs_dlogprob"]),
@@ -51,7 +51,7 @@ def decide(mismatch: pd.DataFrame, engine_self: pd.DataFrame, target: str, thres
     if firsts is not None and len(firsts):
         row = firsts[firsts["spec"] == spec]
         if len(row):
-            out["first_layer"] = row["earliest_layer"].iloc[0]
+            out["first_layer"] = None if pd.isna(row["earliest_layer"].iloc[0]) else int(row["earliest_layer"].iloc[0])
             out["arose_in"] = row["arose_in"].iloc[0]
     out["text"] = words(out)
     return out
@@ -64,10 +64,11 @@ def words(v: dict) -> str:
              f"logprobs (stock: {v['stock_k3']:.3g}).",
              ("Below" if v["passes"] else "Above") + f" the threshold {v['threshold']:g} ({v['threshold_source']})"
              + ("" if v["passes"] == v["passes_at_upper_bound"] else ", but its interval reaches above it") + "."]
-    if math.isfinite(v["engine_self_share"]):
-        lines.append(f"The engine's own decode against its own prefill of the same tokens gives k3 "
-                     f"{v['engine_self_k3']:.3g}, {v['engine_self_share']:.0%} of what is left: no training-side "
-                     "change removes that part.")
+    if v["spec"] != "none" and v["k3_high"] >= v["stock_k3_low"]:
+        lines.append(f"Its interval overlaps stock's [{v['stock_k3_low']:.3g}, {v['stock_k3_high']:.3g}]: on these "
+                     "samples the regions are not told apart from stock; more prompts narrow the intervals.")
+    lines.append(f"The engine's own decode against its own prefill of the same tokens gives k3 {v['engine_self_k3']:.3g}: "
+                 "no training-side change removes that part.")
     lines.append(f"What is left sits most in positions {v['worst_positions']} ({v['worst_positions_share']:.0%} of "
                  f"|d logprob|) and in tokens of engine probability {v['worst_probabilities']} "
                  f"({v['worst_probabilities_share']:.0%}).")
