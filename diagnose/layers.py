@@ -20,7 +20,7 @@ from diagnose.tap import VALUES
 def segment(layer: int, differing: list[str]) -> str:
     """Where a first difference at `layer`, in the values `differing`, arose."""
     if "v" not in differing and {"q", "k"} & set(differing):
-        return f"layer {layer}'s RoPE or q/k norm (v, from the same normed input, agrees)"
+        return f"layer {layer}'s RoPE, q/k norm or q/k projection columns (v, from the same normed input, agrees)"
     if differing == ["out"]:
         return f"layer {layer}'s attention kernel (its q, k and v agree)"
     if layer == 0:
@@ -41,7 +41,7 @@ def compare(engine_values: list[dict[str, torch.Tensor]], training_values: list[
         rows = ref["q"].shape[1]
         first = None
         for i in range(layers):
-            differing = []
+            differs = torch.zeros(rows, dtype=torch.bool)  # positions where any value differs at this layer
             for n in VALUES:
                 a, b = got[n][i, :rows].double(), ref[n][i].double()
                 ne = a != b
@@ -53,11 +53,11 @@ def compare(engine_values: list[dict[str, torch.Tensor]], training_values: list[
                 acc[4] = max(acc[4], float((a - b).abs().max()))
                 acc[5] += int(ne.flatten(1).any(1).sum())
                 acc[6] += rows
-                if ne.any():
-                    differing.append(n)
-            if first is None and differing:
-                position = min(int((got[n][i, :rows] != ref[n][i]).flatten(1).any(1).nonzero()[0, 0])
-                               for n in differing)
+                differs |= ne.flatten(1).any(1)
+            if first is None and differs.any():
+                # the first differing position of the first differing layer, and which values differ there
+                position = int(differs.nonzero()[0, 0])
+                differing = [n for n in VALUES if not torch.equal(got[n][i, position], ref[n][i, position])]
                 first = {"spec": spec, "sequence": s, "first_layer": i, "first_values": ",".join(differing),
                          "first_position": position, "arose_in": segment(i, differing)}
         firsts.append(first or {"spec": spec, "sequence": s, "first_layer": None, "first_values": "",

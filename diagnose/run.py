@@ -32,6 +32,9 @@ class Result:
     stopped_at: str | None  # "weights" when the engine's weights differ; None when every step ran
     verdict: dict | None
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    # the layer trace's values, kept in memory only: "samples" (prompt, tokens), "engine" and each spec's
+    # per-sequence {value: (layers, positions, heads, head_dim)}
+    traced: dict = field(default_factory=dict)
 
 
 def positive(name: str, value) -> int:
@@ -136,7 +139,7 @@ def mismatch(model, samples, prefill, target, reduction, position_bin, advance) 
                                       for spec, got in scored.items() for i, lp in enumerate(got)])}
 
 
-def trace(engine, model, prompts, o, target, eos, advance) -> dict[str, pd.DataFrame]:
+def trace(engine, model, prompts, o, target, eos, advance, kept: dict) -> dict[str, pd.DataFrame]:
     """The layer trace of the first `trace_prompts` prompts, each decoded alone with the attention tap."""
     engine_values, samples = [], []
     with tap.engine_tap(engine) as calls:
@@ -145,6 +148,7 @@ def trace(engine, model, prompts, o, target, eos, advance) -> dict[str, pd.DataF
             samples += engines.sample(engine, [p], o["max_new_tokens"], o["seed"] + 1 + i, 1, eos)
             engine_values.append(tap.assemble(calls))
             advance(1)
+    kept.update(samples=samples, engine=engine_values)
     table, firsts = [], []
     for spec in training.SPECS:
         values = []
@@ -154,6 +158,7 @@ def trace(engine, model, prompts, o, target, eos, advance) -> dict[str, pd.DataF
                 training.score(model, s.prompt, s.tokens)
                 values.append(tap.by_layer(recorded))
                 advance(1)
+        kept[spec] = values
         t, f = layers.compare(engine_values, values, spec)
         table += t
         firsts += f
@@ -223,10 +228,10 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
         model = training.load(checkpoint_dir)
         scored = mismatch(model, samples, prefill, target, o["reduction"], o["position_bin"], advance)
         tables.update(scored)
-        firsts = None
+        firsts, kept = None, {}
         if traced:
             bar.set_description("4/5 layer trace")
-            tables.update(trace(engine, model, prompts, o, target, eos, advance))
+            tables.update(trace(engine, model, prompts, o, target, eos, advance, kept))
             firsts = tables["first_summary"]
         else:
             log(f"layer trace skipped: the attention tap reads vLLM-CPU only (this engine: {engine.describe()})")
@@ -234,7 +239,9 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
         decided = verdict.decide(tables["mismatch"], tables["engine_self"], target.name, o["threshold"],
                                  tables["by_position"], tables["by_probability"], firsts)
         bar.close()
-        return finish(out, run_info, tables, decided, None, started)
+        result = finish(out, run_info, tables, decided, None, started)
+        result.traced = kept
+        return result
     finally:
         bar.close()
         if owned:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import diagnose
 import patches
-from diagnose import engine as engines, training, weights
+from diagnose import engine as engines, tap, training, weights
 from tests.vllm_setup import requires_vllm
 
 pytestmark = requires_vllm
@@ -165,3 +165,43 @@ def test_an_engine_that_cannot_load_the_model(vllm_model, tmp_path, capsys):
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("diagnose:")]
     assert len(lines) == 1 and lines[0].startswith(
         f"diagnose: vLLM {engines.check_installed()} (cpu) could not load {broken}: "), lines
+
+
+def test_the_attention_tap_reads_what_the_trace_studys_tap_reads(engine, vllm_model):
+    """Both taps on the same decode (the study's wraps the backend first, the diagnosis's around it): every
+    value of every layer and position equal bit for bit."""
+    from studies.trace.engine_tap import tap as study_tap
+    from studies.trace.measure import per_request
+
+    prompt = [5, 17, 9, 30, 12, 8, 21]
+    with study_tap() as theirs, tap.engine_tap(engine) as ours:
+        engines.sample(engine, [prompt], 10, seed=3, batch=1, eos=None)
+    mine, study = tap.assemble(ours), per_request(theirs, 1)[0]
+    assert mine["q"].shape[1] == len(prompt) + 10 - 1  # every position fed, the last sampled token never
+    for name in tap.VALUES:
+        assert mine[name].ne(0).any() and torch.equal(mine[name], study[name]), name
+
+
+def test_the_layer_trace_equals_the_trace_studys_comparison(diagnosed):
+    """The trace study's `compare` on the diagnosis's traced values: the same first divergence (layer,
+    values, position) per sequence and the same bit-equal share and relative L2 per layer and value."""
+    from studies.trace.measure import compare
+
+    kept = diagnosed.traced
+    ref = [{"prompt": s.prompt, "decode": values, "decode_logprobs": s.logprobs}
+           for s, values in zip(kept["samples"], kept["engine"])]
+    firsts, layers = diagnosed.tables["first_divergence"], diagnosed.tables["layers"]
+    for spec in training.SPECS:
+        theirs = compare(kept[spec], ref, [s.logprobs for s in kept["samples"]])
+        ours = firsts[firsts["spec"] == spec].sort_values("sequence")
+        assert len(ours) == len(theirs["first"]) > 0
+        for first, row in zip(theirs["first"], ours.itertuples()):
+            if first is None:
+                assert pd.isna(row.first_layer)
+            else:
+                assert (first["layer"], ",".join(first["values"]), first["position"]) == (
+                    row.first_layer, row.first_values, row.first_position), spec
+        by = layers[layers["spec"] == spec].set_index(["layer", "value"])
+        for entry in theirs["layers"]:
+            assert by.loc[(entry["layer"], entry["value"]), "bit_equal"] == entry["bit_equal"]
+            assert by.loc[(entry["layer"], entry["value"]), "rel_l2"] == pytest.approx(entry["rel_l2"], rel=1e-12)
