@@ -2,6 +2,7 @@
 (docs/patches.md, "Diagnosing your own run"). `python -m diagnose CHECKPOINT_DIR --out DIR`, or `run`."""
 
 from diagnose.errors import DiagnoseError
-from diagnose.run import DEFAULTS, Result, run
+from diagnose.options import DEFAULTS
+from diagnose.run import Result, run
 
 __all__ = ["run", "Result", "DiagnoseError", "DEFAULTS"]

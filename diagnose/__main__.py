@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from diagnose.errors import DiagnoseError
-from diagnose.run import DEFAULTS, TARGET_CHOICES, TRACE_PROMPTS
+from diagnose.options import DEFAULTS, TARGET_CHOICES, TRACE_PROMPTS
 from diagnose.verdict import DEFAULT_THRESHOLD, THRESHOLD_SOURCE
 
 

@@ -40,7 +40,8 @@ def write(out: Path, run: dict, tables: dict[str, pd.DataFrame], decided: dict |
         lines.append("Every tensor read equals the checkpoint's (cast to the engine's dtype), bit for bit.")
     lines.append("")
     if stopped is None:
-        lines += section_engine(tables) + section_mismatch(tables, decided) + section_layers(tables)
+        lines += section_engine(tables) + section_mismatch(tables, decided)
+        lines += section_layers(tables, run["settings"]["layer trace"])
         lines += ["## 5. Verdict", "", decided["text"], ""]
         figure = report.figure(out, tables["mismatch"], tables["by_position"], tables.get("layers"))
         lines += [f"![mismatch per spec, by position and by layer]({figure})", ""]
@@ -54,7 +55,8 @@ def section_engine(tables) -> list[str]:
             "(d = prefill - sampling). `small_batch_vs_batch`: the same seeded requests decoded at the small batch "
             "against all at once, over each response up to where the two sample differently. No training-side "
             "change removes either.", "",
-            report.table(with_intervals(tables["engine_self"]), ["comparison"] + STATS + ["sequences_sampled_differently"]), ""]
+            report.table(with_intervals(tables["engine_self"]),
+                         ["comparison"] + STATS + ["sequences_sampled_differently"]), ""]
 
 
 def section_mismatch(tables, decided) -> list[str]:
@@ -64,8 +66,8 @@ def section_mismatch(tables, decided) -> list[str]:
              f"teacher-forced, stock (`none`) and under each region subset at target `{decided['target']}`; "
              "d = logp_train - logp_engine per response token; intervals: 95% bootstrap over sequences.", ""]
     for reference in ("engine_sampling", "engine_prefill"):
-        lines += [f"Against `{reference}`:", "", report.table(with_intervals(main[main["reference"] == reference]), ["spec"] + STATS),
-                  ""]
+        rows = with_intervals(main[main["reference"] == reference])
+        lines += [f"Against `{reference}`:", "", report.table(rows, ["spec"] + STATS), ""]
     spec = decided["spec"]
     for name, columns in (("by_position", ["position_low", "position_high"]), ("by_probability", ["p_low", "p_high"])):
         frame = tables[name]
@@ -75,9 +77,9 @@ def section_mismatch(tables, decided) -> list[str]:
     return lines
 
 
-def section_layers(tables) -> list[str]:
+def section_layers(tables, run_layer_trace: str) -> list[str]:
     if "layers" not in tables:
-        return ["## 4. Where the two sides part", "", "Not run: the attention tap reads vLLM's CPU build only.", ""]
+        return ["## 4. Where the two sides part", "", f"Layer trace {run_layer_trace}.", ""]
     return ["## 4. Where the two sides part, layer by layer", "",
             "At each layer's attention op, the values both sides hold (q, k, v after RoPE, attention output), on "
             "prompts decoded alone. vLLM's MLP output and residual are inside its compiled graph and not read: a "

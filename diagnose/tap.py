@@ -50,13 +50,20 @@ def backend_class(model) -> type:
     return classes.pop()
 
 
+def unavailable(engine) -> str | None:
+    """Why the tap does not read this engine (None: it does)."""
+    if (engine.version, engine.platform) in CHECKED:
+        return None
+    return (f"the attention tap was checked against vLLM {', '.join(v for v, _ in CHECKED)} on "
+            f"{', '.join(p for _, p in CHECKED)}; this is vLLM {engine.version} on {engine.platform}")
+
+
 @contextlib.contextmanager
 def engine_tap(engine):
     """Within: every attention call of the engine is appended to the yielded list. Calls of a step with
     more than one request raise (the tap assigns rows to one request)."""
-    if (engine.version, engine.platform) not in CHECKED:
-        raise TapUnavailable(f"the attention tap was checked against vLLM {', '.join(v for v, _ in CHECKED)} on "
-                             f"{', '.join(p for _, p in CHECKED)}; this is vLLM {engine.version} on {engine.platform}")
+    if (why := unavailable(engine)) is not None:
+        raise TapUnavailable(why)
     cls = backend_class(engine.loaded_model())
     stock = cls.forward
     calls: list[Call] = []

@@ -67,8 +67,8 @@ def words(v: dict) -> str:
     if v["spec"] != "none" and v["k3_high"] >= v["stock_k3_low"]:
         lines.append(f"Its interval overlaps stock's [{v['stock_k3_low']:.3g}, {v['stock_k3_high']:.3g}]: on these "
                      "samples the regions are not told apart from stock; more prompts narrow the intervals.")
-    lines.append(f"The engine's own decode against its own prefill of the same tokens gives k3 {v['engine_self_k3']:.3g}: "
-                 "no training-side change removes that part.")
+    lines.append(f"The engine's own decode against its own prefill of the same tokens gives k3 "
+                 f"{v['engine_self_k3']:.3g}: no training-side change removes that part.")
     lines.append(f"What is left sits most in positions {v['worst_positions']} ({v['worst_positions_share']:.0%} of "
                  f"|d logprob|) and in tokens of engine probability {v['worst_probabilities']} "
                  f"({v['worst_probabilities_share']:.0%}).")

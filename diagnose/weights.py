@@ -107,7 +107,8 @@ def compare(engine, checkpoint_dir, progress=None) -> Comparison:
             rows.append({**row, "read": how, "equal": None, "differing": None, "max_abs": None, "missing": ""})
         elif value.shape != expected.shape:
             rows.append({**row, "read": how, "equal": False, "differing": None, "max_abs": None,
-                         "missing": f"shape {tuple(value.shape)} in the engine, {tuple(expected.shape)} in the checkpoint"})
+                         "missing": f"shape {tuple(value.shape)} in the engine, {tuple(expected.shape)} in the "
+                                    "checkpoint"})
         else:
             # compared as values: +0 and -0 are one weight; NaN in both places is the same weight
             differs = (value != expected) & ~(value.isnan() & expected.isnan())

@@ -42,7 +42,8 @@ def test_the_report_folder(diagnosed):
     summary = (out / "summary.md").read_text()
     for line in ("| engine | vLLM ", "| torch | ", "| transformers | ", "| cpu | ", "| peak memory | ",
                  "## 1. Weights", "## 2. The engine against itself", "## 3. The mismatch as the RL loop sees it",
-                 "## 4. Where the two sides part, layer by layer", "## 5. Verdict", "![", "| target | vllm-cpu (named)"):
+                 "## 4. Where the two sides part, layer by layer", "## 5. Verdict", "![",
+                 "| target | vllm-cpu (named)"):
         assert line in summary, line
     assert (out / "mismatch.png").stat().st_size > 0
     mismatch = pd.read_parquet(out / "mismatch.parquet")
@@ -205,3 +206,11 @@ def test_the_layer_trace_equals_the_trace_studys_comparison(diagnosed):
         for entry in theirs["layers"]:
             assert by.loc[(entry["layer"], entry["value"]), "bit_equal"] == entry["bit_equal"]
             assert by.loc[(entry["layer"], entry["value"]), "rel_l2"] == pytest.approx(entry["rel_l2"], rel=1e-12)
+
+
+def test_without_a_layer_trace_the_report_says_so(engine, vllm_model, tmp_path):
+    result = diagnose.run(vllm_model["model"], tmp_path, engine=engine, **{**OPTIONS, "n_prompts": 2,
+                                                                          "trace_prompts": 0})
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Layer trace not run: --trace-prompts 0." in summary and "layers" not in result.tables
+    assert result.verdict is not None and "first_layer" not in result.verdict

