@@ -36,6 +36,7 @@ def diagnosed(engine, vllm_model, tmp_path_factory):
     return diagnose.run(vllm_model["model"], tmp_path_factory.mktemp("report"), engine=engine, **OPTIONS)
 
 
+@pytest.mark.slow  # the module's engine start and diagnosis: scheduled first (tests/conftest.py)
 def test_the_report_folder(diagnosed):
     out = diagnosed.out
     assert diagnosed.stopped_at is None
