@@ -47,6 +47,17 @@ def table(frame: pd.DataFrame, columns: list[str] | None = None) -> str:
     return frame.to_markdown(index=False, floatfmt=".3g") if len(frame) else "(none)"
 
 
+def log_scale(ax, values: pd.Series) -> None:
+    """Log scale where every value is positive; where some are 0 (bit-equal), linear up to the smallest
+    positive one."""
+    positive = values[values > 0]
+    if len(positive) == len(values):
+        ax.set_yscale("log")
+    elif len(positive):
+        ax.set_yscale("symlog", linthresh=float(positive.min()))
+        ax.set_ylim(bottom=0)
+
+
 def figure(out: Path, mismatch: pd.DataFrame, by_position: pd.DataFrame, layer_table: pd.DataFrame | None) -> str:
     """k3 per spec with its interval; |d logprob| by position per spec; the attention output's relative
     difference by layer per spec."""
@@ -62,7 +73,7 @@ def figure(out: Path, mismatch: pd.DataFrame, by_position: pd.DataFrame, layer_t
     ax.errorbar(range(len(main)), main["k3"], yerr=[main["k3"] - main["k3_low"], main["k3_high"] - main["k3"]],
                 fmt="o", capsize=3)
     ax.set_xticks(range(len(main)), main["spec"], rotation=30)
-    ax.set_yscale("symlog", linthresh=1e-8)
+    log_scale(ax, main["k3_low"])
     ax.set_ylabel("k3 vs engine sampling (95% CI)")
     ax = axes[1]
     for spec, group in by_position.groupby("spec", sort=False):
@@ -77,7 +88,7 @@ def figure(out: Path, mismatch: pd.DataFrame, by_position: pd.DataFrame, layer_t
             ax.plot(group["layer"], group["rel_l2"], marker=".", label=spec)
         ax.set_xlabel("layer")
         ax.set_ylabel("attention output: relative L2 vs engine")
-        ax.set_yscale("symlog", linthresh=1e-6)
+        log_scale(ax, outs["rel_l2"])
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / FIGURE, dpi=110)
