@@ -42,10 +42,7 @@ def resolve_target(target, platform: str, log):
 
 def load_prompts(o: dict, config) -> list[list[int]]:
     if o["prompts"] is not None:
-        found = prompt_files.from_file(o["prompts"], o["checkpoint"], o["n_prompts"])
-        if len(found) < o["n_prompts"]:
-            raise DiagnoseError(f"prompts {o['prompts']}: {len(found)} rows, fewer than n_prompts {o['n_prompts']}")
-        return found
+        return prompt_files.from_file(o["prompts"], o["checkpoint"], o["n_prompts"])  # all rows if fewer
     special = {t for t in (config.eos_token_id, getattr(config, "bos_token_id", None), config.pad_token_id)
                if isinstance(t, int)}
     return prompt_files.random_prompts(config.vocab_size, special, o["n_prompts"], o["seed"])
@@ -75,7 +72,8 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eos = eos_of(config)
-    n, k = len(prompts), o["trace_prompts"]
+    n = len(prompts)
+    k, o["small_batch"] = min(o["trace_prompts"], n), min(o["small_batch"], n)  # a file may hold fewer prompts
     owned = engine is None
     if owned:
         engine = engines.start(engine_dir, max_model_len=min(limit, -(-longest // 16) * 16), max_num_seqs=n,
