@@ -209,9 +209,19 @@ def test_the_layer_trace_equals_the_trace_studys_comparison(diagnosed):
             assert by.loc[(entry["layer"], entry["value"]), "rel_l2"] == pytest.approx(entry["rel_l2"], rel=1e-12)
 
 
-def test_without_a_layer_trace_the_report_says_so(engine, vllm_model, tmp_path):
-    result = diagnose.run(vllm_model["model"], tmp_path, engine=engine, **{**OPTIONS, "n_prompts": 2,
-                                                                          "trace_prompts": 0})
-    summary = (tmp_path / "summary.md").read_text()
+def test_prompts_from_a_file_without_a_layer_trace(engine, vllm_model, tmp_path):
+    """Text prompts from a JSONL file (tokenized with the checkpoint's tokenizer), fewer rows than
+    --n-prompts, no layer trace: the report says what it used and that the trace did not run."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": text}) + "\n" for text in ("12+7=", "3*4=")))
+    result = diagnose.run(vllm_model["model"], tmp_path / "report", engine=engine,
+                          **{**OPTIONS, "prompts": tmp_path / "prompts.jsonl", "trace_prompts": 0})
+    summary = (tmp_path / "report" / "summary.md").read_text()
     assert "Layer trace not run: --trace-prompts 0." in summary and "layers" not in result.tables
+    assert f"| prompts | {tmp_path / 'prompts.jsonl'} |" in summary and "| prompts used | 2 |" in summary
+    tok = AutoTokenizer.from_pretrained(vllm_model["model"])
+    assert list(result.tables["samples"]["prompt"].map(list)) == [tok("12+7=")["input_ids"], tok("3*4=")["input_ids"]]
     assert result.verdict is not None and "first_layer" not in result.verdict
