@@ -7,6 +7,7 @@ import sys
 
 from diagnose.errors import DiagnoseError
 from diagnose.options import DEFAULTS, TARGET_CHOICES, TRACE_PROMPTS
+from diagnose.run import run
 from diagnose.verdict import DEFAULT_THRESHOLD, THRESHOLD_SOURCE
 
 
@@ -47,8 +48,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = vars(parser().parse_args(argv))
-    from diagnose.run import run
-
     checkpoint, out = args.pop("checkpoint"), args.pop("out")
     try:
         result = run(checkpoint, out, **args)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import patches
 from patches.registry import FAMILIES
@@ -24,8 +25,6 @@ def supported() -> str:
 def check(path: str | Path):
     """The checkpoint's transformers config, or a DiagnoseError naming what is wrong: not a directory, no
     config.json, no safetensors weights, or an architecture or setting the patches do not cover."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     path = Path(path)
     if not path.is_dir():
         raise DiagnoseError(f"{path}: not a directory (a Hugging Face checkpoint directory is expected)")

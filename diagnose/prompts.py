@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from transformers import AutoTokenizer
 
 from diagnose.errors import DiagnoseError
 
@@ -72,8 +73,6 @@ def from_file(path: str | Path, checkpoint: str | Path, n: int) -> list[list[int
     rows = read_rows(path)
     tokenizer = None
     if any(field in rows[0] for field in CHAT_FIELDS) and not any(field in rows[0] for field in TOKEN_FIELDS):
-        from transformers import AutoTokenizer
-
         try:
             tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         except Exception:  # no tokenizer files: only token-id prompts can be used

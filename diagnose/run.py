@@ -35,7 +35,7 @@ def resolve_target(target, platform: str, log):
     """A Target table: `auto` reads the running engine's build off its compiled graph (patches.engine_table)."""
     if target != "auto":
         return patches.targets.resolve(target)
-    from patches import engine_table
+    from patches import engine_table  # here, as patches.apply imports it: `python -m patches.engine_table` runs it
 
     return engine_table.auto_target(engine_table.EngineConfig(device=platform), log=log)
 

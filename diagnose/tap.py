@@ -20,6 +20,9 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 VALUES = ("q", "k", "v", "out")  # in the order a layer computes them
 CHECKED = {("0.32.0", "cpu")}
@@ -108,10 +111,6 @@ def assemble(calls: list[Call]) -> dict[str, torch.Tensor]:
 def training_tap(model):
     """Within: the model's attention calls are appended to the yielded list as (layer, {value: (positions,
     heads, head_dim)}) for batch row 0; its attention implementation is put back after."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     calls: list[tuple[int, dict[str, torch.Tensor]]] = []
     name = model.config._attn_implementation
     inner = ALL_ATTENTION_FUNCTIONS[name]

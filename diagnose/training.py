@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from transformers import AutoModelForCausalLM
 
 import patches
 
@@ -15,8 +16,6 @@ SPECS = ("none", *patches.REGIONS, "all")  # stock, each region alone, all regio
 
 def load(checkpoint_dir) -> torch.nn.Module:
     """The checkpoint in FP32, its parameters cast to BF16 (round to nearest), its buffers kept FP32."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(checkpoint_dir, dtype=torch.float32).eval()
     for p in model.parameters():
         p.data = p.data.to(torch.bfloat16)

@@ -6,6 +6,8 @@ import math
 
 import pandas as pd
 
+from diagnose.errors import DiagnoseError
+
 # The suite's own bar for a mismatch that matters: its collapse rule counts a collapse only with k3 above
 # this (rla/config.py, COLLAPSE["k3_kl_threshold"]; healthy dense runs show about 1e-5..1e-3).
 DEFAULT_THRESHOLD = 0.01
@@ -14,8 +16,6 @@ SAMPLING, PREFILL = "engine_sampling", "engine_prefill"
 
 
 def check_threshold(value) -> float:
-    from diagnose.errors import DiagnoseError
-
     try:
         value = float(value)
     except (TypeError, ValueError):
