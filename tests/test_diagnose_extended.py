@@ -28,7 +28,7 @@ def test_a_28_layer_checkpoint_at_a_paper_width(tmp_path):
     out = tmp_path / "report"
     done = subprocess.run([sys.executable, "-m", "diagnose", str(tmp_path / "model"), "--out", str(out),
                            "--target", "vllm-cpu", "--n-prompts", "8", "--max-new-tokens", "16",
-                           "--trace-prompts", "2"], cwd=REPO, capture_output=True, text=True, timeout=3600)
+                           "--small-batch", "4", "--trace-prompts", "2"], cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = (out / "summary.md").read_text()
     print(summary)  # the run's wall time and peak memory are in its header (-s shows them)
