@@ -12,6 +12,7 @@ import pandas as pd
 from tqdm import tqdm
 
 import patches
+from patches.targets import TARGETS
 
 from diagnose import checkpoint, engine as engines, prompts as prompt_files, steps, tap, training, verdict
 from diagnose import weights as weight_check
@@ -38,6 +39,12 @@ def resolve_target(target, platform: str, log):
     from patches import engine_table  # here, as patches.apply imports it: `python -m patches.engine_table` runs it
 
     return engine_table.auto_target(engine_table.EngineConfig(device=platform), log=log)
+
+
+def usable_name(target) -> str:
+    """The name to pass to `patches.apply`: an auto table's named target where it equals one, else "auto"."""
+    named = target.name.removeprefix("auto:")
+    return named if named in TARGETS else "auto"
 
 
 def load_prompts(o: dict, config) -> list[list[int]]:
@@ -127,7 +134,7 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
         else:
             log(f"layer trace not run: {no_trace}")
         bar.set_description("5/5 verdict")
-        decided = verdict.decide(tables["mismatch"], tables["engine_self"], target.name, o["threshold"],
+        decided = verdict.decide(tables["mismatch"], tables["engine_self"], usable_name(target), o["threshold"],
                                  tables["by_position"], tables["by_probability"], firsts)
         result = finish(out, run_info, tables, decided, None, started)
         result.traced = kept

@@ -146,3 +146,17 @@ def test_the_attention_tap_refuses_a_release_it_was_not_checked_against():
     for version, platform in (("0.31.0", "cpu"), ("0.32.0", "cuda")):
         why = tap.unavailable(SimpleNamespace(version=version, platform=platform))
         assert why and version in why and platform in why
+
+
+def test_the_verdict_names_a_target_patches_apply_takes():
+    """An auto table is named after the named target it equals ("auto:vllm-cpu"); the verdict's call must be
+    one `patches.apply` accepts."""
+    import dataclasses
+
+    import patches
+    from diagnose.run import usable_name
+
+    table = patches.targets.TARGETS["vllm-cpu"]
+    assert usable_name(dataclasses.replace(table, name="auto:vllm-cpu")) == "vllm-cpu"
+    assert usable_name(dataclasses.replace(table, name="auto:read")) == "auto"
+    assert usable_name(table) == "vllm-cpu"
