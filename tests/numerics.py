@@ -32,8 +32,9 @@ def vllm_runs_avx512_kernels() -> bool:
     change, and vLLM's CPU attention (vllm/v1/attention/backends/cpu_attn.py, `_get_attn_isa`, 0.32.0) takes
     its AMX kernel instead of the AVX-512 one for BF16 wherever the CPU has AMX tiles. The AVX-512 attention
     equals FP32 attention of the BF16 q/k/v rounded once, the training side's; the AVX2 library's differs from
-    it on 44-50% of the elements, and on an AMX machine `all` left k3 2-3x below stock instead of 80-600x
-    (studies/vllm_alignment): mismatches of their own that no region removes."""
+    it on 44-50% of the elements (by one BF16 step: its sums in another order, tests/test_vllm_kernels.py),
+    and on an AMX machine `all` left k3 2-3x below stock instead of 80-600x (studies/vllm_alignment):
+    mismatches of their own that no region removes."""
     return torch.cpu._is_avx512_supported() and not vllm_runs_amx_attention()
 
 
