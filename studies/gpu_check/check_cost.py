@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import patches
-from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
 from studies.scaling.check_model import QUICK
 from studies.scaling.measure import PAPER_SHAPES, hf_config
 
@@ -117,8 +117,7 @@ def measure(name: str, shape, batch: int, seq_len: int, repeats: int, device: to
         print(f"{name} {impl:9s} {row['step_s'] * 1e3:.0f} ms ({row['time_x_stock']:.2f}x stock)"
               + (f", peak {row['peak_bytes'] / 2**30:.2f} GiB" if "peak_bytes" in row else ""), flush=True)
     del model
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    empty_cache(device)
 
 
 def main(argv=None) -> int:

@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import patches
 from localrl import kernels
 from studies.gpu_check import testbed
-from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
 from studies.scaling.check_model import QUICK, TARGET
 from studies.scaling.measure import PAPER_SHAPES
 
@@ -84,8 +84,7 @@ def measure(name: str, shape, lengths: dict, device: torch.device, report: Repor
             print(f"  {train_attention:13s} {regions:4s} k3 {row['engine_forward/k3']:.3e} "
                   f"(sampling {row['engine_sampling/k3']:.3e})", flush=True)
     del train, engine
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    empty_cache(device)
 
 
 def main(argv=None) -> int:

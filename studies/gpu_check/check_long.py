@@ -22,7 +22,7 @@ import patches
 from localrl.kernels import CUDA_ATTENTION
 from rla.digest import tensor_digest
 from studies.gpu_check import testbed
-from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
 from studies.scaling.check_model import TARGET
 from studies.scaling.measure import PAPER_SHAPES, qwen_shape
 
@@ -77,11 +77,6 @@ def measure_scale(name: str, shape, lengths: dict, scale: str, device: torch.dev
            "entropy_engine": entropy16.mean().item()}, refs16, entropy16, report)
     del train16, engine16, master
     empty_cache(device)
-
-
-def empty_cache(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def main(argv=None) -> int:
