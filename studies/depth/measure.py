@@ -21,27 +21,23 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
 
+from localrl import attention_isa
 from rla.files import write_text
-from studies.vllm_alignment import measure as alignment
-from studies.vllm_alignment.measure import HIDDEN_256, VERSIONS
+from studies._shared import scoring, vllm_cpu
+from tinyqwen.models import HIDDEN_256, REAL_SHAPES
 
 LADDER = (2, 4, 8, 16, 28)
 # the paper models' widths (their config.json), at 28 layers
-WIDTHS = {
-    "qwen2-1536x28": dict(arch="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                          num_attention_heads=12, num_key_value_heads=2, head_dim=128),
-    "qwen3-2048x28": dict(arch="qwen3", hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                          num_attention_heads=16, num_key_value_heads=8, head_dim=128),
-}
+WIDTHS = {"qwen2-1536x28": dict(arch="qwen2", **REAL_SHAPES["r1-distill-qwen-1.5b"]),
+          "qwen3-2048x28": dict(arch="qwen3", **REAL_SHAPES["qwen3-1.7b"])}
 PROMPTS, WIDTH_PROMPTS = 32, 8
 KERNELS = ("hf", "attention")  # the training side's: SDPA, and FP32 attention rounded once
 
 
 def truncate(full_dir: str, layers: int, out: str) -> None:
     """The checkpoint of `full_dir` with its first `layers` decoder layers (weights unchanged, bf16)."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(full_dir, dtype=torch.bfloat16)
     model.model.layers = model.model.layers[:layers]
     model.config.num_hidden_layers = layers
@@ -55,7 +51,7 @@ def earlier_points(path: Path) -> dict[str, dict]:
     and, per training kernels set, the commit that measured it: the one that published the file, or, for
     a set that file had itself taken from an earlier one, the commit it names."""
     earlier = json.loads(path.read_text())
-    versions = {k: earlier["machine"].get(k) for k in VERSIONS}
+    versions = {k: earlier["machine"].get(k) for k in vllm_cpu.VERSIONS}
     resumed = earlier.get("resumed_from", {})
     provenance = path.parent / "provenance.json"  # written beside a published file
     published = json.loads(provenance.read_text())["commit"] if provenance.exists() else None
@@ -92,14 +88,14 @@ def merged(entries: list[dict], kernels: list[str]) -> dict:
 
 def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_list: list[str], log) -> dict:
     start = time.perf_counter()
-    samples = alignment.sample_in_child(model_dir, prompts, prompt_seed=1234 + seed)
+    samples = vllm_cpu.sample_in_child(model_dir, prompts, prompt_seed=1234 + seed)
     digest = hashlib.sha256(json.dumps([samples[k] for k in ("prompts", "responses", "logprobs")]).encode()).hexdigest()
     entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "samples_sha256": digest, "rows": {}},
              "sequences": {}}
     for kernels in kernels_list:
         entry["sequences"][kernels] = []
-        rows = alignment.grid(alignment.training_model(model_dir, kernels), samples, ("vllm",), "vllm-cpu",
-                              sequences=entry["sequences"][kernels])
+        rows = scoring.grid(scoring.training_model(model_dir, kernels), samples, ("vllm",), "vllm-cpu",
+                            sequences=entry["sequences"][kernels])
         entry["vllm"]["rows"][kernels] = rows
         none, aligned = (next(r for r in rows if r["spec"] == s and r["target"] == "vllm-cpu"
                               and r["reduction"] == "eager") for s in ("none", "all"))
@@ -113,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies run depth", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="the JSON file to write")
     p.add_argument("--layers", nargs="+", type=int, default=list(LADDER), help="the ladder's rungs")
-    alignment.point_options(p, PROMPTS)
+    vllm_cpu.point_options(p, PROMPTS)
     p.add_argument("--widths", action="store_true",
                    help="also the paper models' widths at 28 layers (WIDTHS: seed 0, WIDTH_PROMPTS prompts)")
-    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(alignment.TRAINING_KERNELS),
+    p.add_argument("--kernels", nargs="+", default=list(KERNELS), choices=list(scoring.TRAINING_KERNELS),
                    help=f"the training side's kernels to score on (default: {' '.join(KERNELS)})")
     p.add_argument("--resume-from", type=Path, help="an earlier depth.json whose matching points are kept")
     p.add_argument("--remeasure", nargs="*", default=[], metavar="KERNELS",
@@ -129,14 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--layers: {bad} is not a layer count; allowed: positive integers")
     if args.resume_from and not args.resume_from.is_file():
         p.error(f"--resume-from: {args.resume_from} is not a file; allowed: an earlier run's depth.json")
-    from localrl.vllm_kernels import attention_isa
-
-    if (header := alignment.start("depth", argv)) is None:
+    if (header := vllm_cpu.start("depth", argv)) is None:
         return 2
-    results = {**header, "prompts": args.prompts, "new_tokens": alignment.NEW_TOKENS, "vocab": alignment.VOCAB,
+    results = {**header, "prompts": args.prompts, "new_tokens": vllm_cpu.NEW_TOKENS, "vocab": vllm_cpu.VOCAB,
                "ladder": sorted(args.layers), "seeds": args.seeds, "kernels": args.kernels,
                "engine_attention_isa": attention_isa(), "shapes": {}}
-    deepest, kept = max(args.layers), alignment.kept_points(args.out)
+    deepest, kept = max(args.layers), vllm_cpu.kept_points(args.out)
     # seeds outermost: a run stopped early still has every architecture and rung at its first seeds
     points = [(f"{arch}-256x{layers}-s{seed}", {"arch": arch, **HIDDEN_256, "num_hidden_layers": layers}, seed,
                args.prompts, deepest) for seed in args.seeds for arch in args.archs for layers in sorted(args.layers)]
@@ -145,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     earlier = earlier_points(args.resume_from) if args.resume_from else {}
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
         made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
-                   **{k: results["machine"].get(k) for k in VERSIONS}}
+                   **{k: results["machine"].get(k) for k in vllm_cpu.VERSIONS}}
         path = kept / f"{name}.json"
         stored = json.loads(path.read_text()) if path.exists() else None
         mine = stored["entry"] if stored and same_point(stored["made_by"], made_by) else None
@@ -167,14 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i + 1}/{len(points)}] {name}"
               + (f": {' '.join(missing)} (the rest measured already)" if entries else ""))
         with tempfile.TemporaryDirectory() as full, tempfile.TemporaryDirectory() as rung:
-            alignment.make_checkpoint({**spec, "num_hidden_layers": full_depth or spec["num_hidden_layers"]}, full,
-                                      seed=seed)
+            vllm_cpu.make_checkpoint({**spec, "num_hidden_layers": full_depth or spec["num_hidden_layers"]}, full,
+                                     seed=seed)
             if full_depth:
                 truncate(full, spec["num_hidden_layers"], rung)
             # Scored on samples the engine gives again: an entry that has no digest of its samples gets one of
             # its sets scored again, which must give its rows back to the bit.
             check = [next(iter(e["sequences"])) for e in entries if "samples_sha256" not in e["vllm"]]
-            new = measure_point(alignment.kept_checkpoint(rung if full_depth else full), spec, prompts, seed,
+            new = measure_point(vllm_cpu.kept_checkpoint(rung if full_depth else full), spec, prompts, seed,
                                 list(dict.fromkeys(missing + check)), print)
         for e in entries:
             known = e["vllm"].get("samples_sha256")

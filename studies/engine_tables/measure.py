@@ -13,32 +13,32 @@ from pathlib import Path
 
 import pandas as pd
 
+from patches.engine_table import EngineConfig, auto_target
+from patches.targets import EAGER, TARGETS
 from rla.files import write_csv
 from rla.names import ENGINE_KEEPS_CASTS
-from studies.vllm_alignment import measure as alignment
+from studies._shared.scoring import score_sequences, training_model
+from studies._shared.vllm_cpu import SHAPES, kept_checkpoint, make_checkpoint, sample_in_child, start
 
 CONFIGS: dict[str, dict] = {
     "default": {},  # vLLM-CPU's default compiled path: one graph, Inductor keeps fused intermediates in FP32
     # Inductor keeps eager's casts inside fused kernels: the engine aligned to the trainer instead
     "emulate_precision_casts": ENGINE_KEEPS_CASTS,
 }
-SHAPES = ("qwen2-256", "qwen3-256")
+DEFAULT_SHAPES = ("qwen2-256", "qwen3-256")  # of the SHAPES vLLM-CPU samples
 
 
 def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[list[dict], dict]:
     """Rows of one (configuration, shape), and what the engine and `auto` said about it."""
-    from patches.engine_table import EngineConfig, auto_target
-    from patches.targets import EAGER, TARGETS
-
     compilation = CONFIGS[config_name]
     auto = auto_target(EngineConfig(compilation_config=compilation, device="cpu"), log=log)
     info = {"config": config_name, "shape": shape, "compilation_config": json.dumps(compilation, sort_keys=True),
             "auto_table": auto.name, "auto_stores": ",".join(v for v, s in auto.stores.items() if s)}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        alignment.make_checkpoint(alignment.SHAPES[shape], tmp)
-        model_dir = alignment.kept_checkpoint(tmp)
-        samples = alignment.sample_in_child(model_dir, prompts, compilation)
+        make_checkpoint(SHAPES[shape], tmp)
+        model_dir = kept_checkpoint(tmp)
+        samples = sample_in_child(model_dir, prompts, compilation)
         tokens = sum(map(len, samples["responses"]))
         info.update(startup_s=samples["startup_s"], generate_s=samples["generate_s"], tokens=tokens,
                     tokens_per_s=tokens / samples["generate_s"])
@@ -48,9 +48,9 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
         tables = {"auto": auto, **TARGETS, "eager": EAGER}
         settings = [("none", "stock", "vllm")] + [("all", name, table) for name, table in tables.items()]
         for kernels in ("hf", "attention"):
-            model = alignment.training_model(model_dir, kernels)
+            model = training_model(model_dir, kernels)
             for spec, table_name, table in settings:
-                score = alignment.score_sequences(model, samples, spec, table, "eager")[0]
+                score = score_sequences(model, samples, spec, table, "eager")[0]
                 rows.append({"config": config_name, "shape": shape, "attention": kernels, "spec": spec,
                              "table": table_name, **score})
                 log(f"  {kernels:9s} {spec:4s} / {table_name:8s} k3 {score['k3']:.2e}  bit-equal {score['bit_equal']:.1%}")
@@ -61,10 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m studies run engine_tables", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="folder for engine_tables.csv and engines.csv")
     p.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
-    p.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=list(alignment.SHAPES))
+    p.add_argument("--shapes", nargs="*", default=list(DEFAULT_SHAPES), choices=list(SHAPES))
     p.add_argument("--prompts", type=int, default=64)
     args = p.parse_args(argv)
-    if alignment.start("engine_tables", argv) is None:
+    if start("engine_tables", argv) is None:
         return 2
     rows, engines = [], []
     for config_name in args.configs:

@@ -16,12 +16,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import figures
+from analysis.figures import plt, sns
 from analysis.output import report_parser, write_tables
-from studies.depth.report import ladder, points
+from analysis.style import apply_theme
+from studies._shared.ladder import ladder, points
 
 BASELINE = ("attention", "inductor_cpu")  # the depth goal's condition
 # the training kernels a share is measured with, in the figure's order (what each swaps in:
-# studies/vllm_alignment/measure.py TRAINING_KERNELS)
+# studies/_shared/scoring.py TRAINING_KERNELS)
 SWAPS = ("engine_attention", "engine_gemm", "engine", "engine_steps", "amx_rounding", "amx_rounding_engine_gemm")
 ORDERS = {"eager": "eager order", "inductor_cpu": "engine order", "vllm_cpu_graph": "engine graph's order"}
 
@@ -43,10 +46,6 @@ def shares(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(summary: pd.DataFrame, out_dir: Path) -> list[Path]:
-    from analysis import figures
-    from analysis.figures import plt, sns
-    from analysis.style import apply_theme
-
     apply_theme()
     rows = summary[(summary["target"] == "vllm-cpu") & (summary["spec"] == "all")].copy()
     rows["point"] = rows["arch"] + ", " + rows["width"].where(rows["width"] != "ladder", "hidden 256")

@@ -13,20 +13,22 @@ patches/targets.py.
 
 from __future__ import annotations
 
+import argparse
+import json
+import tempfile
 from collections import Counter
 
 import torch
+from transformers import AutoModelForCausalLM
 
+from localrl import EngineModel, require_vllm
 from patches.engine_table import FROM_SOURCE, Graph, capture, compare, rounding_map, vllm_graphs
 from tinyqwen.models import REAL_SHAPES, real_shape_config
+
 
 def local_graphs(config, tokens: int = 16) -> list[Graph]:
     """The local engine's pieces (first, middle, last), compiled for a model of `config` on the CPU
     (Inductor's C++; its Triton for a GPU may store differently: studies/scaling/check_model.py reads that)."""
-    from transformers import AutoModelForCausalLM
-
-    from localrl.engine.model import EngineModel
-
     torch._dynamo.reset()  # compile again, under the hook
     with torch.device("meta"):  # shapes only: where Inductor stores does not depend on the values
         shapes = AutoModelForCausalLM.from_config(config).state_dict()
@@ -56,8 +58,6 @@ def expected_target(engine: str) -> str:
 def derive(engine: str, arch: str, shape: str, layers: int | None = None) -> dict[str, Counter]:
     """The rounding map of one engine's graphs for one model shape, at the shape's depth or its first
     `layers` layers."""
-    import tempfile
-
     config = real_shape_config(arch, shape, layers=layers)
     if engine == "local":
         return rounding_map(local_graphs(config))
@@ -71,9 +71,6 @@ UNREAD = {value: why for value, (_, why) in FROM_SOURCE.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    import json
-
     p = argparse.ArgumentParser(prog="python -m studies run roundmap",
                                 description="Which values an engine's compiled graphs store as BF16.")
     p.add_argument("--engine", choices=ENGINES, default="local",
@@ -90,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         p.error(f"--layers {args.layers}: {err}")
     if args.engine != "local" and not torch.cuda.is_available():
-        from localrl.vllm_support import require_vllm
-
         require_vllm(f"--engine {args.engine}")
     counts = derive(args.engine, args.arch, args.shape, args.layers)
     layers = args.layers or REAL_SHAPES[args.shape]["num_hidden_layers"]

@@ -16,6 +16,18 @@ import time
 from pathlib import Path
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+import patches
+from localrl import attention_isa
+from rla.files import write_text
+from studies._shared.scoring import training_model
+from studies._shared.vllm_cpu import (NEW_TOKENS, VERSIONS, engine, in_child, kept_checkpoint, kept_points,
+                                      make_checkpoint, point_options, prompts, sample_in_child, sampling, start)
+from studies.trace.engine_tap import tap
+from tinyqwen.models import HIDDEN_256
 
 VALUES = ("q", "k", "v", "out")  # what the attention op reads (after RoPE and the q/k norms) and writes
 ENGINE_PREFILL = "engine_prefill"
@@ -42,11 +54,9 @@ def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batc
     studies sample), then prefills each prompt + response alone; both passes' attention calls (per layer,
     q/k/v/out of every position) and logprobs go to `out` (torch.save)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the tap sees the engine's calls in this process
+    # vLLM is optional: this module imports without it
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-
-    from studies.trace.engine_tap import tap
-    from studies.vllm_alignment.measure import engine, prompts, sampling
 
     sample, prefill = sampling(), SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     ps = prompts(seed=prompt_seed, n=n_prompts)
@@ -96,8 +106,6 @@ def per_request(calls, requests: int) -> list[dict[str, torch.Tensor]]:
 
 
 def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int) -> list[dict]:
-    from studies.vllm_alignment.measure import in_child
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.pt"
         in_child("studies.trace.measure", "--engine", model_dir, out, "--prompts", n_prompts, "--prompt-seed",
@@ -108,10 +116,6 @@ def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int
 def recording(model):
     """The model with its attention interface wrapped to record, per layer, q/k/v/out as the engine's tap
     holds them ((positions, heads, head_dim), batch 1); returns (model, the list it appends to)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     calls = []
     name = model.config._attn_implementation
     inner = ALL_ATTENTION_FUNCTIONS[name]
@@ -130,8 +134,6 @@ def recording(model):
 @torch.no_grad()
 def training_side(model, calls: list, sequences: list[dict], spec: str, reduction: str, impl: str) -> list[dict]:
     """Per sequence: the training side's values per layer (as `per_request`) and its response logprobs."""
-    import patches
-
     traced = []
     with patches.aligned(spec, target="vllm-cpu", reduction=reduction, impl=impl):
         for s in sequences:
@@ -185,8 +187,6 @@ def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -
 def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, settings: list[str], log) -> dict:
     """The engine's decode at `batch` against its prefill and against each training-side setting in
     `settings`, and each pair whose two settings are measured."""
-    from studies.vllm_alignment.measure import sample_in_child, training_model
-
     start = time.perf_counter()
     sequences = engine_in_child(model_dir, prompts, prompt_seed, batch)
     check = None
@@ -220,9 +220,6 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, se
 
 
 def main(argv: list[str] | None = None) -> int:
-    from studies.vllm_alignment.measure import (HIDDEN_256, NEW_TOKENS, VERSIONS, kept_checkpoint, kept_points,
-                                                make_checkpoint, point_options, start)
-
     p = argparse.ArgumentParser(prog="python -m studies run trace", description=__doc__.split("\n")[0])
     p.add_argument("--out", help="the JSON file to write")
     p.add_argument("--layers", type=int, default=LAYERS, help=f"decoder layers (default {LAYERS})")
@@ -245,12 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--batches: {bad} outside 1..{args.prompts}; allowed: batch sizes up to --prompts")
     if args.layers < 1:
         p.error(f"--layers: {args.layers} is not a layer count; allowed: a positive integer")
-    from localrl.vllm_kernels import attention_isa
-
     if (header := start("trace", argv)) is None:
         return 2
-    from rla.files import write_text
-
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
                "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n])) for n in args.settings},
                "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},

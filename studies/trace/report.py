@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import figures
+from analysis.figures import plt, sns
 from analysis.output import report_parser, write_tables
 
 LABELS = {"stock": "stock (SDPA, eager order)", "all": "`all`, attention rounded once, engine order",  # figure's order
@@ -84,9 +86,6 @@ def summary_table(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot(table: pd.DataFrame, out_dir: Path) -> list[Path]:
-    from analysis import figures
-    from analysis.figures import plt, sns
-
     traced = table[table["compared"] == "stock"]["batch"]  # the batches the training side was traced at
     out = table[(table["value"] == "out") & (table["batch"] == traced.max())]
     out = out.assign(compared=out["compared"].map(LABELS))
