@@ -20,8 +20,12 @@ from dataclasses import replace
 
 import pandas as pd
 
+from analysis.collapse import stability_table
+from analysis.config import CollapseConfig
+from analysis.load import load_runs
 from analysis.output import report_parser, write_tables
 from analysis.tables import wilson_interval
+from rla.config import load_all
 
 # Every reason a run's stability row can give (analysis/collapse.py), a column of calibration.csv each,
 # zero where no run gave it (a non-finite reason found in the runs adds its own column).
@@ -88,9 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", help="the runs themselves (needed for the config's report.alternatives)")
     p.add_argument("--out", help="also write calibration.csv and alternatives.csv into this folder")
     args = p.parse_args(argv)
-    from analysis.config import CollapseConfig
-    from rla.config import load_all
-
     stability = pd.read_csv(args.stability)
     config = load_all(args.config)
     cfg = CollapseConfig.from_mapping(config.get("collapse"))
@@ -101,9 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     if alternatives:
         if not args.runs:
             raise ValueError("the config's report.alternatives need --runs")
-        from analysis.collapse import stability_table
-        from analysis.load import load_runs
-
         runs = load_runs(args.runs)
         for text in alternatives:
             try:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from analysis.load import load_runs
 from analysis.output import report_parser, write_tables
+from rla.config import load_all
 
 REJECTED = "rollout_corr/rollout_rs_seq_masked_fraction"
 VAL = "val/score/mean"
@@ -70,8 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", required=True, nargs="+", help="the study's config(s), later laid over earlier "
                    "(its `preregistration:` section)")
     args = p.parse_args(argv)
-    from rla.config import load_all
-
     prereg = load_all(args.config).get("preregistration")
     if not isinstance(prereg, dict):
         raise ValueError(f"{args.config} has no `preregistration:` section")

