@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import localrl
 from studies import STUDIES
 from studies.provenance import PROVENANCE
 
@@ -73,6 +74,9 @@ def imported_modules(path: Path, root: Path) -> frozenset[str]:
                 base = ".".join([*parent, base] if base else parent)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
+            if base == "localrl":  # a front-door name: the submodule that defines it
+                found.update(f"localrl.{localrl.FRONT_DOOR[a.name].partition(':')[0]}" for a in node.names
+                             if a.name in localrl.FRONT_DOOR)
     return frozenset(found)
 
 

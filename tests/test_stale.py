@@ -15,6 +15,7 @@ def test_a_studys_code_is_its_folder_its_config_and_what_its_measurement_imports
     files = stale.code_files("depth")
     assert "studies/depth/measure.py" in files and "experiments/depth.yaml" in files
     assert "patches/__init__.py" in files  # imported through the measurement, not by the study's folder
+    assert "localrl/vllm_kernels.py" in files  # behind localrl's front door (`from localrl import attention_isa`)
     assert "studies/depth/page.md" not in files and not any("published" in f for f in files)
     assert "studies/trace/measure.py" not in stale.code_files("roundmap")
 
