@@ -11,10 +11,9 @@ from pathlib import Path
 
 from transformers import Qwen2Config, Qwen3Config
 
-from localrl import gemm_match
+from localrl import gemm_match, vllm_support
 from localrl.engine.engine import Engine
 from localrl.vllm_engine import VllmEngine, environment_defaults
-from localrl.vllm_support import unavailable_reason
 from patches import engine_table
 from patches.targets import TARGETS
 from rla.config import ConfigError
@@ -32,7 +31,7 @@ def vllm_unavailable(device_type: str = "cpu") -> str | None:
     `localrl.vllm_support` checks (OS, architecture, vector ISA, installed); then, anywhere, that vLLM
     imports and runs on that device. Imports vLLM to find out."""
     if device_type == "cpu":
-        reason = unavailable_reason()
+        reason = vllm_support.unavailable_reason()
         if reason is not None:
             return reason
     elif importlib.util.find_spec("vllm") is None:
