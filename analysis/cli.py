@@ -9,9 +9,12 @@ import sys
 import warnings
 from pathlib import Path
 
+from analysis import collapse
 from analysis.config import AnalysisConfig, load_config
+from analysis.figures import make_figures
 from analysis.load import Run, load_runs, tidy_table
 from analysis.output import to_markdown
+from analysis.tables import summarize
 from rla.files import atomic_path, write_csv, write_text
 
 log = logging.getLogger("analysis")
@@ -31,21 +34,15 @@ def collect(runs: list[Run], out: Path) -> None:
 
 
 def stability(runs: list[Run], cfg: AnalysisConfig, out: Path):
-    from analysis.collapse import stability_table
-
-    table = stability_table(runs, cfg.collapse)
+    table = collapse.stability_table(runs, cfg.collapse)
     write_csv(table, out)
     log.info("wrote %s: %d of %d runs collapsed", out, int(table["collapsed"].sum()), len(table))
     return table
 
 
 def plots(runs: list[Run], cfg: AnalysisConfig, figures_dir: Path, tables_dir: Path, stability_table=None) -> None:
-    from analysis.collapse import stability_table as compute_stability
-    from analysis.figures import make_figures
-    from analysis.tables import summarize
-
     if stability_table is None:
-        stability_table = compute_stability(runs, cfg.collapse)
+        stability_table = collapse.stability_table(runs, cfg.collapse)
     make_figures(runs, stability_table, cfg, figures_dir)
     summary = summarize(stability_table, cfg.models, cfg.ablations)
     write_csv(summary, tables_dir / "summary.csv")

@@ -29,6 +29,7 @@ from analysis.config import AnalysisConfig  # noqa: E402
 from analysis.load import Run  # noqa: E402
 from analysis.series import bin_steps, finite_series, mean_ci, smooth, trailing_mean  # noqa: E402
 from analysis.style import ablation_order, ablation_palette, apply_theme, order  # noqa: E402
+from rla.files import atomic_path  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +189,6 @@ def subplots(*args, **kwargs):
 def save_figure(fig, out_dir: str | Path, name: str) -> list[Path]:
     """`name`.png and .pdf in `out_dir`, byte-reproducible, written atomically; closes the figure.
     Every figure of the suite goes through here."""
-    from rla.files import atomic_path
-
     out_dir = Path(out_dir)
     written = []
     for fmt in FORMATS:

@@ -48,7 +48,7 @@ def ablation_palette(ablations: list[str]) -> dict[str, str]:
 
 def apply_theme() -> None:
     """The seaborn theme every figure uses."""
-    import seaborn as sns
+    import seaborn as sns  # here: it loads matplotlib's pyplot, which analysis.tables (orders only) need not
 
     # A fixed title height skips matplotlib's per-draw search for overlapping tick labels.
     sns.set_theme(context="paper", style="whitegrid", font_scale=1.0, rc={"axes.titley": 1.0})

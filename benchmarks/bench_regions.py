@@ -33,6 +33,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 from torch.utils import benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +44,12 @@ from rla.machine import describe  # noqa: E402
 import patches  # noqa: E402
 from patches import rmsnorm, rope, stream, swiglu  # noqa: E402
 from benchmarks.stock import stock_rms_norm  # noqa: E402,F401
+from localrl import kernels  # noqa: E402
+from localrl.amx_attention import amx_rounding_attention  # noqa: E402
 import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config  # noqa: E402
 from transformers.models.qwen2 import modeling_qwen2  # noqa: E402
+from tinyqwen.models import REAL_SHAPES  # noqa: E402
 
 BF16 = torch.bfloat16
 EPS = 1e-6
@@ -63,10 +69,16 @@ class Shape:
     layer_tokens: int
 
 
-GPU_SHAPES = [Shape("qwen2.5-7b", "qwen2", 3584, 28, 4, 128, 18944, 8192, 8192),
-              Shape("qwen3-8b", "qwen3", 4096, 32, 8, 128, 12288, 8192, 8192)]
-CPU_SHAPES = [Shape("reduced", "qwen2", 1536, 12, 2, 128, 8960, 4096, 1024),
-              Shape("reduced", "qwen3", 1536, 12, 2, 128, 8960, 4096, 1024)]
+def real_shape(model: str, arch: str, real: str, tokens: int, layer_tokens: int) -> Shape:
+    """`model`'s row label at the widths of tinyqwen.models.REAL_SHAPES[`real`]."""
+    dims = REAL_SHAPES[real]
+    return Shape(model, arch, dims["hidden_size"], dims["num_attention_heads"], dims["num_key_value_heads"],
+                 dims["head_dim"], dims["intermediate_size"], tokens, layer_tokens)
+
+
+GPU_SHAPES = [real_shape("qwen2.5-7b", "qwen2", "qwen2.5-math-7b", 8192, 8192),
+              real_shape("qwen3-8b", "qwen3", "qwen3-8b", 8192, 8192)]
+CPU_SHAPES = [real_shape("reduced", arch, "qwen2.5-1.5b", 4096, 1024) for arch in ("qwen2", "qwen3")]
 QUICK_SHAPES = [Shape("quick", "qwen2", 256, 4, 2, 64, 512, 64, 64),
                 Shape("quick", "qwen3", 256, 4, 2, 64, 512, 64, 64)]
 IMPLS = ("stock", "aligned-eager", "aligned-fused", "liger", "rounded-once", "amx-rounding")
@@ -108,7 +120,7 @@ def _cos_sin(tokens: int, head_dim: int, device) -> tuple[Tensor, Tensor]:
 
 
 def _liger():
-    try:
+    try:  # Liger's Triton kernels: optional, compared only where installed
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
         from liger_kernel.ops.rope import LigerRopeFunction
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction
@@ -188,8 +200,6 @@ def layer_case(shape: Shape, device) -> Case:
     """One decoder layer in the steady state of a stack: stock gets a plain hidden state, aligned the
     FP32 stream from the previous aligned layer (bit-cast, patches/stream.py), and each returns what it
     returns."""
-    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
-
     config = (Qwen2Config if shape.arch == "qwen2" else Qwen3Config)(
         vocab_size=256, hidden_size=shape.hidden, intermediate_size=shape.inter, num_hidden_layers=1,
         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
@@ -199,8 +209,6 @@ def layer_case(shape: Shape, device) -> Case:
         model = AutoModelForCausalLM.from_config(config).to(BF16)
     notes = []
     if device.type == "cpu":
-        from localrl import kernels
-
         kernels.use_local_kernels(model)
         notes.append("CPU: GEMMs and attention through localrl.kernels (fp32 compute, bf16 in/out)")
     layer, rotary = model.model.layers[0], model.model.rotary_emb
@@ -227,16 +235,13 @@ def attention_case(shape: Shape, device) -> Case:
     torch's SDPA on the BF16 values (transformers' `sdpa`); `rounded-once`, the rig's FP32 attention rounded
     once (localrl/kernels.py); `amx-rounding`, the attention that rounds where vLLM-CPU's AMX kernel does
     (localrl/amx_attention.py), in torch ops that materialise the scores."""
-    from localrl.amx_attention import amx_rounding_attention
-    from localrl.kernels import attention
-
     gen = torch.Generator().manual_seed(3)
     tokens, scale = shape.layer_tokens, shape.head_dim ** -0.5
     q = _randn(1, shape.heads, tokens, shape.head_dim, device=device, gen=gen)
     k, v = (_randn(1, shape.kv_heads, tokens, shape.head_dim, device=device, gen=gen) for _ in range(2))
     impls = {"stock": lambda q, k, v: (F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                                                       enable_gqa=True),),
-             "rounded-once": lambda q, k, v: (attention(q, k, v, None, True, scale),),
+             "rounded-once": lambda q, k, v: (kernels.attention(q, k, v, None, True, scale),),
              "amx-rounding": lambda q, k, v: (amx_rounding_attention(q, k, v, None, scale),)}
     return Case("attention", shape, (q, k, v), (0, 1, 2), impls, memory_bound=False)
 
@@ -352,9 +357,6 @@ def device_time(step: Callable[[], None], steps: int = 5) -> dict:
     """Per step, the GPU's busy time (kernels, copies and fills, from torch.profiler) and how many of them
     ran. Beside the wall-clock time it says whether a case waits on the GPU or on the host launching it: a
     region whose device time is a small part of its wall time is bound by launches and Python, not memory."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):

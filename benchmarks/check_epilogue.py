@@ -24,6 +24,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from localrl.engine import ops  # noqa: E402
+from patches import engine_table  # noqa: E402
+from tinyqwen.models import REAL_SHAPES  # noqa: E402
 
 
 def vllm_tail(x, w, b, positions, cache, sizes, head_dim):
@@ -43,8 +45,6 @@ def pointwise_only(x, w, b, positions, cache, sizes, head_dim):
 def graph_ops(fn, *args) -> list[str]:
     """The aten ops of the graph Inductor lowers for `fn`, after its post-grad passes (where the
     unfusing happens), read with the rounding map's scheduler hook."""
-    from patches import engine_table
-
     torch._dynamo.reset()
     with engine_table.capture() as graphs:
         torch.compile(fn, fullgraph=True)(*args)
@@ -57,7 +57,9 @@ def main(argv=None) -> int:
     p.add_argument("--out")
     args = p.parse_args(argv)
     dev = torch.device(args.device)
-    hidden, heads, kv_heads, head_dim, tokens = 1536, 12, 2, 128, 64  # Qwen2.5-1.5B
+    dims, tokens = REAL_SHAPES["qwen2.5-1.5b"], 64
+    hidden, heads, kv_heads, head_dim = (dims[key] for key in ("hidden_size", "num_attention_heads",
+                                                                "num_key_value_heads", "head_dim"))
     sizes = (heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)

@@ -44,11 +44,14 @@ from benchmarks.stock import stock_rms_norm  # noqa: E402
 from localrl.engine import ops  # noqa: E402
 from localrl.engine.model import compile_piece  # noqa: E402
 from patches import _precision, rmsnorm, rope, swiglu  # noqa: E402
+from tinyqwen.models import REAL_SHAPES  # noqa: E402
 
 BF16 = torch.bfloat16
 EPS, THETA, MAX_POS = 1e-6, 1e6, 32768
 # (name, hidden, heads, kv_heads, head_dim, intermediate)
-SHAPES = [("qwen2.5-7b", 3584, 28, 4, 128, 18944), ("qwen3-8b", 4096, 32, 8, 128, 12288)]
+SHAPES = [(name, *(REAL_SHAPES[real][key] for key in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                       "head_dim", "intermediate_size")))
+          for name, real in (("qwen2.5-7b", "qwen2.5-math-7b"), ("qwen3-8b", "qwen3-8b"))]
 QUICK = [("quick", 256, 4, 2, 64, 512)]
 REGIONS = ("rope", "qk_norm_rope", "swiglu", "add_rmsnorm", "rmsnorm")  # the keys of `regions`
 

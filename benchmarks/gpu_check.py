@@ -71,6 +71,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -331,7 +332,7 @@ def importable(name: str) -> bool:
 
 def cuda_here() -> bool:
     try:
-        import torch
+        import torch  # here: a machine without torch gets a summary saying so
     except ImportError:
         return False
     return torch.cuda.is_available()
@@ -345,7 +346,7 @@ def environment(run: Run) -> dict:
     for name in ("torch", "triton", "transformers", "liger_kernel", "numpy", "pandas"):
         env[name] = _version(name)
     try:
-        import torch
+        import torch  # here: a machine without torch gets a summary saying so
 
         env["cuda"] = torch.version.cuda
         env["device_name"] = torch.cuda.get_device_name() if run.device == "cuda" else platform.processor() or "cpu"
@@ -360,8 +361,6 @@ def environment(run: Run) -> dict:
 
 
 def _version(name: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(name.replace("_", "-"))
     except metadata.PackageNotFoundError:

@@ -61,7 +61,7 @@ def check_installed() -> str:
     for key, value in ENVIRONMENT.items():
         os.environ.setdefault(key, value)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # required, not a default: see ENVIRONMENT
-    try:
+    try:  # vLLM: optional, and what this checks
         import vllm
         from vllm import LLM  # noqa: F401  (its import is what fails on a broken install)
     except Exception as err:  # any import failure: vLLM cannot run here, and the line says why
@@ -75,7 +75,7 @@ def start(model_dir: str | Path, max_model_len: int, max_num_seqs: int, seed: in
     or a DiagnoseError naming why it could not load the model."""
     version = check_installed()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-    from vllm import LLM
+    from vllm import LLM  # vLLM: optional (check_installed above says whether it imports)
     from vllm.platforms import current_platform
 
     platform = current_platform.device_type or "none"
@@ -103,7 +103,7 @@ def start(model_dir: str | Path, max_model_len: int, max_num_seqs: int, seed: in
 def sampling_params(n: int, max_new_tokens: int, seed: int, eos: int | None, ignore_eos: bool = False):
     """Temperature 1, no top-k/top-p, each request its own seed (so a request samples the same way in
     any batch until the logprobs themselves differ)."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # vLLM: optional, loaded by start()
 
     stop = [eos] if eos is not None else None
     return [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_new_tokens, logprobs=0,
@@ -114,7 +114,7 @@ def sampling_params(n: int, max_new_tokens: int, seed: int, eos: int | None, ign
 def sample(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: int, batch: int,
            eos: int | None, progress=None) -> list[Sample]:
     """Each prompt's response, `batch` prompts per `generate` call (request i keeps its seed in any batch)."""
-    from vllm.inputs import TokensPrompt
+    from vllm.inputs import TokensPrompt  # vLLM: optional, loaded by start()
 
     params = sampling_params(len(prompts), max_new_tokens, seed, eos)
     out = []
@@ -133,7 +133,7 @@ def sample(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: 
 
 def prefill_logprobs(engine: Engine, samples: list[Sample]) -> list[list[float]]:
     """The engine's teacher-forced forward of each prompt + response: the logprob of each response token."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # vLLM: optional, loaded by start()
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)

@@ -60,7 +60,7 @@ def figure(out: Path, mismatch: pd.DataFrame, by_position: pd.DataFrame, layer_t
     import matplotlib  # here, not at the top: the file backend is chosen only where a figure is written
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     panels = 3 if layer_table is not None and len(layer_table) else 2
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.6))

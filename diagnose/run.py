@@ -12,6 +12,7 @@ import pandas as pd
 from tqdm import tqdm
 
 import patches
+from patches import engine_table
 from patches.targets import TARGETS
 
 from diagnose import checkpoint, engine as engines, prompts as prompt_files, steps, tap, training, verdict
@@ -36,8 +37,6 @@ def resolve_target(target, platform: str, log):
     """A Target table: `auto` reads the running engine's build off its compiled graph (patches.engine_table)."""
     if target != "auto":
         return patches.targets.resolve(target)
-    from patches import engine_table  # here, as patches.apply imports it: `python -m patches.engine_table` runs it
-
     return engine_table.auto_target(engine_table.EngineConfig(device=platform), log=log)
 
 

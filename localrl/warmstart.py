@@ -14,8 +14,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
+from localrl.device import device
 from localrl.engine.engine import left_pad, pad
+from rla.config import model_spec, warmstart_settings
 from tinyqwen.data import load_split
 from tinyqwen.models import build_model, num_parameters
 from tinyqwen.task import render_prompt, score
@@ -35,8 +38,6 @@ def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
 @torch.no_grad()
 def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: int = 100) -> float:
     """Fraction of problems whose greedy answer verl's gsm8k scorer accepts (HF forward, KV cache)."""
-    from transformers import DynamicCache
-
     model.eval()
     prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
     truths = [rm["ground_truth"] for rm in frame["reward_model"]]
@@ -66,17 +67,12 @@ def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: 
 
 
 def warmstart(cfg: dict, model_name: str, data_dir: str | Path, out_dir: str | Path) -> dict:
-    from rla.config import model_spec, warmstart_settings
-
     spec = model_spec(cfg, model_name, "local")
     ws = warmstart_settings(cfg)
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer()
     train, test = load_split(data_dir, "train"), load_split(data_dir, "test")
     ids, loss_mask = encode_examples(train, tokenizer)
-
-    from localrl.device import device
-
     model = build_model(spec, tokenizer, seed=ws["seed"]).to(device())  # initialised on the CPU: same weights
     print(f"[warmstart] {model_name}: {num_parameters(model) / 1e6:.2f}M parameters, {len(ids)} examples, "
           f"{ws['steps']} steps x {ws['batch_size']}", flush=True)

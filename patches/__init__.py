@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from patches import _precision, rope, swiglu
 from patches import compile as _compile
+from patches.errors import UnsupportedModelError
 from patches._precision import IMPLS, REDUCTIONS
 from patches.registry import FAMILIES, decoder_layers
 from patches import targets
@@ -21,11 +22,6 @@ from rla.names import REGIONS
 _MISSING = object()
 _saved: list[tuple[object, str, object]] = []  # (owner, attribute, stock value) in patch order
 _active: frozenset[str] = frozenset()
-
-
-class UnsupportedModelError(ValueError):
-    """The model has layers or settings the patches do not implement: applying them would compute
-    something else, or nothing, silently."""
 
 
 def _bad_spec(value) -> ValueError:
@@ -100,7 +96,7 @@ def apply(spec: str | Iterable[str] | None, *, target: str | Target = DEFAULT_TA
     _precision.set_impl(impl)
     replacements = [(owner, attr, new) for family in FAMILIES.values() for owner, attr, new in family.replacements(regions)]
     if regions:
-        from transformers import PreTrainedModel
+        from transformers import PreTrainedModel  # here: `import patches` loads no transformers until a model is patched
 
         replacements += [(PreTrainedModel, "_rla_stock_post_init", PreTrainedModel.__dict__["post_init"]),
                          (PreTrainedModel, "post_init", _checked_post_init)]
@@ -169,7 +165,7 @@ def check_model(model, regions: str | Iterable[str] = REGIONS) -> str:
 def _checked_post_init(self):
     """PreTrainedModel.post_init while regions are applied: stock, then `check_model` for a model with
     decoder layers, so that an uncovered model fails where it is built (verl's workers, the trainer)."""
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel  # here: `import patches` loads no transformers until a model is patched
 
     PreTrainedModel._rla_stock_post_init(self)  # post_init(self): every checked release
     if decoder_layers(self):

@@ -10,9 +10,11 @@ state nor the hook reaches the training process.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import linecache
 import os
@@ -25,6 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch._inductor.config as inductor_config
+import torch._inductor.scheduler as scheduler
+from torch._inductor import ir
+from torch._inductor.virtualized import V
+from transformers import Qwen2Config, Qwen3Config
 
 from patches.targets import TARGETS, VALUES, Target, check
 from rla.names import ENGINE_CONFIG_ENV
@@ -130,8 +137,6 @@ def _is_extern(node) -> bool:
 
 def _stored_values(graph_lowering) -> dict[str, torch.dtype]:
     """FX node name -> dtype of the buffer that stores its value."""
-    from torch._inductor import ir
-
     nodes = list(graph_lowering.orig_gm.graph.nodes)
     order = {n.name: i for i, n in enumerate(nodes)}
     extern = {n.name for n in nodes if n.op == "call_function" and _is_extern(n)}
@@ -173,10 +178,6 @@ def capture(whole_model_layers: int | None = None):
     it really compiles). Yields the list the graphs are appended to. With `whole_model_layers`, a graph
     holding that many layers' attention ops ends the compile there (the hook raises
     `_WholeModelCaptured`): nothing after it - the kernels' build, the engine's warm-up - moves a store."""
-    import torch._inductor.config as inductor_config
-    import torch._inductor.scheduler as scheduler
-    from torch._inductor.virtualized import V
-
     graphs: list[Graph] = []
     stock = scheduler.Scheduler.__init__
 
@@ -268,7 +269,7 @@ def gpu_split_on_cpu():
     attention ops), to read the stores of vLLM's own model code in the GPU's pieces. Only the split
     changes: the CPU platform turns VLLM_COMPILE into DYNAMO_TRACE_ONCE, which is set back here; the
     pass that names CUDA-only ops gets stand-ins it only compares against (they never run)."""
-    from vllm.config import CompilationMode
+    from vllm.config import CompilationMode  # vLLM: optional, read only where its graph is
     from vllm.platforms import cpu
 
     stock = cpu.CpuPlatform.check_and_update_config.__func__
@@ -307,7 +308,7 @@ def vllm_graphs(model_dir: str, gpu_split: bool = False, compilation_config: dic
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
-    from vllm import LLM
+    from vllm import LLM  # vLLM: optional, and it reads the environment set above when it loads
 
     compilation = dict(compilation_config or {})
     if gpu_split:
@@ -432,8 +433,6 @@ def refusal(config: EngineConfig) -> str | None:
 def family_config(family: str, layers: int = 2):
     """A model of `family` at a small width (two layers unless asked): the shapes of what the graph
     computes, not a model."""
-    from transformers import Qwen2Config, Qwen3Config
-
     common = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=layers, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=2048, max_position_embeddings=512, torch_dtype="bfloat16")
     if family == "qwen2":
@@ -471,8 +470,6 @@ def read_stores(family: str, config: EngineConfig) -> dict[str, bool]:
 # ---- target="auto": the table, cached -------------------------------------------------------------
 
 def vllm_version() -> str:
-    import importlib.metadata
-
     for dist in ("vllm", "vllm-cpu"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return f"{dist} {importlib.metadata.version(dist)}"
@@ -539,8 +536,6 @@ def auto_target(config: EngineConfig | None = None, log=lambda msg: print(msg, f
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m patches.engine_table",
                                 description="The rounding table vLLM as installed compiles to, and the target it equals.")
     p.add_argument("--config", help=f"engine config as JSON (keys: {', '.join(EngineConfig.__dataclass_fields__)}); "

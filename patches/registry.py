@@ -81,7 +81,7 @@ def _wraps_forward_per_class() -> bool:
     """transformers >= 5.23: `GradientCheckpointingLayer.__init_subclass__` wraps each layer class's
     `forward` for gradient checkpointing when the class is created (FSDP2's per-module subclasses too);
     before, `__call__` checkpointed."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
+    from transformers.modeling_layers import GradientCheckpointingLayer  # here: `import patches` loads no transformers
 
     return "__init_subclass__" in vars(GradientCheckpointingLayer)
 

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from patches._precision import (check_kernel_roundings, inductor_sums, kernel, mean_square, norm_backward, norm_sums,
                                 round_if, stored, sums_by_inductor, wide)
+from patches.errors import UnsupportedModelError
 
 
 def _halves(x: Tensor, cos: Tensor, sin: Tensor):
@@ -151,8 +152,6 @@ def _dims(config) -> tuple[dict, int, int]:
 
 
 def _required(params: dict, key: str, rope_type: str):
-    from patches import UnsupportedModelError
-
     if params.get(key) is None:
         raise UnsupportedModelError(f"rope_type {rope_type!r} needs rope_parameters[{key!r}] (vLLM reads it too)")
     return params[key]
@@ -229,8 +228,6 @@ ENGINE_ROPES = {"default": _default, "linear": _linear, "dynamic": _dynamic, "ya
 def check_rope(module) -> None:
     """The aligned table implements the scalings in ENGINE_ROPES: refuse another, naming it. A dynamic
     scaling is warned about once per config, and refused where the installed vLLM builds another table."""
-    from patches import UnsupportedModelError
-
     params = getattr(module.config, "rope_parameters", None) or {}
     if module.rope_type not in ENGINE_ROPES or "mrope_section" in params:
         what = " with mrope_section" if module.rope_type in ENGINE_ROPES else ""
@@ -286,7 +283,7 @@ def _installed_vllm_table(config) -> tuple[str, Tensor] | None:
     Qwen models build it; None where vLLM cannot be imported."""
     if importlib.util.find_spec("vllm") is None:
         return None
-    try:
+    try:  # vLLM: optional, its table compared only where it imports
         import vllm
         from vllm.config import VllmConfig, set_current_vllm_config
         from vllm.model_executor.layers import rotary_embedding
@@ -322,8 +319,6 @@ def check_dynamic(config) -> None:
 
 
 def _refuse_another_table(config, version: str, table: Tensor) -> None:
-    from patches import UnsupportedModelError
-
     aligned = _aligned_table(config)
     if torch.equal(table, aligned):
         return

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from patches._precision import check_kernel_roundings, kernel, stored, wide_copy
+from patches.errors import UnsupportedModelError
 
 
 def swiglu_forward(gate: Tensor, up: Tensor, silu_stored: bool = False) -> Tensor:
@@ -82,8 +83,6 @@ def check_activation(mlp) -> None:
     """The aligned SwiGLU computes silu(gate) * up: refuse an MLP with another activation."""
     act = mlp.config.hidden_act
     if act not in SILU:
-        from patches import UnsupportedModelError
-
         raise UnsupportedModelError(f"{type(mlp).__name__}: hidden_act {act!r} is not covered by the aligned SwiGLU "
                                     f"(it computes silu(gate) * up; supported: {', '.join(SILU)})")
 

@@ -78,7 +78,7 @@ TARGETS: dict[str, Target] = {
         "vllm/platforms/cpu.py (mode DYNAMO_TRACE_ONCE: no split); no piece output carries the residual",
     ),
 }
-DEFAULT_TARGET = "vllm"
+DEFAULT_TARGET = rla_names.DEFAULT_TARGET
 # Stock transformers as a table (no engine's): every value rounded after its op. Under it every spec
 # gives stock's logits bit for bit (tests/test_patches_tables.py).
 EAGER = Target("eager", "every value rounded after its op (stock transformers)", {value: True for value in VALUES},

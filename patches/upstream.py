@@ -9,6 +9,8 @@ import ast
 import functools
 import hashlib
 import importlib
+import inspect
+import json
 import os
 import sys
 
@@ -85,8 +87,6 @@ def fingerprints_of_source(text: str, prefix: str) -> dict[str, str]:
 @functools.lru_cache(maxsize=None)
 def installed_fingerprints() -> dict[str, dict[str, str]]:
     """The fingerprints of the installed transformers, per family."""
-    import inspect
-
     out = {}
     for family, prefix in PREFIXES.items():
         module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
@@ -102,7 +102,7 @@ def checked_release(fingerprints: dict[str, dict[str, str]]) -> str | None:
 def check_transformers() -> str:
     """The checked releases the installed transformers' source matches; else a RuntimeError that names
     the installed version, the functions that differ from the nearest checked set, and the override."""
-    import transformers
+    import transformers  # here: `import patches` loads no transformers until a model is patched
 
     found = installed_fingerprints()
     releases = checked_release(found)
@@ -123,9 +123,7 @@ def _differences(expected, found) -> int:
 def main() -> int:
     """Print the installed release's fingerprints and which checked set they match (another release: lay
     its wheel over the environment first, as `make test-transformers V=...` does, and run this under it)."""
-    import json
-
-    import transformers
+    import transformers  # here: `import patches` loads no transformers until a model is patched
 
     found = installed_fingerprints()
     print(f"{transformers.__version__}: matches {checked_release(found) or 'no checked set'}")

@@ -33,7 +33,7 @@ COMPILED = compiled_layers.compile_on_build() if "compile" in TREATMENTS else []
 def _process() -> str:
     """Which verl process this is: the Ray actor's class name where Ray knows one, else the command."""
     try:
-        import ray
+        import ray  # here: verl's Ray, absent in a plain process
 
         if ray.is_initialized():
             ctx = ray.get_runtime_context()

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from rla.names import ENGINES, TARGETS
+from rla.names import DEFAULT_TARGET, ENGINES, LOCAL_DEFAULT_TARGET, TARGETS
 
 BACKENDS = ("local", "verl")
 
@@ -245,7 +245,7 @@ ENGINE: dict[str, Key] = {  # the local backend's rollout engine (localrl.engine
                 "(localrl/engine, the suite's model of vLLM's GPU graph), auto (vllm where it runs, else local, "
                 "saying why)",
                 backends=("local",), choices=ENGINES),
-    "target": Key("auto", "text", "alignment target of the trainer (patches.apply): auto follows the engine "
+    "target": Key(LOCAL_DEFAULT_TARGET, "text", "alignment target of the trainer (patches.apply): auto follows the engine "
                   "(vLLM: the table read off its compiled graph, patches/engine_table.py; the local engine, a "
                   "model of vLLM's GPU graph: vllm)",
                   backends=("local",), choices=("auto",) + TARGETS),
@@ -268,7 +268,7 @@ VERL: dict[str, Key] = {  # the cluster shape of one verl cell; a model_specs en
     "platform": Key("cuda", "text", "where the cells run: cuda (NVIDIA GPUs, envs/verl-gpu.yaml) or cpu (this "
                     "machine's CPU, vLLM's CPU build as the rollout, verlrun.cpu_shims; envs/cpu.yaml)",
                     ("trainer.device",), choices=PLATFORMS),
-    "target": Key("vllm", "text", "the engine build the aligned training side rounds like (RLA_TARGET in every "
+    "target": Key(DEFAULT_TARGET, "text", "the engine build the aligned training side rounds like (RLA_TARGET in every "
                   "worker): vllm (vLLM's GPU graphs), vllm-cpu (vLLM's CPU build, one graph) or auto (the table "
                   "read off vLLM as installed, compiled with the rollout's settings: RLA_ENGINE_CONFIG)",
                   choices=("auto",) + TARGETS),

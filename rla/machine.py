@@ -19,7 +19,7 @@ def cpu_model() -> str:
 
 def describe() -> dict:
     """CPU model and count, the vector ISA ATen and Inductor use, torch and Python versions, load."""
-    import torch
+    import torch  # here: rla imports without torch (the DAG and the reports use it)
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     isa = pick_vec_isa()

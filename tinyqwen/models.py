@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
 MAX_POSITIONS = 256
 ROPE_THETA = 10000.0
@@ -14,8 +15,6 @@ def qwen_config(arch: str, vocab_size: int, rope_theta: float = ROPE_THETA,
                 max_position_embeddings: int = MAX_POSITIONS, **fields):
     """A transformers Qwen2Config / Qwen3Config with untied embeddings and default RoPE: every model
     the suite builds (the tiny grid, the scaling study, the rounding map) comes from here."""
-    from transformers import Qwen2Config, Qwen3Config
-
     cls = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
     return cls(vocab_size=vocab_size, max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
                rope_parameters={"rope_type": "default", "rope_theta": float(rope_theta)}, **fields)
@@ -29,8 +28,6 @@ def model_config(spec: dict, tokenizer):
 
 def build_model(spec: dict, tokenizer, seed: int):
     """A freshly initialised fp32 model; the seed fixes the initial weights."""
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(model_config(spec, tokenizer), dtype=torch.float32)
 
@@ -51,6 +48,11 @@ REAL_SHAPES: dict[str, dict] = {
     # the paper's small testbed: Qwen2 architecture, Qwen2.5-Math-1.5B's widths (its config.json)
     "r1-distill-qwen-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                  num_attention_heads=12, num_key_value_heads=2, head_dim=128),
+    # the paper's large models (their config.json; Qwen2.5-7B has Qwen2.5-Math-7B's widths)
+    "qwen2.5-math-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                            num_key_value_heads=4, head_dim=128),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128),
 }
 # the small shape's widths, at any depth: the vLLM-CPU studies' hidden-256 checkpoints
 HIDDEN_256 = {k: v for k, v in REAL_SHAPES["tiny"].items() if k != "num_hidden_layers"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from tinyqwen.task import TaskSettings, chat_messages, make_problem, render_prompt
 
@@ -34,8 +35,6 @@ def corpus(n: int = 2000, seed: int = 0) -> list[str]:
 
 def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     """The task tokenizer as a transformers `PreTrainedTokenizerFast` (deterministic)."""
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([

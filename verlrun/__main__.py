@@ -10,6 +10,7 @@ from rla import cells
 from rla.config import load as load_config
 from rla.config import verl_settings
 from verlrun import envcheck, launch, models, plan, preflight
+from verlrun.data import prepare
 from verlrun.overrides import build_overrides
 
 
@@ -60,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "plan":
             print(plan.tables(cfg))
         elif args.command == "prepare-data":
-            from verlrun.data import prepare  # pandas: only here
-
             if "data" not in cfg:
                 raise ValueError(f"{args.config} has no 'data' section (train/test sources for the verl backend)")
             prepare(cfg["data"], args.out)

@@ -22,7 +22,7 @@ def saved_steps(ckpt_dir: str | Path) -> list[int]:
 
 def latest_step(ckpt_dir: str | Path) -> int | None:
     """The step verl resumes from (its tracker file, read by verl's own function), or None."""
-    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path  # verl: optional, its own reader
 
     path = find_latest_ckpt_path(str(ckpt_dir))
     return int(STEP_RE.match(Path(path).name).group(1)) if path else None

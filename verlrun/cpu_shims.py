@@ -12,6 +12,7 @@ On any other release the module refuses to load, with one line naming both versi
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import os
 
@@ -256,8 +257,6 @@ class _AfterImport:
         if fullname != self.name:
             return None
         sys.meta_path.remove(self)
-        import importlib.util
-
         spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None:
             return spec

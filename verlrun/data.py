@@ -16,6 +16,8 @@ import pandas as pd
 
 from rla.config import data_settings
 from rla.files import atomic_path
+from tinyqwen.data import write_splits
+from tinyqwen.task import TaskSettings
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def read_source(source: str, split: str, name: str | None = None) -> pd.DataFram
         raise ValueError(f"{source}: unsupported file type {path.suffix!r}; use one of {', '.join(LOCAL_SUFFIXES)}")
     if path.is_absolute() or source.startswith((".", "~")) or source.endswith(LOCAL_SUFFIXES):
         raise FileNotFoundError(f"{source}: no such file or directory")
-    from datasets import load_dataset
+    from datasets import load_dataset  # here: Hugging Face datasets, loaded only for a Hub source
 
     return load_dataset(source, name, split=split).to_pandas()
 
@@ -69,10 +71,10 @@ def read_source(source: str, split: str, name: str | None = None) -> pd.DataFram
 def final_answer(text: str, fmt: str) -> str | None:
     """The ground truth from a reference solution, with verl's own extractors."""
     if fmt == "gsm8k":
-        from verl.utils.reward_score.gsm8k import extract_solution
+        from verl.utils.reward_score.gsm8k import extract_solution  # verl: optional, for its own extractors
 
         return extract_solution(text, method="strict")
-    from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed
+    from verl.utils.reward_score.math_reward import last_boxed_only_string, remove_boxed  # verl: optional
 
     boxed = last_boxed_only_string(text)
     return remove_boxed(boxed) if boxed else None
@@ -113,9 +115,6 @@ def prepare(data_cfg: dict, out_dir: str | Path) -> dict[str, Path]:
     data = data_settings({"data": data_cfg})
     if data["generate"] is not None:
         # The generated arithmetic problems (tinyqwen, as the local backend's), in verl's schema: no download.
-        from tinyqwen.data import write_splits
-        from tinyqwen.task import TaskSettings
-
         return write_splits(TaskSettings.from_config(dict(data["generate"]), "data.generate"), out_dir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -70,7 +70,7 @@ def local_path(cfg: dict, model: str) -> Path:
 def check_complete(directory: str | Path) -> list[str]:
     """What is missing or broken in a model directory ([] = complete): config, tokenizer, and every
     weight shard named by the index, each one whole."""
-    import safetensors
+    import safetensors  # here: the DAG imports this module (workflows/rules/common.smk), and needs none of it
 
     directory = Path(directory)
     if not directory.is_dir():
@@ -113,6 +113,7 @@ def is_staged(cfg: dict, model: str) -> bool:
 
 def build(spec: dict, out_dir: str | Path) -> None:
     """A tiny random Qwen model from a `build:` spec, with the task's tokenizer and chat template."""
+    # here: the DAG imports this module (workflows/rules/common.smk); torch and transformers load where a model is built
     from tinyqwen.models import build_model
     from tinyqwen.task import CHAT_TEMPLATE
     from tinyqwen.tokenizer import build_tokenizer
@@ -148,7 +149,7 @@ def stage(cfg: dict, model: str, download=None) -> Path:
         repo, revision = source
         what, marker = f"{model}: the download of {repo}@{revision}", {"repo": repo, "revision": revision}
         if download is None:
-            from huggingface_hub import snapshot_download as download
+            from huggingface_hub import snapshot_download as download  # here: the DAG imports this module
         try:
             download(repo_id=repo, revision=revision, local_dir=str(tmp), allow_patterns=ALLOW_PATTERNS)
         except Exception as err:  # network, auth, unknown revision: one clear line, not a traceback in 8 ranks

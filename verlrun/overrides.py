@@ -7,6 +7,7 @@ experiment depends on it), so the list in a cell's `config.yaml` is the whole st
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import warnings
@@ -159,9 +160,7 @@ def _rollout_correction(ablation: str) -> dict:
     defaults (tis, mis), or correction off (rollout_is and rollout_rs null), written out either way.
     `loss_type` is read only in bypass mode (trainer/ppo/core_algos.py:2484), which no preset here
     uses; it is written only with bypass_mode on."""
-    import dataclasses
-
-    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig  # verl: optional, read for its preset's fields
 
     preset = names.ablation(ablation).rollout_correction
     config = getattr(RolloutCorrectionConfig, preset)() if preset else RolloutCorrectionConfig(rollout_is=None)
@@ -366,7 +365,7 @@ def compose(overrides: list[str]):
     """Compose verl's `ppo_trainer` config with the overrides, as `main_ppo` would, and run
     verl's own `validate_config` on it. Raises on an unknown or mistyped key or an
     inconsistent batch setup; needs verl and Hydra, not a GPU."""
-    import verl
+    import verl  # verl and its Hydra: optional, needed only to check a composed config
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from omegaconf import open_dict

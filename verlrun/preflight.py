@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from rla import layout
 from verlrun import disk, models
 from rla.config import verl_settings
@@ -111,8 +113,6 @@ def check_disk(cfg: dict) -> Check:
 
 def check_partitions(cfg: dict, partition_file: str | Path) -> list[Check]:
     """Each model's cell fits at least one partition of the profile's partition file."""
-    import yaml
-
     path = Path(partition_file)
     if not path.is_file():
         return [Check("partition", False, f"{path}: no such file")]

@@ -12,6 +12,9 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
+from localrl.device import device as default_device
+from localrl.engine.model import EngineModel, KVCache
+
 
 @dataclass
 class Rollout:
@@ -46,9 +49,6 @@ class Engine:
 
     def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
-        from localrl.device import device as default_device
-        from localrl.engine.model import EngineModel
-
         self.max_positions = max_positions or model_config.max_position_embeddings
         self.device = torch.device(device) if device is not None else default_device()
         self.model = EngineModel(model_config, self.max_positions, dtype, device=self.device)
@@ -64,8 +64,6 @@ class Engine:
                  forced: Tensor | None = None) -> Rollout:
         """Sample `max_new_tokens` per prompt; with `forced` (B, max_new_tokens), feed those tokens instead of
         drawing them: their logprobs as the sampling loop computes them (the decode path of given responses)."""
-        from localrl.engine.model import KVCache
-
         ids, prompt_mask = (t.to(self.device) for t in left_pad(prompts, self.pad_id))
         B, P = ids.shape
         if P + max_new_tokens > self.max_positions:
