@@ -23,7 +23,8 @@ FRONT_DOOR = {
     # a rig for a setting, and one RL step of it
     **dict.fromkeys(("Rig", "build_rig", "rl_step", "train_cell", "PromptSampler", "decode_responses"), "run"),
     # the training side: score a batch, one step and its gradient
-    **dict.fromkeys(("Batch", "Trainer", "sequence_inputs", "correct_rollout", "policy_loss"), "trainer"),
+    **dict.fromkeys(("Batch", "Trainer", "sequence_inputs", "correct_rollout", "rollout_correction_config",
+                     "policy_loss"), "trainer"),
     **dict.fromkeys(("compute_copy", "to_bf16_fsdp_style"), "models"),
     **dict.fromkeys(("mismatch_metrics",), "metrics"),
     # the engines: start one, sample with it

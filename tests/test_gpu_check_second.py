@@ -61,7 +61,7 @@ def test_forced_tokens_give_the_sampling_logprobs_bit_for_bit():
     """The decode-path reference of an engine that did not sample (check_long's FP16 engine) is its
     sampling loop fed the tokens: fed its own samples, the BF16 engine gives back its sampling logprobs."""
     from studies.gpu_check import testbed
-    from studies.scaling.measure import qwen_shape
+    from studies._shared.shapes import qwen_shape
 
     point = testbed.point_at("t", qwen_shape("qwen2", 64, 1, 128), n_seq=2, prompt_len=4, response_len=6)
     master = testbed.master_weights(point, torch.device("cpu"))
