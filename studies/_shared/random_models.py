@@ -1,16 +1,16 @@
 """Random models at a shape with the scaling study's output and attention scales (`Point`,
-`build_model`), their BF16 compute copy (`cast_copy`) and the responses the engine samples for them
-(`sample`): the scaling study and the GPU check."""
+`build_model`), their BF16 compute copy (`cast_copy`), the engine beside it (`cast_pair`) and the responses
+the engine samples for them (`sample`): the scaling study and the GPU check."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from localrl import compute_copy, use_local_kernels
+from localrl import Engine, compute_copy, use_local_kernels
 from studies._shared.shapes import Shape, hf_config, qwen_shape
 
 NORM_SPREAD = 0.2  # norm weights 1 + 0.2 N(0, 1): trained norms are not all ones (x * 1 is exact)
@@ -45,6 +45,15 @@ def matched_scale(base: Point, hidden: int) -> float:
     return base.logit_scale * math.sqrt(base.shape.hidden / hidden)
 
 
+def gpu_point(name: str, shape: Shape, n_seq: int, prompt_len: int, response_len: int,
+              sharpen: float = 1.0) -> Point:
+    """The GPU check's point at `shape`: the output layer at the base's logit scale (matched for the
+    width) times `sharpen`; norm weights spread as the scaling study's."""
+    base = base_point(shape.arch)
+    return replace(base, factor="gpu_check", shape=shape, shape_name=name, n_seq=n_seq, prompt_len=prompt_len,
+                   response_len=response_len, logit_scale=sharpen * matched_scale(base, shape.hidden))
+
+
 def build_model(point: Point, max_positions: int, device: str | torch.device = "cpu"):
     """fp32 master weights of a random model with the point's output and attention scales, initialised on
     `device` (the CPU: the same weights anywhere; the GPU check builds a 7B model on the GPU)."""
@@ -75,6 +84,16 @@ def cast_copy(master, keep_master: bool = True):
     for p in master.parameters():
         p.data = p.data.to(torch.bfloat16)
     return use_local_kernels(master)
+
+
+def cast_pair(point: Point, device: torch.device) -> tuple:
+    """(BF16 training model, BF16 engine) of a random model built on `device`, with no fp32 master kept:
+    it is cast in place (an 8B model's master and copies would not fit beside each other)."""
+    max_positions = point.prompt_len + point.response_len
+    train = cast_copy(build_model(point, max_positions, device), keep_master=False)
+    engine = Engine(train.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
+    engine.load_weights({k: v for k, v in train.state_dict().items() if v.dtype == torch.bfloat16})
+    return train, engine
 
 
 def sample(engine, point: Point):

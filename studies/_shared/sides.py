@@ -1,6 +1,6 @@
 """One forward per side: the engine's full forward (`engine_forward`), the training side's with its
 residual stream recorded (`train_forward`), both sides' models per compute dtype (`Sides`) and the fixed
-responses they score (`sample_rollout`)."""
+responses they score (`sample_rollout`), compiled strictly (`strict_recompiles`)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,13 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
     if len(recorded) != len(handles):
         raise RuntimeError(f"recorded {len(recorded)} residual-stream values, expected {len(handles)}")
     return Forward(next_token_logprobs(logits, ids), recorded, logits)
+
+
+def strict_recompiles() -> None:
+    """Each new shape or dtype is a new compiled graph of every engine piece: past dynamo's recompile limit
+    a piece would silently run eagerly (other rounding). Raise the limit, and fail instead of falling back."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
 def sample_rollout(engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:

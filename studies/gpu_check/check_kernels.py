@@ -24,8 +24,10 @@ import patches
 from localrl import CUDA_ATTENTION, causal_mask, may_attend, register_attention
 from studies.gpu_check import testbed
 from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
+from studies._shared.random_models import cast_pair, gpu_point
 from studies._shared.settings import GPU_TARGET
 from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES
+from studies._shared.sides import strict_recompiles
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 LENGTHS = dict(n_seq=8, prompt_len=32, response_len=128)
@@ -61,8 +63,8 @@ def kernel_names(device: torch.device) -> dict[str, str]:
 
 def measure(name: str, shape, lengths: dict, device: torch.device, report: Report) -> None:
     start = time.perf_counter()
-    point = testbed.point_at(name, shape, **lengths)
-    train, engine = testbed.cast_pair(point, device)
+    point = gpu_point(name, shape, **lengths)
+    train, engine = cast_pair(point, device)
     layout = testbed.sampled(engine, point)
     ref, entropy = testbed.engine_reference(engine, layout)
     refs = {"engine_forward": ref, "engine_sampling": layout.sampling}
@@ -91,7 +93,7 @@ def main(argv=None) -> int:
     p = step_parser(__doc__)
     args = p.parse_args(argv)
     device = checked_device(p, args)
-    testbed.strict_recompiles()
+    strict_recompiles()
     shapes = dict(QUICK_SHAPES) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
     report = Report(args.out, "kernels", device, args.quick, target=GPU_TARGET, kernels=kernel_names(device),
                     weights="random (the scaling study's builder)")

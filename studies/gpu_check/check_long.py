@@ -23,8 +23,10 @@ from localrl import CUDA_ATTENTION
 from rla.digest import tensor_digest
 from studies.gpu_check import testbed
 from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
+from studies._shared.random_models import build_model, gpu_point
 from studies._shared.settings import GPU_TARGET
 from studies._shared.shapes import PAPER_SHAPES, qwen_shape
+from studies._shared.sides import strict_recompiles
 
 MODEL = "r1-distill-qwen-1.5b"
 LENGTHS = dict(n_seq=4, prompt_len=32, response_len=4064)  # 4,096 positions
@@ -55,8 +57,8 @@ def scored(train, layout, settings, head: dict, refs: dict, entropy: torch.Tenso
 
 def measure_scale(name: str, shape, lengths: dict, scale: str, device: torch.device, report: Report) -> None:
     start = time.perf_counter()
-    point = testbed.point_at(name, shape, sharpen=SCALES[scale], **lengths)
-    master = testbed.master_weights(point, device)
+    point = gpu_point(name, shape, sharpen=SCALES[scale], **lengths)
+    master = build_model(point, point.prompt_len + point.response_len, device)
     train, engine = testbed.pair_of(master, point, device)
     layout = testbed.sampled(engine, point)
     ref, entropy = testbed.engine_reference(engine, layout)
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
     p = step_parser(__doc__)
     args = p.parse_args(argv)
     device = checked_device(p, args)
-    testbed.strict_recompiles()
+    strict_recompiles()
     name, shape = (QUICK_MODEL, QUICK_SHAPE) if args.quick else (MODEL, PAPER_SHAPES[MODEL])
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
     report = Report(args.out, "long", device, args.quick, target=GPU_TARGET, scales=SCALES,

@@ -6,32 +6,15 @@ Built on the shared random models and layout (studies._shared), as studies/scali
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
 from localrl import Engine, compute_copy, use_local_kernels
-from studies._shared.random_models import Point, base_point, build_model, cast_copy, matched_scale, sample
+from studies._shared.random_models import Point, sample
 from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token, token_mismatch
-from studies._shared.shapes import Shape
 from studies._shared.sides import engine_forward, train_forward
 
 REFERENCES = ("engine_forward", "engine_sampling")  # the engine's prefill logprobs; its decode (sampling) ones
-
-
-def point_at(name: str, shape: Shape, n_seq: int, prompt_len: int, response_len: int,
-             sharpen: float = 1.0) -> Point:
-    """The scaling study's kind of point at `shape`: the output layer at the base's logit scale (matched for the
-    width) times `sharpen`; norm weights spread as there."""
-    base = base_point(shape.arch)
-    return replace(base, factor="gpu_check", shape=shape, shape_name=name, n_seq=n_seq, prompt_len=prompt_len,
-                   response_len=response_len, logit_scale=sharpen * matched_scale(base, shape.hidden))
-
-
-def master_weights(point: Point, device: torch.device):
-    """The fp32 master of a random model at the point, built on `device` (fast on a GPU)."""
-    return build_model(point, point.prompt_len + point.response_len, device)
 
 
 def pair_of(master, point: Point, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple:
@@ -40,16 +23,6 @@ def pair_of(master, point: Point, device: torch.device, dtype: torch.dtype = tor
     engine = Engine(master.config, eos_id=-1, pad_id=0, max_positions=point.prompt_len + point.response_len,
                     device=device, dtype=dtype)
     engine.load_weights({k: v for k, v in master.state_dict().items() if v.is_floating_point()})
-    return train, engine
-
-
-def cast_pair(point: Point, device: torch.device) -> tuple:
-    """(BF16 training model, BF16 engine) with no fp32 master kept: it is cast in place (an 8B model's
-    master and copies would not fit beside each other)."""
-    train = cast_copy(master_weights(point, device), keep_master=False)
-    engine = Engine(train.config, eos_id=-1, pad_id=0, max_positions=point.prompt_len + point.response_len,
-                    device=device)
-    engine.load_weights({k: v for k, v in train.state_dict().items() if v.dtype == torch.bfloat16})
     return train, engine
 
 
@@ -109,9 +82,3 @@ def by_position(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: L
         rows.append(row)
     return rows
 
-
-def strict_recompiles() -> None:
-    """Each new shape or dtype is a new compiled graph of every engine piece: past dynamo's recompile limit
-    a piece would silently run eagerly (other rounding). Raise the limit, and fail instead of falling back."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True

@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,10 +23,10 @@ ROOT = Path(__file__).resolve().parents[2]  # run as a script by benchmarks/gpu_
 sys.path.insert(0, str(ROOT))
 
 import patches  # noqa: E402
-from localrl import CUDA_ATTENTION, Engine  # noqa: E402
+from localrl import CUDA_ATTENTION  # noqa: E402
 from patches import engine_table  # noqa: E402
 from rla.digest import tensor_digest  # noqa: E402
-from studies._shared.random_models import base_point, build_model, cast_copy, matched_scale, sample  # noqa: E402
+from studies._shared.random_models import cast_pair, gpu_point, sample  # noqa: E402
 from studies._shared.scored import Layout, token_mismatch  # noqa: E402
 from studies._shared.settings import GPU_TARGET  # noqa: E402
 from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES, Shape  # noqa: E402
@@ -42,15 +41,10 @@ MODELS = ("qwen3-8b", "qwen2.5-math-7b")
 def measure(name: str, shape: Shape, lengths: dict, device: torch.device, log=print) -> tuple[list[dict], dict]:
     """The rows of every setting and reference, and the rounding map of the engine's compiled graphs
     (value -> stored as bf16 there, and in target `vllm`); `lengths`: n_seq, prompt_len, response_len."""
-    base = base_point(shape.arch)
-    point = replace(base, factor="gpu_check", shape=shape, shape_name=name, **lengths,
-                    logit_scale=matched_scale(base, shape.hidden))
+    point = gpu_point(name, shape, **lengths)
     start = time.perf_counter()
-    max_positions = point.prompt_len + point.response_len
     # built on the device (a 7B model's fp32 init on a CPU would take minutes), cast to bf16 in place
-    model = cast_copy(build_model(point, max_positions, device), keep_master=False)
-    engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
-    engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
+    model, engine = cast_pair(point, device)
     torch._dynamo.reset()  # every engine piece compiles below, under the rounding map's hook
     with engine_table.capture() as graphs:
         layout = Layout.from_rollout(sample(engine, point))

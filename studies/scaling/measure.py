@@ -28,7 +28,7 @@ from studies._shared.random_models import Point, base_point, build_model, cast_c
 from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token
 from studies._shared.settings import Setting, probe_settings, run_settings
 from studies._shared.shapes import ARCHS, qwen_shape, shape_of
-from studies._shared.sides import Forward, Sides, engine_forward, train_forward
+from studies._shared.sides import Forward, Sides, engine_forward, strict_recompiles, train_forward
 from tinyqwen import models
 
 FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
@@ -183,10 +183,7 @@ def describe(point: Point) -> dict:
 def measure(point: Point, log=print) -> PointResult:
     """All settings at one point; with `point.update`, the same tokens are scored again after an update
     and each row gets the correlation of its per-token errors before and after."""
-    # Every new width is a new compiled graph of each engine piece; past dynamo's recompile limit a
-    # piece would silently run eagerly (other rounding): raise the limit, and fail instead of falling back.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    strict_recompiles()  # every new width is a new compiled graph of each engine piece
     device = default_device()
     max_positions = point.prompt_len + point.response_len
     master = build_model(point, max_positions).to(device)  # initialised on the CPU: the same weights anywhere
