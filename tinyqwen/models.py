@@ -51,7 +51,7 @@ REAL_SHAPES: dict[str, dict] = {
     # the paper's small testbed: Qwen2 architecture, Qwen2.5-Math-1.5B's widths (its config.json)
     "r1-distill-qwen-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                                  num_attention_heads=12, num_key_value_heads=2, head_dim=128),
-    # the paper grid's larger models (their config.json)
+    # the paper's large models (their config.json; Qwen2.5-7B has Qwen2.5-Math-7B's widths)
     "qwen2.5-math-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                             num_key_value_heads=4, head_dim=128),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,

@@ -52,6 +52,7 @@ def select(impl: str, model) -> None:
         patches.apply("all", impl=impl.removeprefix("all-"))
     elif impl == "liger":
         patches.remove()
+        # optional: only the liger case needs its wheel
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2, apply_liger_kernel_to_qwen3
 
         apply = apply_liger_kernel_to_qwen2 if model.config.model_type == "qwen2" else apply_liger_kernel_to_qwen3
