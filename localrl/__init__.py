@@ -10,6 +10,8 @@ another x86-64 machine would: the numbers of a run depend on the vector ISA (doc
 
 import importlib
 import os
+import sys
+import types
 
 if os.environ.get("RLA_INDUCTOR_SIMDLEN"):
     import torch._inductor.config
@@ -21,7 +23,8 @@ FRONT_DOOR = {
     # a rig for a setting, and one RL step of it
     **dict.fromkeys(("Rig", "build_rig", "rl_step", "train_cell", "PromptSampler", "decode_responses"), "run"),
     # the training side: score a batch, one step and its gradient
-    **dict.fromkeys(("Batch", "Trainer", "sequence_inputs", "correct_rollout", "policy_loss"), "trainer"),
+    **dict.fromkeys(("Batch", "Trainer", "sequence_inputs", "correct_rollout", "rollout_correction_config",
+                     "policy_loss"), "trainer"),
     **dict.fromkeys(("compute_copy", "to_bf16_fsdp_style"), "models"),
     **dict.fromkeys(("mismatch_metrics",), "metrics"),
     # the engines: start one, sample with it
@@ -44,6 +47,18 @@ FRONT_DOOR = {
     **dict.fromkeys(("warmstart",), "warmstart"),
 }
 __all__ = sorted(FRONT_DOOR)
+
+
+class _FrontDoor(types.ModuleType):
+    def __setattr__(self, name: str, value) -> None:
+        # importing a submodule binds it on its package: `device` and `warmstart` would then name the
+        # submodule, not the front door's function of that name
+        if name in FRONT_DOOR and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _FrontDoor
 
 
 def __getattr__(name: str):

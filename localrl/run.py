@@ -16,14 +16,18 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
+from transformers import AutoConfig, AutoTokenizer
 
-from localrl import checkpoint
+from localrl import checkpoint, engines
+from localrl.device import device
 from localrl.metrics import MetricsLog, data_metrics, mismatch_metrics
+from localrl.trainer import Batch, Trainer, compute_dtype, correct_rollout
 from rla import cells, files, layout
 from rla.cells import Cell
 from rla.config import RL, ConfigError, engine_settings, identity_of, model_spec, rl_settings
 from rla.metricslog import METRICS, RUNNING
 from rla.names import ablation
+from tinyqwen.data import load_split
 from tinyqwen.task import render_prompt, score
 
 log = logging.getLogger("localrl")
@@ -33,9 +37,6 @@ def resolve(cell: Cell) -> dict:
     """The resolved config of one cell (written as the cell's config.yaml); checks every value first (the
     checks themselves are `rla.config`'s and `Cell.of`'s). `engine` is resolved on this machine (`auto`
     becomes the engine that runs: localrl.engines)."""
-    from localrl import engines
-    from localrl.device import device
-
     spec = model_spec(cell.cfg, cell.model, "local")
     resolved = engines.resolve(engine_settings(cell.cfg), device().type,
                                compilation=ablation(cell.ablation).engine_compilation, ablation=cell.ablation)
@@ -126,13 +127,6 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
     prompts and seeded generators; `model_dir` is the warm-started model. `engine`: an already started
     engine of the cell's kind to use (and leave running) instead of starting one; it gets the
     trainer's weights here. `config`: the cell's resolved config, if resolved already."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from localrl import engines
-    from tinyqwen.data import load_split
-    from localrl.device import device
-    from localrl.trainer import Trainer, compute_dtype
-
     config = config or resolve(cell)
     seed, rl, model_dir = cell.seed, config["rl"], Path(model_dir)
     torch.manual_seed(seed)
@@ -147,7 +141,7 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
 
     prompts, truths = encode(load_split(cell.data, "train"))
     val_prompts, val_truths = encode(load_split(cell.data, "test").iloc[: rl["test_size"]])
-    dtype, hf_config, owns = compute_dtype(cell.ablation), AutoConfig.from_pretrained(model_dir), engine is None
+    dtype, hf_config, owns = compute_dtype(ablation(cell.ablation)), AutoConfig.from_pretrained(model_dir), engine is None
     log.info(engines.describe(config["engine"]))
     if owns:
         engine = engines.start(config["engine"], model_dir, tokenizer, hf_config, dtype, seed, log=log.info)
@@ -179,9 +173,7 @@ def validate(rig: Rig) -> float:
 
 def rl_step(rig: Rig, step: int) -> dict[str, float]:
     """One RL step; returns its metrics under verl's names."""
-    from verl.trainer.ppo.core_algos import agg_loss
-
-    from localrl.trainer import Batch, correct_rollout
+    from verl.trainer.ppo.core_algos import agg_loss  # verl: heavy and optional, loaded only when a step runs
 
     rl, trainer = rig.config["rl"], rig.trainer
     t_step, metrics = time.perf_counter(), {}
@@ -227,8 +219,6 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
 
 def cell_identity(config: dict, model_dir: Path, data_dir: Path) -> dict:
     """What the cell's results depend on (besides `steps`), from its resolved config: see `rla.cells`."""
-    from localrl import engines
-
     return cells.canonical({
         "backend": "local", "model": config["model"], "model_spec": config["model_spec"],
         "ablation": config["ablation"], "seed": config["seed"], "engine": engines.identity(config["engine"]),
@@ -265,7 +255,7 @@ def _wandb_run(config: dict, out_dir: Path):
     settings = config.get("wandb") or {}
     if not settings.get("enabled"):
         return None
-    import wandb
+    import wandb  # optional: only a run with wandb.enabled needs it installed
 
     name = f"{config['model']}/{config['ablation']}/seed{config['seed']}"
     return wandb.init(project=settings.get("project", "rounding-alignment"), name=name, config=config,

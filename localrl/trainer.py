@@ -9,8 +9,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import Tensor
+from transformers import AutoModelForCausalLM
 
+import patches
+from localrl.amx_attention import use_amx_rounding_attention
+from localrl.device import device
+from localrl.gemm_match import CANDIDATES
+from localrl.kernels import use_local_kernels
 from localrl.models import compute_copy
+from patches.compile import compile_layers
 from rla import names
 
 
@@ -48,17 +55,17 @@ def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
     return ids, mask, positions
 
 
-def compute_dtype(ablation: str) -> torch.dtype:
+def compute_dtype(ablation: names.Ablation) -> torch.dtype:
     """The dtype both sides compute in: FP16 under the `fp16` treatment, else BF16."""
-    return torch.float16 if names.ablation(ablation).precision == "fp16" else torch.bfloat16
+    return torch.float16 if ablation.precision == "fp16" else torch.bfloat16
 
 
-def rollout_correction_config(ablation: str):
-    """verl's RolloutCorrectionConfig of the ablation's preset, with the preset's defaults (None: none)."""
-    preset = names.ablation(ablation).rollout_correction
+def rollout_correction_config(preset: str | None):
+    """verl's RolloutCorrectionConfig of a preset (an ablation's `rollout_correction`), with the preset's
+    defaults (None: none)."""
     if preset is None:
         return None
-    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig  # verl: the GPU image has none
 
     return getattr(RolloutCorrectionConfig, preset)()
 
@@ -67,7 +74,7 @@ def correct_rollout(batch: Batch, config) -> dict[str, float]:
     """verl's rollout correction in decoupled mode, as its trainer applies it once the old log-probs are
     known: importance weights and rejections from (old, rollout) log-probs, into `batch.rollout_is_weights`
     and `batch.loss_mask`; returns verl's `rollout_corr/*` metrics."""
-    from verl import DataProto
+    from verl import DataProto  # verl: the GPU image has none (this module must import without it)
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
     data = DataProto.from_dict(tensors={"old_log_probs": batch.old_log_probs,
@@ -81,7 +88,7 @@ def correct_rollout(batch: Batch, config) -> dict[str, float]:
 
 def policy_loss_config(rl: dict):
     """The smallest config verl's policy loss accepts (it reads clip ratios and global batch info)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # verl's config library: the GPU image has neither
 
     return OmegaConf.create({"clip_ratio": rl["clip_ratio_low"], "clip_ratio_low": rl["clip_ratio_low"],
                              "clip_ratio_high": rl["clip_ratio_high"], "clip_ratio_c": rl["clip_ratio_c"],
@@ -91,7 +98,7 @@ def policy_loss_config(rl: dict):
 def policy_loss(batch: Batch, log_prob: Tensor, rl: dict) -> tuple[Tensor, dict]:
     """verl's vanilla PPO loss (clip-higher, dual-clip) over the kept tokens, weighted by the rollout
     correction's importance weights when there are any."""
-    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn  # verl: the GPU image has none
 
     return get_policy_loss_fn("vanilla")(batch.old_log_probs, log_prob, batch.advantages, batch.kept_mask().float(),
                                          rl["loss_agg_mode"], policy_loss_config(rl),
@@ -106,12 +113,6 @@ class Trainer:
         """`target`: the engine build the aligned regions round like (patches.apply); `gemm`: the GEMM
         that equals the engine's (localrl.gemm_match: "fp32" the shared FP32-rounded-once kernel,
         "bf16" torch's own F.linear); attention is the shared FP32-rounded-once kernel either way."""
-        import patches
-        from transformers import AutoModelForCausalLM
-
-        from localrl.device import device
-        from localrl.gemm_match import CANDIDATES
-
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
         self.rl, self.target, self.gemm = rl, target, gemm
@@ -120,9 +121,9 @@ class Trainer:
         # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
         self.reduction = entry.reduction
         self.regions = patches.apply(entry.regions, target=target, reduction=self.reduction)
-        self.dtype = compute_dtype(ablation)
+        self.dtype = compute_dtype(entry)
         self.compiled = entry.compiled
-        self.correction = rollout_correction_config(ablation)
+        self.correction = rollout_correction_config(entry.rollout_correction)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         self.model = self._numerics(compute_copy(self.master, self.dtype))
         self.ref = None
@@ -135,8 +136,6 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, growth_interval=400) if fp16 else None
 
     def close(self) -> None:
-        import patches
-
         patches.remove()
 
     def __enter__(self) -> "Trainer":
@@ -147,10 +146,6 @@ class Trainer:
 
     def _numerics(self, model):
         """The shared GEMM/attention kernels, and the decoder layers compiled under `compile`."""
-        from localrl.amx_attention import use_amx_rounding_attention
-        from localrl.kernels import use_local_kernels
-        from patches.compile import compile_layers
-
         use_local_kernels(model, linear=self.gemm == "fp32", attention=self.rl["trainer_attention"] == "rounded_once")
         if self.rl["trainer_attention"] == "amx_rounding":
             use_amx_rounding_attention(model)
@@ -168,11 +163,14 @@ class Trainer:
         return {k: v.detach() for k, v in self.model.state_dict().items() if v.dtype == self.dtype}
 
     # -- log-probs --------------------------------------------------------------------------
-    def logits(self, model, batch: Batch) -> Tensor:
-        """bf16 logits predicting each response token, divided by the temperature in bf16 (as verl)."""
+    def logits(self, model, batch: Batch, fp32_temperature: bool = False) -> Tensor:
+        """bf16 logits predicting each response token, divided by the temperature in bf16 (as verl), or
+        (`fp32_temperature`) cast to fp32 first, as the engine divides."""
         ids, mask, positions = (t.to(self.device) for t in sequence_inputs(batch))
         R = batch.responses.shape[1]
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=R + 1).logits
+        if fp32_temperature:
+            return logits[:, :-1].float() / self.rl["temperature"]
         return logits[:, :-1].div(self.rl["temperature"])
 
     @staticmethod
@@ -183,7 +181,7 @@ class Trainer:
     @torch.no_grad()
     def compute_log_probs(self, batch: Batch, model=None) -> tuple[Tensor, Tensor]:
         """(log-probs, entropy) of the sampled responses under `model` (default: the policy)."""
-        from verl.utils.torch_functional import entropy_from_logits
+        from verl.utils.torch_functional import entropy_from_logits  # verl: the GPU image has none
 
         logits = self.logits(model or self.model, batch)
         labels = batch.responses.to(self.device)
@@ -192,7 +190,7 @@ class Trainer:
     # -- update -----------------------------------------------------------------------------
     @staticmethod
     def grpo_advantages(scores: Tensor, response_mask: Tensor, group_ids: np.ndarray) -> Tensor:
-        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+        from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # verl: the GPU image has none
 
         # Outcome reward on the last response token, as verl's reward manager places it.
         rewards = torch.zeros(response_mask.shape, dtype=torch.float32)
@@ -204,7 +202,9 @@ class Trainer:
     def update(self, batch: Batch) -> dict[str, float]:
         """One PPO epoch over the batch, one optimizer step per `ppo_mini_batch_size` prompts (with their
         samples, as verl splits); returns verl-named metrics."""
+        # verl: the GPU image has none
         from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+        from verl.utils.torch_functional import entropy_from_logits
 
         rl = self.rl
         batch = batch.to(self.device)
@@ -220,8 +220,6 @@ class Trainer:
             loss = pg_loss
             metrics = {"actor/pg_loss": pg_loss.item(), **pg_metrics}
             if rl["entropy_coeff"]:
-                from verl.utils.torch_functional import entropy_from_logits
-
                 ent = agg_loss(entropy_from_logits(logits.float()), mask, rl["loss_agg_mode"])
                 loss = loss - rl["entropy_coeff"] * ent
             if self.ref is not None:

@@ -23,7 +23,9 @@ def test_device_switch(monkeypatch):
 def test_on_cuda_all_reduces_the_mismatch_against_the_triton_engine():
     """Both sides on the GPU (cuBLAS GEMMs, one attention kernel, engine compiled to Triton)."""
     import patches
-    from studies.probe import measure as probe
+    from studies._shared.scored import Layout
+    from studies._shared.settings import Setting
+    from studies._shared.sides import engine_forward, sample_rollout, train_forward
     from localrl.engine.engine import Engine
     from localrl.kernels import use_local_kernels
     from tests.model_factory import tiny_model, to_bf16_fsdp_style
@@ -32,11 +34,11 @@ def test_on_cuda_all_reduces_the_mismatch_against_the_triton_engine():
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=128, device="cuda")
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     prompts = torch.randint(1, 512, (4, 16), generator=torch.Generator().manual_seed(0)).tolist()
-    layout = probe.Layout.from_rollout(probe.sample_rollout(engine, prompts, 32, seed=0))
-    ref = probe.engine_forward(engine.model, *(t.cuda() for t in (layout.ids, layout.mask, layout.positions)))
+    layout = Layout.from_rollout(sample_rollout(engine, prompts, 32, seed=0))
+    ref = engine_forward(engine.model, *(t.cuda() for t in (layout.ids, layout.mask, layout.positions)))
     errors = {}
-    for setting in (probe.Setting("none", ()), probe.Setting("all", patches.REGIONS)):
-        train = probe.train_forward(model, *(t.cuda() for t in (layout.ids, layout.mask, layout.positions)), setting)
+    for setting in (Setting("none", ()), Setting("all", patches.REGIONS)):
+        train = train_forward(model, *(t.cuda() for t in (layout.ids, layout.mask, layout.positions)), setting)
         errors[setting.name] = (train.logprobs - ref.logprobs).abs()[layout.response.cuda()].mean().item()
     # both sides share cuBLAS and the attention kernel, so `all` leaves summation order (Triton's against
     # eager's), flips on ~2^-16 of the norm outputs against stock's 15-40% of every region's elements: on the

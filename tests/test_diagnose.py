@@ -115,11 +115,13 @@ def test_an_engine_copy_that_differs_in_one_tensor_stops_at_step_1(engine, vllm_
 
 
 def test_per_region_numbers_equal_the_probe_studys_scoring(diagnosed, vllm_model):
-    """The probe study's scoring (studies.probe: its Layout, `score` and `numerics`, verl's mismatch
+    """The probe study's scoring (studies._shared's Layout and `numerics`, the probe's `score`, verl's mismatch
     metrics) of the diagnosis's samples gives the diagnosis's per-token logprobs bit for bit and its
     per-spec k3, |d logprob| and bit-equal share."""
     from localrl.engine.engine import Rollout, left_pad, pad
-    from studies.probe.measure import Layout, Setting, mismatch_summary, numerics
+    from studies._shared.mismatch import mismatch_summary
+    from studies._shared.scored import Layout
+    from studies._shared.settings import Setting, numerics
     from studies.probe.vllm import score
 
     def rollout(rows: pd.DataFrame) -> Rollout:

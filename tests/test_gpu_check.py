@@ -88,7 +88,8 @@ def test_dry_run_without_vllm_verl_ray_orjson_snakemake(tmp_path):
 def test_the_checks_k3_is_verls():
     """check_model's own k3, |d| and bit-equal share (the GPU image has no verl) against verl's helpers
     through the probe's summary, on logprobs with exact ties and masked tokens."""
-    from studies.probe import measure as probe
+    from studies._shared.mismatch import mismatch_summary
+    from studies._shared.scored import Layout, token_mismatch
 
     gen = torch.Generator().manual_seed(0)
     ref = -torch.rand(4, 9, generator=gen) * 3
@@ -96,14 +97,14 @@ def test_the_checks_k3_is_verls():
     response = torch.zeros(4, 9, dtype=torch.bool)
     response[:, 3:] = torch.rand(4, 6, generator=gen) > 0.2
     response[:, 3] = True
-    layout = probe.Layout(ids=None, mask=None, positions=None, response=response, sequence=None, sampling=None,
+    layout = Layout(ids=None, mask=None, positions=None, response=response, sequence=None, sampling=None,
                           responses=torch.ones(4, 6, dtype=torch.long), response_cols=slice(3, 9))
-    verl = probe.mismatch_summary(train, ref, layout)
-    ours = check_model.token_mismatch(train, ref, response)
+    verl = mismatch_summary(train, ref, layout)
+    ours = token_mismatch(train, ref, response)
     assert ours["n_tokens"] == verl["n_tokens"] and 0 < ours["bit_equal"] < 1
     assert abs(ours["k3"] - verl["k3_kl"]) <= 1e-6 * verl["k3_kl"]
     assert ours["mean_abs_dlogprob"] == verl["mean_abs_dlogprob"] and ours["bit_equal"] == verl["frac_identical"]
-    assert check_model.token_mismatch(train + 1e-3, ref, response)["k3"] > 0  # the measure moves
+    assert token_mismatch(train + 1e-3, ref, response)["k3"] > 0  # the measure moves
 
 
 def test_the_cuda_tests_step_finds_every_cuda_test_and_runs_without_the_absent_packages(tmp_path):

@@ -61,10 +61,11 @@ def test_forced_tokens_give_the_sampling_logprobs_bit_for_bit():
     """The decode-path reference of an engine that did not sample (check_long's FP16 engine) is its
     sampling loop fed the tokens: fed its own samples, the BF16 engine gives back its sampling logprobs."""
     from studies.gpu_check import testbed
-    from studies.scaling.measure import qwen_shape
+    from studies._shared.random_models import build_model, gpu_point
+    from studies._shared.shapes import qwen_shape
 
-    point = testbed.point_at("t", qwen_shape("qwen2", 64, 1, 128), n_seq=2, prompt_len=4, response_len=6)
-    master = testbed.master_weights(point, torch.device("cpu"))
+    point = gpu_point("t", qwen_shape("qwen2", 64, 1, 128), n_seq=2, prompt_len=4, response_len=6)
+    master = build_model(point, point.prompt_len + point.response_len, torch.device("cpu"))
     _, engine = testbed.pair_of(master, point, torch.device("cpu"))
     layout = testbed.sampled(engine, point)
     replayed = testbed.replayed_sampling(engine, layout)

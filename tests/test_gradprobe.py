@@ -14,7 +14,9 @@ import torch
 
 import patches
 from studies.gradprobe import measure as gradprobe
-from studies.probe import measure as probe
+from studies._shared.batches import Sample
+from studies._shared.scored import Layout
+from studies._shared.sides import engine_forward
 from tests.test_workflow import REPO
 from localrl.engine.engine import Engine
 from localrl.trainer import Batch, Trainer
@@ -38,9 +40,9 @@ def _decode_equals_prefill(engine, rollout, temperature: float) -> tuple[int, in
     at the temperature, all response tokens), read from the rollout itself: the engine's own decode
     difference on this machine (one-token GEMMs and attention may add in another order than the
     prefill's, and which order each takes depends on the CPU)."""
-    layout = probe.Layout.from_rollout(rollout)
+    layout = Layout.from_rollout(rollout)
     with torch.no_grad():
-        logits = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions).logits
+        logits = engine_forward(engine.model, layout.ids, layout.mask, layout.positions).logits
     lp = torch.log_softmax(logits.float() / temperature, -1)[:, :-1]
     lp = lp.gather(-1, layout.ids[:, 1:, None].to(lp.device)).squeeze(-1).cpu()[:, layout.response_cols]
     mask = rollout.response_mask.bool()
@@ -48,7 +50,7 @@ def _decode_equals_prefill(engine, rollout, temperature: float) -> tuple[int, in
 
 
 def _samples(engine, temperature: float, n_batches: int = 4,
-             decode_check: list | None = None) -> list[gradprobe.Sample]:
+             decode_check: list | None = None) -> list[Sample]:
     gen = torch.Generator().manual_seed(7)
     out = []
     for _ in range(n_batches):
@@ -59,7 +61,7 @@ def _samples(engine, temperature: float, n_batches: int = 4,
         scores = torch.randint(0, 2, (16,), generator=gen).float()  # groups with differing scores
         batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask,
                       rollout_log_probs=rollout.logprobs)
-        out.append(gradprobe.Sample(batch, scores, np.repeat(np.arange(4), 4)))
+        out.append(Sample(batch, scores, np.repeat(np.arange(4), 4)))
     return out
 
 

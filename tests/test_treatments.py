@@ -209,9 +209,9 @@ def test_rollout_correction_changes_the_loss_exactly_as_verls_functions(ablation
     from localrl.trainer import correct_rollout, policy_loss, policy_loss_config, rollout_correction_config
 
     rl = rl_settings({}, "local")
-    config = rollout_correction_config(ablation)
+    config = rollout_correction_config(names.ablation(ablation).rollout_correction)
     assert config == getattr(RolloutCorrectionConfig, names.ablation(ablation).rollout_correction)()
-    assert rollout_correction_config("none") is None and rollout_correction_config("fp16") is None
+    assert all(rollout_correction_config(names.ablation(a).rollout_correction) is None for a in ("none", "fp16"))
     batch = _corrected_batch()
     log_prob = batch.old_log_probs + 0.01 * torch.randn(batch.old_log_probs.shape, generator=torch.Generator().manual_seed(3))
     uncorrected, _ = policy_loss(batch, log_prob, rl)
@@ -254,7 +254,7 @@ def test_geo_rs_rejects_sequences_by_their_geometric_mean_ratio_as_verl_does(abl
     from localrl.trainer import correct_rollout, policy_loss, policy_loss_config, rollout_correction_config
 
     rl = rl_settings({}, "local")
-    config = rollout_correction_config(ablation)
+    config = rollout_correction_config(names.ablation(ablation).rollout_correction)
     assert config == RolloutCorrectionConfig.decoupled_geo_rs() and config.rollout_rs_threshold == "0.999_1.001"
     batch = _batch(6, 4, 4)
     batch.response_mask[:] = True

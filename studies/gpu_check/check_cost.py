@@ -18,8 +18,7 @@ from transformers import AutoModelForCausalLM
 
 import patches
 from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
-from studies.scaling.check_model import QUICK
-from studies.scaling.measure import PAPER_SHAPES, hf_config
+from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES, hf_config
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 BATCH, SEQ_LEN, REPEATS = 2, 4096, 3
@@ -53,6 +52,7 @@ def select(impl: str, model) -> None:
         patches.apply("all", impl=impl.removeprefix("all-"))
     elif impl == "liger":
         patches.remove()
+        # optional: only the liger case needs its wheel
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2, apply_liger_kernel_to_qwen3
 
         apply = apply_liger_kernel_to_qwen2 if model.config.model_type == "qwen2" else apply_liger_kernel_to_qwen3
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     p = step_parser(__doc__)
     args = p.parse_args(argv)
     device = checked_device(p, args)
-    shapes = dict(QUICK) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
+    shapes = dict(QUICK_SHAPES) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
     batch, seq_len, repeats = (QUICK_BATCH, QUICK_SEQ_LEN, QUICK_REPEATS) if args.quick else (BATCH, SEQ_LEN, REPEATS)
     report = Report(args.out, "cost", device, args.quick, batch=batch, seq_len=seq_len, repeats=repeats,
                     gradient_checkpointing=True, attention="transformers' sdpa", weights="random BF16, no optimizer",

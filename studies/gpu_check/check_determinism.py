@@ -29,8 +29,10 @@ import patches
 from rla.digest import tensor_digest
 from studies.gpu_check import testbed
 from studies.gpu_check.check_common import Report, checked_device, step_parser
-from studies.scaling.check_model import QUICK, TARGET
-from studies.scaling.measure import PAPER_SHAPES
+from studies._shared.random_models import cast_pair, gpu_point
+from studies._shared.settings import GPU_TARGET
+from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES
+from studies._shared.sides import strict_recompiles
 
 ROOT = Path(__file__).resolve().parents[2]  # the children run from the repository root
 
@@ -66,15 +68,15 @@ def autotuning_off() -> dict:
 
 def model_step(device: torch.device, quick: bool) -> dict:
     """One short step's digests: sample, the engine's prefill, the training side stock and `all` fused."""
-    name, shape = next(iter(QUICK.items())) if quick else (MODEL, replace(PAPER_SHAPES[MODEL], layers=LAYERS))
-    point = testbed.point_at(name, shape, **(QUICK_LENGTHS if quick else LENGTHS))
-    train, engine = testbed.cast_pair(point, device)
+    name, shape = next(iter(QUICK_SHAPES.items())) if quick else (MODEL, replace(PAPER_SHAPES[MODEL], layers=LAYERS))
+    point = gpu_point(name, shape, **(QUICK_LENGTHS if quick else LENGTHS))
+    train, engine = cast_pair(point, device)
     layout = testbed.sampled(engine, point)
     ref, _ = testbed.engine_reference(engine, layout)
     digests = {"responses": tensor_digest(layout.ids), "engine_sampling": tensor_digest(layout.sampling),
                "engine_forward": tensor_digest(ref)}
     for regions, impl in (("none", "eager"), ("all", "fused")):
-        with patches.aligned(None if regions == "none" else regions, target=TARGET, impl=impl):
+        with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET, impl=impl):
             digests[f"train_{regions}"] = tensor_digest(testbed.train_logprobs(train, layout))
     return {"model": name, "layers": shape.layers, "hidden": shape.hidden, **digests}
 
@@ -82,7 +84,7 @@ def model_step(device: torch.device, quick: bool) -> dict:
 def child(args) -> int:
     device = torch.device(args.device)
     applied = autotuning_off() if args.autotuning_off else {}
-    testbed.strict_recompiles()
+    strict_recompiles()
     start = time.perf_counter()
     result = {"inductor_settings": applied, **model_step(device, args.quick),
               "seconds": round(time.perf_counter() - start, 1)}

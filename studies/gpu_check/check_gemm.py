@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from studies.gpu_check.check_common import Report, bit_compare, checked_device, step_parser
-from studies.scaling.measure import PAPER_SHAPES, Shape, qwen_shape
+from studies._shared.shapes import PAPER_SHAPES, Shape, qwen_shape
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import patches
-from localrl import kernels
+from localrl import CUDA_ATTENTION, causal_mask, may_attend, register_attention
 from studies.gpu_check import testbed
 from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
-from studies.scaling.check_model import QUICK, TARGET
-from studies.scaling.measure import PAPER_SHAPES
+from studies._shared.random_models import cast_pair, gpu_point
+from studies._shared.settings import GPU_TARGET
+from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES
+from studies._shared.sides import strict_recompiles
 
 MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 LENGTHS = dict(n_seq=8, prompt_len=32, response_len=128)
@@ -37,9 +39,9 @@ FLASH_NAME = "sdpa_fa_backend"  # transformers reads a name with "flash" in it a
 def flash_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """transformers' attention interface on SDPA's flash backend, causal, on the BF16 values (as
     flash-attn 2 computes): unpadded batches only, as the flash kernels take no mask."""
-    mask = kernels.may_attend(attention_mask)
+    mask = may_attend(attention_mask)
     if mask is not None and not torch.equal(mask.expand(mask.shape[0], 1, *mask.shape[-2:])[:, 0],
-                                            kernels.causal_mask(query.shape[2], key.shape[2], mask.device)
+                                            causal_mask(query.shape[2], key.shape[2], mask.device)
                                             .expand(mask.shape[0], -1, -1)):
         raise ValueError("flash_attention: a padding mask; the flash kernels take causal, unpadded batches only")
     if query.shape[1] != key.shape[1]:  # GQA as repeated KV heads, as the engine's kernel takes it
@@ -53,7 +55,7 @@ def flash_attention(module, query, key, value, attention_mask, scaling=None, dro
 def kernel_names(device: torch.device) -> dict[str, str]:
     if device.type == "cuda":
         return {"sdpa_flash": "SDPA flash backend, BF16 (stand-in for flash-attn 2)",
-                "engine_kernel": f"SDPA {kernels.CUDA_ATTENTION}, BF16 (the engine's pinned kernel; "
+                "engine_kernel": f"SDPA {CUDA_ATTENTION}, BF16 (the engine's pinned kernel; "
                                  "stand-in for vLLM's FlashAttention)"}
     return {"sdpa_flash": "SDPA flash backend: torch's C++ CPU kernel on the BF16 values",
             "engine_kernel": "FP32 SDPA on the BF16 values, rounded once (the rig's CPU kernel)"}
@@ -61,8 +63,8 @@ def kernel_names(device: torch.device) -> dict[str, str]:
 
 def measure(name: str, shape, lengths: dict, device: torch.device, report: Report) -> None:
     start = time.perf_counter()
-    point = testbed.point_at(name, shape, **lengths)
-    train, engine = testbed.cast_pair(point, device)
+    point = gpu_point(name, shape, **lengths)
+    train, engine = cast_pair(point, device)
     layout = testbed.sampled(engine, point)
     ref, entropy = testbed.engine_reference(engine, layout)
     refs = {"engine_forward": ref, "engine_sampling": layout.sampling}
@@ -72,9 +74,9 @@ def measure(name: str, shape, lengths: dict, device: torch.device, report: Repor
             "logit_scale": point.logit_scale, "entropy_engine": entropy.mean().item()}
     for train_attention in ("engine_kernel", "sdpa_flash"):
         if train_attention == "sdpa_flash":
-            kernels.register_attention(train, FLASH_NAME, flash_attention)
+            register_attention(train, FLASH_NAME, flash_attention)
         for regions, impl in SETTINGS:
-            with patches.aligned(None if regions == "none" else regions, target=TARGET,
+            with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET,
                                  impl="eager" if impl == "-" else impl):
                 lp = testbed.train_logprobs(train, layout)
             report.data["parts"]["rows"].append({**head, "train_attention": train_attention, "regions": regions,
@@ -91,9 +93,9 @@ def main(argv=None) -> int:
     p = step_parser(__doc__)
     args = p.parse_args(argv)
     device = checked_device(p, args)
-    testbed.strict_recompiles()
-    shapes = dict(QUICK) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
-    report = Report(args.out, "kernels", device, args.quick, target=TARGET, kernels=kernel_names(device),
+    strict_recompiles()
+    shapes = dict(QUICK_SHAPES) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
+    report = Report(args.out, "kernels", device, args.quick, target=GPU_TARGET, kernels=kernel_names(device),
                     weights="random (the scaling study's builder)")
     report.data["parts"]["rows"] = []
     for name, shape in shapes.items():  # the 1.5B testbed first

@@ -19,12 +19,14 @@ import time
 import torch
 
 import patches
-from localrl.kernels import CUDA_ATTENTION
+from localrl import CUDA_ATTENTION
 from rla.digest import tensor_digest
 from studies.gpu_check import testbed
 from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
-from studies.scaling.check_model import TARGET
-from studies.scaling.measure import PAPER_SHAPES, qwen_shape
+from studies._shared.random_models import build_model, gpu_point
+from studies._shared.settings import GPU_TARGET
+from studies._shared.shapes import PAPER_SHAPES, qwen_shape
+from studies._shared.sides import strict_recompiles
 
 MODEL = "r1-distill-qwen-1.5b"
 LENGTHS = dict(n_seq=4, prompt_len=32, response_len=4064)  # 4,096 positions
@@ -38,7 +40,7 @@ def scored(train, layout, settings, head: dict, refs: dict, entropy: torch.Tenso
     """Each setting's rows against both references, overall and per position bin, added to the report."""
     for regions, impl in settings:
         start = time.perf_counter()
-        with patches.aligned(None if regions == "none" else regions, target=TARGET,
+        with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET,
                              impl="eager" if impl == "-" else impl):
             lp = testbed.train_logprobs(train, layout)
         keys = {**head, "regions": regions, "impl": impl}
@@ -55,8 +57,8 @@ def scored(train, layout, settings, head: dict, refs: dict, entropy: torch.Tenso
 
 def measure_scale(name: str, shape, lengths: dict, scale: str, device: torch.device, report: Report) -> None:
     start = time.perf_counter()
-    point = testbed.point_at(name, shape, sharpen=SCALES[scale], **lengths)
-    master = testbed.master_weights(point, device)
+    point = gpu_point(name, shape, sharpen=SCALES[scale], **lengths)
+    master = build_model(point, point.prompt_len + point.response_len, device)
     train, engine = testbed.pair_of(master, point, device)
     layout = testbed.sampled(engine, point)
     ref, entropy = testbed.engine_reference(engine, layout)
@@ -83,10 +85,10 @@ def main(argv=None) -> int:
     p = step_parser(__doc__)
     args = p.parse_args(argv)
     device = checked_device(p, args)
-    testbed.strict_recompiles()
+    strict_recompiles()
     name, shape = (QUICK_MODEL, QUICK_SHAPE) if args.quick else (MODEL, PAPER_SHAPES[MODEL])
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
-    report = Report(args.out, "long", device, args.quick, target=TARGET, scales=SCALES,
+    report = Report(args.out, "long", device, args.quick, target=GPU_TARGET, scales=SCALES,
                     weights="random (the scaling study's builder)")
     report.data["parts"].update(rows=[], by_position=[])
     for scale in SCALES:  # the matched scale first: its rows are written when time runs out

@@ -1,64 +1,36 @@
 """The model pair the second GPU check's model steps (long, kernels, determinism) score on: a random
 model at a paper shape on the training side (transformers, the shared kernels), the local engine
 compiled as vLLM compiles on a GPU, responses sampled from the engine, and each side's logprobs of them.
-Built on the scaling study's model builder and the probe's layout, as studies/scaling/check_model.py is.
+Built on the shared random models and layout (studies._shared), as studies/scaling/check_model.py is.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
-from localrl.engine.engine import Engine
-from localrl.kernels import use_local_kernels
-from localrl.models import compute_copy as dtype_copy
-from studies.probe import measure as probe
-from studies.scaling import measure as scaling
-from studies.scaling.check_model import token_mismatch
+from localrl import Engine, compute_copy, use_local_kernels
+from studies._shared.random_models import Point, sample
+from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token, token_mismatch
+from studies._shared.sides import engine_forward, train_forward
 
 REFERENCES = ("engine_forward", "engine_sampling")  # the engine's prefill logprobs; its decode (sampling) ones
 
 
-def point_at(name: str, shape: scaling.Shape, n_seq: int, prompt_len: int, response_len: int,
-             sharpen: float = 1.0) -> scaling.Point:
-    """The scaling study's point at `shape`: the output layer at the base's logit scale (matched for the
-    width) times `sharpen`; norm weights spread as there."""
-    base = scaling.base_point(shape.arch)
-    return replace(base, factor="gpu_check", shape=shape, shape_name=name, n_seq=n_seq, prompt_len=prompt_len,
-                   response_len=response_len, logit_scale=sharpen * scaling.matched_scale(base, shape.hidden))
-
-
-def master_weights(point: scaling.Point, device: torch.device):
-    """The fp32 master of a random model at the point, built on `device` (fast on a GPU)."""
-    return scaling.build_model(point, point.prompt_len + point.response_len, device)
-
-
-def pair_of(master, point: scaling.Point, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple:
+def pair_of(master, point: Point, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple:
     """(training copy in `dtype` with the shared kernels, engine loaded with the same weights in `dtype`)."""
-    train = use_local_kernels(dtype_copy(master, dtype))
+    train = use_local_kernels(compute_copy(master, dtype))
     engine = Engine(master.config, eos_id=-1, pad_id=0, max_positions=point.prompt_len + point.response_len,
                     device=device, dtype=dtype)
     engine.load_weights({k: v for k, v in master.state_dict().items() if v.is_floating_point()})
     return train, engine
 
 
-def cast_pair(point: scaling.Point, device: torch.device) -> tuple:
-    """(BF16 training model, BF16 engine) with no fp32 master kept: it is cast in place (an 8B model's
-    master and copies would not fit beside each other)."""
-    train = scaling.compute_copy(master_weights(point, device), keep_master=False)
-    engine = Engine(train.config, eos_id=-1, pad_id=0, max_positions=point.prompt_len + point.response_len,
-                    device=device)
-    engine.load_weights({k: v for k, v in train.state_dict().items() if v.dtype == torch.bfloat16})
-    return train, engine
+def sampled(engine: Engine, point: Point) -> Layout:
+    return Layout.from_rollout(sample(engine, point))
 
 
-def sampled(engine: Engine, point: scaling.Point) -> probe.Layout:
-    return probe.Layout.from_rollout(scaling.sample(engine, point))
-
-
-def replayed_sampling(engine: Engine, layout: probe.Layout) -> torch.Tensor:
+def replayed_sampling(engine: Engine, layout: Layout) -> torch.Tensor:
     """The engine's decode-path logprobs of the layout's responses (teacher-forced through its sampling
     loop), in the layout's (B, T-1) coordinates: the sampling reference of an engine that did not sample them."""
     cols = layout.response_cols
@@ -71,19 +43,19 @@ def replayed_sampling(engine: Engine, layout: probe.Layout) -> torch.Tensor:
     return out
 
 
-def engine_reference(engine: Engine, layout: probe.Layout) -> tuple[torch.Tensor, torch.Tensor]:
+def engine_reference(engine: Engine, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
     """The engine's prefill logprobs (B, T-1) and its entropy (nats) at each scored response token, in
     the order of `layout.response`'s true entries."""
-    forward = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
-    entropy = scaling.entropy_per_token(forward.logits, layout.response)
+    forward = engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
+    entropy = entropy_per_token(forward.logits, layout.response)
     return forward.logprobs.cpu(), entropy
 
 
-def train_logprobs(model, layout: probe.Layout) -> torch.Tensor:
-    return probe.train_forward(model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
+def train_logprobs(model, layout: Layout) -> torch.Tensor:
+    return train_forward(model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
 
 
-def against_both(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: probe.Layout) -> dict:
+def against_both(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: Layout) -> dict:
     """k3, mean |d logprob| and bit-equal share against each reference, prefixed by its name."""
     out = {}
     for reference, ref_lp in refs.items():
@@ -91,12 +63,12 @@ def against_both(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: 
     return out
 
 
-def by_position(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: probe.Layout,
+def by_position(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: Layout,
                 entropy: torch.Tensor) -> list[dict]:
     """k3 and mean |d| against each reference, and the engine's mean entropy, per log-spaced position bin
-    (scaling.LOG_POSITION_EDGES) of the scored token."""
+    (LOG_POSITION_EDGES) of the scored token."""
     positions = layout.scored_positions[layout.response].numpy()
-    edges = np.asarray(scaling.LOG_POSITION_EDGES)
+    edges = np.asarray(LOG_POSITION_EDGES)
     bins = np.clip(np.searchsorted(edges, positions, side="right") - 1, 0, len(edges) - 2)
     d = {r: (train_lp - lp)[layout.response].double().numpy() for r, lp in refs.items()}
     rows = []
@@ -110,9 +82,3 @@ def by_position(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: p
         rows.append(row)
     return rows
 
-
-def strict_recompiles() -> None:
-    """Each new shape or dtype is a new compiled graph of every engine piece: past dynamo's recompile limit
-    a piece would silently run eagerly (other rounding). Raise the limit, and fail instead of falling back."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True

@@ -46,11 +46,18 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
+from transformers import AutoTokenizer
 
-from studies.probe import measure as probe
-from localrl.trainer import Batch, Trainer, correct_rollout, policy_loss
-from rla.config import ConfigError
+from localrl import Batch, Engine, Rollout, Trainer, correct_rollout, mismatch_metrics, policy_loss, \
+    rollout_correction_config
+from rla import layout
+from rla.config import ConfigError, load, model_spec, rl_settings
+from rla.files import write_csv, write_text
 from rla.names import ABLATIONS, REGIONS
+from studies._shared.batches import Sample, sample_batches, train_prompts
+from studies._shared.scored import Layout
+from studies._shared.settings import Setting, run_settings
+from studies._shared.sides import Sides, engine_forward
 
 EXACT = "exact"  # the reference: all+engine_order with the engine's FP32 temperature division
 REFERENCE_ABLATION = "all+engine_order"
@@ -62,61 +69,6 @@ DEFAULT_BATCHES = 12
 
 class NoSignal(ConfigError):
     """Every batch's groups scored alike: GRPO's advantages, and every gradient, are zero."""
-
-
-@dataclass
-class Sample:
-    """One batch of engine samples: the RL batch, its scores and GRPO groups."""
-
-    batch: Batch
-    scores: Tensor
-    groups: np.ndarray
-
-
-def train_prompts(tokenizer, data_dir: Path) -> tuple[list[list[int]], list[str]]:
-    """The train split's prompts as token ids, and their ground truths."""
-    from tinyqwen.data import load_split
-    from tinyqwen.task import render_prompt
-
-    frame = load_split(data_dir, "train")
-    return ([tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]],
-            [rm["ground_truth"] for rm in frame["reward_model"]])
-
-
-def sample_batches(engine, tokenizer, prompts: list[list[int]], truths: list[str], n_batches: int, rl: dict,
-                   temperature: float, max_new_tokens: int, seed: int) -> list[Sample]:
-    """`n_batches` RL batches as the loop draws them: prompts in the seeded epoch order of the train
-    split, `samples_per_prompt` responses each from the engine at `temperature`, verl's gsm8k scores."""
-    from localrl.run import PromptSampler, decode_responses
-    from tinyqwen.task import score
-
-    sampler = PromptSampler(len(prompts), torch.Generator().manual_seed(seed))
-    gen = torch.Generator().manual_seed(seed + 1)
-    n, group = rl["prompts_per_step"], rl["samples_per_prompt"]
-    out = []
-    for _ in range(n_batches):
-        idx = sampler.take(n)
-        rollout = engine.generate([prompts[i] for i in idx for _ in range(group)], max_new_tokens, temperature, gen)
-        texts = decode_responses(tokenizer, rollout.responses, rollout.response_mask)
-        scores = torch.tensor([score(t, truths[i]) for t, i in zip(texts, np.repeat(idx, group))])
-        batch = Batch(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.response_mask,
-                      rollout_log_probs=rollout.logprobs)
-        out.append(Sample(batch, scores, np.repeat(np.arange(n), group)))
-    return out
-
-
-def _log_probs(trainer: Trainer, model, batch: Batch, fp32_temperature: bool) -> Tensor:
-    """Response log-probs with gradients: the RL trainer's (BF16 logits / T in BF16, as verl), or the
-    engine's temperature division (FP32 logits / T)."""
-    if not fp32_temperature:
-        return trainer.token_log_probs(trainer.logits(model, batch), batch.responses.to(trainer.device))
-    from localrl.trainer import sequence_inputs
-
-    ids, mask, positions = (t.to(trainer.device) for t in sequence_inputs(batch))
-    R = batch.responses.shape[1]
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, logits_to_keep=R + 1).logits[:, :-1]
-    lp = torch.log_softmax(logits.float() / trainer.rl["temperature"], -1)
-    return lp.gather(-1, batch.responses.to(trainer.device)[..., None]).squeeze(-1)
 
 
 def _flat(grads) -> Tensor:
@@ -131,19 +83,20 @@ class BatchGradient:
     correction: dict = field(default_factory=dict)  # verl's rollout_corr/* metrics of the setting's correction
 
 
-def batch_gradient(trainer: Trainer, model, sample: Sample, setting: probe.Setting, with_is: bool) -> BatchGradient:
+def batch_gradient(trainer: Trainer, model, sample: Sample, setting: Setting, with_is: bool) -> BatchGradient:
     """The RL trainer's policy gradient of one batch under `setting` (its numerics are applied by the
-    caller: probe.run_settings)."""
-    from verl.trainer.config.algorithm import RolloutCorrectionConfig
-
+    caller: run_settings): its log-probs with gradients (the exact reference divides by the temperature
+    in FP32, as the engine), the old log-probs equal to them, the setting's rollout correction, GRPO
+    advantages, verl's PPO loss."""
     params = [p for p in model.parameters() if p.requires_grad]
     batch = sample.batch.to(trainer.device)
-    log_prob = _log_probs(trainer, model, batch, fp32_temperature=setting.name == EXACT)
+    log_prob = trainer.token_log_probs(trainer.logits(model, batch, fp32_temperature=setting.name == EXACT),
+                                       batch.responses)
     batch = replace(batch, old_log_probs=log_prob.detach())
 
     def loss_of(correction: str | None) -> tuple[Tensor, dict]:
         b = replace(batch)
-        metrics = correct_rollout(b, getattr(RolloutCorrectionConfig, correction)()) if correction else {}
+        metrics = correct_rollout(b, rollout_correction_config(correction)) if correction else {}
         b.advantages = Trainer.grpo_advantages(sample.scores, b.kept_mask().cpu(), sample.groups).to(trainer.device)
         return policy_loss(b, log_prob, trainer.rl)[0], metrics
 
@@ -166,9 +119,7 @@ def _sq(t: Tensor) -> float:
 
 def token_stats(log_prob: Tensor, ref: Tensor, batch: Batch) -> dict:
     """Per-token mismatch of a setting's log-probs: to the reference, and to the engine's sampling
-    log-probs under verl's names (localrl.metrics), the largest |log-ratio| and the sequence log-ratio."""
-    from localrl.metrics import mismatch_metrics
-
+    log-probs under verl's names (localrl.mismatch_metrics), the largest |log-ratio| and the sequence log-ratio."""
     mask = batch.response_mask.bool()
     d_ref = (log_prob - ref)[mask].double()
     d_roll = torch.where(mask, log_prob.double() - batch.rollout_log_probs.double(), 0.0)
@@ -234,20 +185,20 @@ class PointResult:
 
 
 def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str], log=print) -> PointResult:
-    """The reference's gradients first, then every setting's against them (probe.run_settings)."""
-    sides = probe.Sides(trainer.model, engine)
-    ref_setting = replace(probe.Setting.of_ablation(REFERENCE_ABLATION), name=EXACT)
+    """The reference's gradients first, then every setting's against them (run_settings)."""
+    sides = Sides(trainer.model, engine)
+    ref_setting = replace(Setting.of_ablation(REFERENCE_ABLATION), name=EXACT)
     with_is = {"none", *REGIONS, "all", REFERENCE_ABLATION, EXACT}
-    chosen = [ref_setting] + [probe.Setting.of_ablation(s) for s in settings]
+    chosen = [ref_setting] + [Setting.of_ablation(s) for s in settings]
     engine_check, results = {}, {}
 
-    def step(setting: probe.Setting, model, engine_model) -> None:
+    def step(setting: Setting, model, engine_model) -> None:
         grads = results[setting.name] = [batch_gradient(trainer, model, s, setting, setting.name in with_is)
                                          for s in samples]
         if setting.name == EXACT:  # how exact the reference is: the engine's full forward and its sampling
             engine_check.update(_reference_check(engine_model, samples, grads, trainer.rl["temperature"]))
 
-    probe.run_settings(chosen, sides, step, log)
+    run_settings(chosen, sides, step, log)
     ref = results[EXACT]
     refs = [g.log_prob for g in ref]
     rows, batch_rows = [], []
@@ -268,16 +219,14 @@ def measure(trainer: Trainer, engine, samples: list[Sample], settings: list[str]
 def _reference_check(engine_model, samples: list[Sample], ref: list[BatchGradient], temperature: float) -> dict:
     """Fractions of response tokens whose reference log-prob equals the engine's full forward and its
     sampling log-probs (both at the temperature, FP32 log-softmax of the engine's BF16 logits)."""
-    from localrl.engine.engine import Rollout
-
     equal_forward = equal_sampling = total = 0
     for sample, grad in zip(samples, ref):
         batch = sample.batch
-        layout = probe.Layout.from_rollout(Rollout(batch.prompt_ids, batch.prompt_mask, batch.responses,
+        scored = Layout.from_rollout(Rollout(batch.prompt_ids, batch.prompt_mask, batch.responses,
                                                    batch.response_mask, batch.rollout_log_probs))
-        logits = probe.engine_forward(engine_model, layout.ids, layout.mask, layout.positions).logits
+        logits = engine_forward(engine_model, scored.ids, scored.mask, scored.positions).logits
         lp = torch.log_softmax(logits.float() / temperature, -1)[:, :-1]
-        lp = lp.gather(-1, layout.ids[:, 1:, None].to(lp.device)).squeeze(-1).cpu()[:, layout.response_cols]
+        lp = lp.gather(-1, scored.ids[:, 1:, None].to(lp.device)).squeeze(-1).cpu()[:, scored.response_cols]
         mask = batch.response_mask.bool()
         equal_forward += int((lp == grad.log_prob)[mask].sum())
         equal_sampling += int((batch.rollout_log_probs == grad.log_prob)[mask].sum())
@@ -305,12 +254,6 @@ class PointSpec:
 
 
 def run_point(spec: PointSpec, log=print) -> PointResult:
-    from transformers import AutoTokenizer
-
-    from localrl.engine.engine import Engine
-    from rla import layout
-    from rla.config import load, model_spec, rl_settings
-
     cfg = load(spec.config)
     model_spec(cfg, spec.model, "local")
     rl = {**rl_settings(cfg, "local", spec.model), "temperature": float(spec.temperature)}
@@ -354,8 +297,6 @@ def run_point(spec: PointSpec, log=print) -> PointResult:
 
 
 def write(result: PointResult, out: str | Path) -> list[Path]:
-    from rla.files import write_csv, write_text
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "gradprobe.csv", out / "batches.csv", out / "gradprobe.json"]

@@ -30,10 +30,15 @@ from pathlib import Path
 
 import torch
 
-from rla.config import ConfigError, load
+from localrl import train_cell, warmstart
+from rla import layout
+from rla.cells import Cell
+from rla.config import ConfigError, load, model_spec, warmstart_settings
 from rla.files import write_text
 from studies.gradprobe.judge import seeded
 from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, PointSpec, run_point, write
+from tinyqwen.data import write_splits
+from tinyqwen.task import TaskSettings
 
 POINT_KEYS = {"config", "model", "temperature", "rl_step", "rl_ablation", "batches", "max_new_tokens", "seed",
               "settings"}
@@ -61,12 +66,6 @@ def plan_points(plan_file: str | Path) -> tuple[dict, dict[str, dict]]:
 
 def ensure_warm_start(point: dict, log=print) -> None:
     """The point's data and warm-started model, made as the workflow makes them if missing."""
-    from tinyqwen.data import write_splits
-    from tinyqwen.task import TaskSettings
-    from localrl.warmstart import warmstart
-    from rla import layout
-    from rla.config import model_spec, warmstart_settings
-
     cfg = load(point["config"])
     model_spec(cfg, point["model"], "local")
     data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, point["model"])
@@ -88,10 +87,6 @@ def checkpoint_of(point: dict, out: Path, log=print) -> str | None:
     steps = point.get("rl_step")
     if not steps:
         return None
-    from localrl.run import train_cell
-    from rla import layout
-    from rla.cells import Cell
-
     kept = out / "checkpoints" / point["model"] / f"step_{int(steps):06d}.pt"
     if kept.exists():
         return str(kept)

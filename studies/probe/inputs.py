@@ -9,8 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rla.config import ConfigError
+import patches
+from rla import layout
+from rla.config import ConfigError, model_spec, rl_settings
+from tinyqwen.data import load_split, split_frame
+from tinyqwen.task import TaskSettings, render_prompt
 
 
 def log(msg: str) -> None:
@@ -31,8 +36,6 @@ def probe_inputs(args, cfg: dict | None, checkpoint_tokens: int | None = None) -
     """What the probe reads, every option checked before any engine starts: `--model` a model of the
     config, or (no config) a checkpoint directory (checked by cli.engine_of), whose responses are
     `checkpoint_tokens` long unless --max-new-tokens says otherwise."""
-    from transformers import AutoTokenizer
-
     if cfg is None:
         rl, data_dir, model_dir, tokens = None, args.data, Path(args.model), checkpoint_tokens
     else:
@@ -48,9 +51,6 @@ def probe_inputs(args, cfg: dict | None, checkpoint_tokens: int | None = None) -
 def config_model(args, cfg: dict) -> tuple[dict, Path, Path]:
     """(rl settings, data dir, warm-started model dir) of `--model`, a model of the config; an unknown
     model or a model not yet warm-started is a ConfigError."""
-    from rla import layout
-    from rla.config import model_spec, rl_settings
-
     model_spec(cfg, args.model, "local")
     model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
     if not (model_dir / "config.json").exists():
@@ -62,9 +62,6 @@ def config_model(args, cfg: dict) -> tuple[dict, Path, Path]:
 def check_checkpoint(path: str | Path):
     """The checkpoint's transformers config, or a ConfigError in one line naming what is wrong: not a
     directory, no config.json, no weights, or layers the alignment patches do not cover."""
-    import patches
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     path = Path(path)
     if not path.is_dir():
         raise ConfigError(f"--model {path}: not a directory (a Hugging Face checkpoint directory is expected)")
@@ -94,8 +91,6 @@ def check_checkpoint(path: str | Path):
 def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
     """Token ids of each chat: the checkpoint's own chat template if it has one, else the task's
     rendering (`tinyqwen.task.render_prompt`, what the tiny models were trained on)."""
-    from tinyqwen.task import render_prompt
-
     if getattr(tokenizer, "chat_template", None):
         return [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
                 for m in messages]
@@ -105,9 +100,6 @@ def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
 def task_messages(data_dir: str | Path | None, n: int, seed: int) -> list[list[dict]]:
     """`n` chats, a seeded choice in file order, from a verl-schema test.parquet (`data_dir`), or from the
     generated task's test split."""
-    from tinyqwen.data import load_split, split_frame
-    from tinyqwen.task import TaskSettings
-
     if data_dir is None:
         test = split_frame(TaskSettings(n_test=max(n, 200)), "test")
     else:

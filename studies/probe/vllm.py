@@ -16,13 +16,19 @@ from pathlib import Path
 import pandas as pd
 import torch
 from torch import Tensor
+from transformers import AutoConfig
 
-from rla.config import ConfigError
+from localrl import (Trainer, VllmEngine, compute_copy, default_target, device as rig_device, match_trainer_gemm,
+                     use_local_kernels, vllm_build, vllm_shape_problem, vllm_unavailable)
+from rla.config import ConfigError, engine_settings, rl_settings
 from rla.names import TARGETS
 from studies import provenance
-from studies.probe import ENGINE_ORDER
-from studies.probe.measure import (DEFAULT_POSITION_BIN, Layout, Setting, SettingRows, describe, describe_main,
-                                   next_token_logprobs, probe_settings, run_settings, sample_rollout)
+from studies._shared.names import ENGINE_ORDER
+from studies._shared.scored import Layout
+from studies._shared.settings import Setting, probe_settings, run_settings
+from studies._shared.sides import next_token_logprobs, sample_rollout
+from studies.probe.inputs import check_checkpoint, log, probe_inputs
+from studies.probe.measure import DEFAULT_POSITION_BIN, SettingRows, describe, describe_main
 
 DEFAULT_CHECKPOINT_TOKENS = 256
 LAYER_COLUMNS = ["setting", "layer", "stage", "rel_l2", "max_abs", "frac_identical", "n_values"]
@@ -64,9 +70,6 @@ def run_engine(inputs, dtype: torch.dtype, seed: int, engine_args: dict, tied: b
                layout: Layout | None = None) -> tuple[EngineSide, Layout, str]:
     """Start one engine; sample the responses (unless `layout` holds them) and score them; check its
     GEMMs; free it. Returns what it gave, the layout and the engine's name."""
-    from localrl import gemm_match
-    from localrl.vllm_engine import VllmEngine
-
     tokenizer = inputs.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     engine = VllmEngine(inputs.model_dir, tokenizer.eos_token_id, pad, dtype=dtype, seed=seed, log=log, **engine_args)
@@ -78,7 +81,7 @@ def run_engine(inputs, dtype: torch.dtype, seed: int, engine_args: dict, tied: b
                 f"({time.perf_counter() - start:.1f} s)")
             layout = Layout.from_rollout(rollout)
         forward = forward_logprobs(engine, layout)
-        found = gemm_match.match(engine, inputs.model_dir, tied, dtype, device)
+        found = match_trainer_gemm(engine, inputs.model_dir, tied, dtype, device)
         log(f"{str(dtype).removeprefix('torch.')}: {found.describe()}")
         return EngineSide(forward, found.choice, found.describe(), engine.startup_s), layout, engine.describe()
     finally:
@@ -112,11 +115,6 @@ def score(model, layout: Layout, batch_size: int = 16) -> Tensor:
 def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
     """{dtype: model}: the RL trainer's BF16 model (its own construction) and an FP16 copy of the same
     master weights, each with the GEMM that equals its engine's."""
-    from localrl.kernels import use_local_kernels
-    from localrl.models import compute_copy
-    from localrl.trainer import Trainer
-    from rla.config import rl_settings
-
     rl = {**rl_settings({}, "local"), "temperature": 1.0}
     trainer = Trainer(str(model_dir), rl, "all", target=target, gemm=gemm[torch.bfloat16])
     models = {torch.bfloat16: trainer.model}
@@ -134,13 +132,6 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
     """The probe against vLLM: a checkpoint directory, or a model of the config. Samples, scores with
     both engines, then every setting; writes the tables and probe.json (engine, GEMM checks, machine,
     timings)."""
-    from transformers import AutoConfig
-
-    from localrl import engines
-    from localrl.device import device as rig_device
-    from rla.config import engine_settings
-    from studies.probe.inputs import check_checkpoint, log, probe_inputs
-
     inputs = probe_inputs(args, cfg, DEFAULT_CHECKPOINT_TOKENS)
     if cfg is not None:  # a checkpoint directory was checked by cli.engine_of
         check_checkpoint(inputs.model_dir)
@@ -150,16 +141,16 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
         "tokens")
     hf_config = AutoConfig.from_pretrained(model_dir)
     device = rig_device().type
-    reason = engines.vllm_unavailable(device)
+    reason = vllm_unavailable(device)
     if reason is not None:
         raise ConfigError(f"the probe's engine is vLLM, which cannot run here: {reason}")
-    version, engine_platform = engines.vllm_build()
+    version, engine_platform = vllm_build()
     if engine_platform == "cpu":
-        problem = engines.vllm_shape_problem(hf_config.model_type, hf_config.hidden_size,
+        problem = vllm_shape_problem(hf_config.model_type, hf_config.hidden_size,
                                              hf_config.num_attention_heads, getattr(hf_config, "head_dim", None))
         if problem:
             raise ConfigError(f"--model {model_dir}: {problem}")
-    target = engines.default_target("vllm", engine_platform)
+    target = default_target("vllm", engine_platform)
     longest = max(map(len, prompts)) + max_new_tokens
     limit = getattr(hf_config, "max_position_embeddings", longest)
     if longest > limit:

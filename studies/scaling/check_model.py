@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,64 +23,49 @@ ROOT = Path(__file__).resolve().parents[2]  # run as a script by benchmarks/gpu_
 sys.path.insert(0, str(ROOT))
 
 import patches  # noqa: E402
-from studies.probe import measure as probe  # noqa: E402
+from localrl import CUDA_ATTENTION  # noqa: E402
 from patches import engine_table  # noqa: E402
-from studies.scaling import measure as scaling  # noqa: E402
-from localrl.engine.engine import Engine  # noqa: E402
-from localrl.kernels import CUDA_ATTENTION  # noqa: E402
 from rla.digest import tensor_digest  # noqa: E402
+from studies._shared.random_models import cast_pair, gpu_point, sample  # noqa: E402
+from studies._shared.scored import Layout, token_mismatch  # noqa: E402
+from studies._shared.settings import GPU_TARGET  # noqa: E402
+from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES, Shape  # noqa: E402
+from studies._shared.sides import engine_forward, train_forward  # noqa: E402
 
-TARGET = "vllm"
 # (regions, implementation): stock has no region to implement
 SETTINGS = [("none", "-"), ("rope", "eager"), ("rope", "fused"), ("all", "eager"), ("all", "fused")]
 # Deepest first: when time runs out the first model's rows are already written.
 MODELS = ("qwen3-8b", "qwen2.5-math-7b")
-# the widths of check_fused.py and bench_regions.py --quick: a dry run compiles each region kernel once
-QUICK = {"tiny-qwen3": scaling.Shape("qwen3", 2, 256, 4, 2, 64, 512, 512, 1e6)}
 
 
-def token_mismatch(train_lp: torch.Tensor, ref_lp: torch.Tensor, selected: torch.Tensor) -> dict:
-    """Over the selected tokens, d = train - ref: k3 = mean(exp(d) - 1 - d) (verl's rollout_corr/k3_kl,
-    checked equal to verl's in tests/test_gpu_check.py), mean |d|, the share with d == 0. float64: in
-    fp32, exp(d) - 1 - d cancels to 0 for |d| below ~1e-4."""
-    d = (train_lp.double() - ref_lp.double())[selected.to(train_lp.device)]
-    return {"n_tokens": int(d.numel()), "k3": (torch.expm1(d) - d).mean().item(),
-            "mean_abs_dlogprob": d.abs().mean().item(), "bit_equal": (d == 0).double().mean().item()}
-
-
-def measure(name: str, shape: scaling.Shape, lengths: dict, device: torch.device, log=print) -> tuple[list[dict], dict]:
+def measure(name: str, shape: Shape, lengths: dict, device: torch.device, log=print) -> tuple[list[dict], dict]:
     """The rows of every setting and reference, and the rounding map of the engine's compiled graphs
     (value -> stored as bf16 there, and in target `vllm`); `lengths`: n_seq, prompt_len, response_len."""
-    base = scaling.base_point(shape.arch)
-    point = replace(base, factor="gpu_check", shape=shape, shape_name=name, **lengths,
-                    logit_scale=scaling.matched_scale(base, shape.hidden))
+    point = gpu_point(name, shape, **lengths)
     start = time.perf_counter()
-    max_positions = point.prompt_len + point.response_len
     # built on the device (a 7B model's fp32 init on a CPU would take minutes), cast to bf16 in place
-    model = scaling.compute_copy(scaling.build_model(point, max_positions, device), keep_master=False)
-    engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
-    engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
+    model, engine = cast_pair(point, device)
     torch._dynamo.reset()  # every engine piece compiles below, under the rounding map's hook
     with engine_table.capture() as graphs:
-        layout = probe.Layout.from_rollout(scaling.sample(engine, point))
-        ref = probe.engine_forward(engine.model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
+        layout = Layout.from_rollout(sample(engine, point))
+        ref = engine_forward(engine.model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
     stores = {value: {"stored": found, "target": want}
-              for value, (found, want) in engine_table.compare(engine_table.rounding_map(graphs), TARGET).items()}
+              for value, (found, want) in engine_table.compare(engine_table.rounding_map(graphs), GPU_TARGET).items()}
     differ = [value for value, x in stores.items() if x["stored"] != x["target"]]
     log(f"{name}: {shape.layers} layers, hidden {shape.hidden}, vocab {shape.vocab}: built, sampled "
         f"{point.n_seq} x {point.response_len} tokens ({time.perf_counter() - start:.0f} s); the engine's "
-        f"{len(graphs)} compiled graphs store bf16 {'as' if not differ else 'NOT as'} target {TARGET!r} says"
+        f"{len(graphs)} compiled graphs store bf16 {'as' if not differ else 'NOT as'} target {GPU_TARGET!r} says"
         f"{'' if not differ else ': ' + ', '.join(differ)}")
     head = {"model": name, **{k: getattr(shape, k) for k in ("arch", "layers", "hidden", "heads", "kv_heads",
                                                             "head_dim", "intermediate", "vocab", "rope_theta")},
             "n_seq": point.n_seq, "prompt_len": point.prompt_len, "response_len": point.response_len,
-            "target": TARGET, "attention": CUDA_ATTENTION if device.type == "cuda" else "fp32 SDPA, rounded once",
+            "target": GPU_TARGET, "attention": CUDA_ATTENTION if device.type == "cuda" else "fp32 SDPA, rounded once",
             # what another run compares: the same sampled tokens, the same engine logprobs
             "responses_digest": tensor_digest(layout.ids), "engine_logprobs_digest": tensor_digest(ref)}
     rows = []
     for regions, impl in SETTINGS:
-        with patches.aligned(regions, target=TARGET, impl="eager" if impl == "-" else impl):
-            train = probe.train_forward(model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
+        with patches.aligned(regions, target=GPU_TARGET, impl="eager" if impl == "-" else impl):
+            train = train_forward(model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
         for reference, ref_lp in (("engine_forward", ref), ("engine_sampling", layout.sampling)):
             rows.append({**head, "regions": regions, "impl": impl, "reference": reference,
                          **token_mismatch(train, ref_lp, layout.response)})
@@ -103,12 +87,12 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device visible to torch")
     if args.quick:
-        shapes, lengths = dict(QUICK), dict(n_seq=2, prompt_len=8, response_len=8)
+        shapes, lengths = dict(QUICK_SHAPES), dict(n_seq=2, prompt_len=8, response_len=8)
     else:
-        shapes, lengths = {n: scaling.PAPER_SHAPES[n] for n in MODELS}, dict(n_seq=8, prompt_len=32, response_len=128)
+        shapes, lengths = {n: PAPER_SHAPES[n] for n in MODELS}, dict(n_seq=8, prompt_len=32, response_len=128)
     device = torch.device(args.device)
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-              "target": TARGET, "rows": [], "roundmaps": []}
+              "target": GPU_TARGET, "rows": [], "roundmaps": []}
     for name, shape in shapes.items():
         rows, stores = measure(name, shape, lengths, device)
         report["rows"] += rows

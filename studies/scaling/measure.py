@@ -1,5 +1,5 @@
 """Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a
-base, on the probe's harness (`studies.probe.measure`). Setup, factors and metrics: studies/scaling/page.md.
+base, on the probe family's harness (`studies._shared`). Setup, factors and metrics: studies/scaling/page.md.
 
     python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
                               [--big] [--real] [--quick]
@@ -19,112 +19,33 @@ import pandas as pd
 import torch
 
 import patches
-from localrl.models import compute_copy as fsdp_copy
+from localrl import Engine, device as default_device
 from rla.config import ConfigError, load
 from rla.files import write_csv
-from studies.probe import measure as probe
+from studies._shared.mismatch import binned, by_probability, mismatch_summary, token_frame
+from studies._shared.names import ENGINE_ORDER
+from studies._shared.random_models import Point, base_point, build_model, cast_copy, matched_scale, sample
+from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token
+from studies._shared.settings import Setting, probe_settings, run_settings
+from studies._shared.shapes import ARCHS, qwen_shape, shape_of
+from studies._shared.sides import Forward, Sides, engine_forward, strict_recompiles, train_forward
 from tinyqwen import models
 
-ARCHS = ("qwen2", "qwen3")
 FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
 MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no FP16 settings)
-NORM_SPREAD = 0.2  # norm weights 1 + 0.2 N(0, 1): trained norms are not all ones (x * 1 is exact)
-LOG_POSITION_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 # ---------------------------------------------------------------------------------------------
 # Shapes
 
 
-@dataclass(frozen=True)
-class Shape:
-    arch: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    rope_theta: float = 1e6
-
-    @property
-    def parameters(self) -> int:
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        return self.layers * (attn + 3 * self.hidden * self.intermediate) + 2 * self.vocab * self.hidden
-
-
-# Qwen ratios: head_dim 128 once the width allows it (hidden/4 below); Qwen2.5-1.5B has 12 query heads
-# for 2 KV heads (6:1) and an intermediate of 5.83 x hidden; Qwen3-1.7B 2:1 and 3 x hidden.
-KV_RATIO = {"qwen2": 6, "qwen3": 2}
-FFN_RATIO = {"qwen2": 8960 / 1536, "qwen3": 3.0}
-
-
-def qwen_shape(arch: str, hidden: int, layers: int, vocab: int) -> Shape:
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; allowed: {list(ARCHS)}")
-    if hidden < 16 or hidden % 16:
-        raise ValueError(f"hidden {hidden} must be a multiple of 16 (>= 16)")
-    head_dim = min(128, hidden // 4)
-    heads = hidden // head_dim
-    kv = max(1, heads // KV_RATIO[arch])
-    while heads % kv:
-        kv -= 1
-    inter = int(round(FFN_RATIO[arch] * hidden / 64)) * 64
-    return Shape(arch, layers, hidden, heads, kv, head_dim, inter, vocab)
-
-
-def shape_of(arch: str, dims: dict, vocab: int, rope_theta: float = 1e6) -> Shape:
-    """A Shape from a transformers-style spec (experiments' model_specs, tinyqwen.models.REAL_SHAPES)."""
-    return Shape(arch, dims["num_hidden_layers"], dims["hidden_size"], dims["num_attention_heads"],
-                 dims["num_key_value_heads"], dims["head_dim"], dims["intermediate_size"], vocab, rope_theta)
-
-
 # Published configurations (config.json of Qwen/Qwen2.5-1.5B and Qwen/Qwen3-1.7B: the rig's REAL_SHAPES);
 # weights random.
 REAL_SHAPES = {name: shape_of(arch, models.REAL_SHAPES[name], 151936)
                for name, arch in (("qwen2.5-1.5b", "qwen2"), ("qwen3-1.7b", "qwen3"))}
-# The paper grid's four models (experiments/paper.yaml), as their Hub config.json gives them; weights random.
-PAPER_SHAPES = {
-    "r1-distill-qwen-1.5b": shape_of("qwen2", models.REAL_SHAPES["r1-distill-qwen-1.5b"], 151936, 1e4),
-    "qwen2.5-math-7b": Shape("qwen2", 28, 3584, 28, 4, 128, 18944, 152064, 1e4),
-    "qwen3-1.7b": Shape("qwen3", 28, 2048, 16, 8, 128, 6144, 151936, 1e6),
-    "qwen3-8b": Shape("qwen3", 36, 4096, 32, 8, 128, 12288, 151936, 1e6),
-}
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
 TINY_SPECS = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
 TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA) for name, spec in TINY_SPECS.items()}
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measurement: a shape, how sharp its outputs and attention are, and the token layout."""
-
-    factor: str
-    value: float
-    shape: Shape
-    shape_name: str = ""
-    n_seq: int = 16
-    prompt_len: int = 16
-    response_len: int = 128
-    logit_scale: float = 16.0  # output layer x this: entropy per token falls as it grows
-    attn_scale: float = 1.0    # q and k x this (Qwen2: projections, Qwen3: q/k-norm weights): scores x its square
-    qk_bias: float = 0.0       # Qwen2: q/k biases ~ N(0, qk_bias^2) (trained Qwen2 models carry large ones)
-    update: float = 0.0        # relative size of a weight update before re-scoring (persistence)
-    seed: int = 0
-
-
-BASE_LAYERS, BASE_HIDDEN, BASE_VOCAB = 4, 256, 4096
-
-
-def matched_scale(base: Point, hidden: int) -> float:
-    """The output-layer scale that gives a model of width `hidden` the base's logit scale: the final
-    norm's output has unit RMS, so the logits' spread grows as sqrt(hidden) at a fixed scale."""
-    return base.logit_scale * math.sqrt(base.shape.hidden / hidden)
-
-
-def base_point(arch: str) -> Point:
-    return Point("base", 0, qwen_shape(arch, BASE_HIDDEN, BASE_LAYERS, BASE_VOCAB))
 
 
 def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
@@ -179,50 +100,6 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
 # Models
 
 
-def hf_config(shape: Shape, max_positions: int):
-    return models.qwen_config(shape.arch, shape.vocab, shape.rope_theta, max_positions, hidden_size=shape.hidden,
-                              num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
-                              num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
-                              intermediate_size=shape.intermediate, pad_token_id=0, eos_token_id=None,
-                              bos_token_id=None)
-
-
-def build_model(point: Point, max_positions: int, device: str | torch.device = "cpu"):
-    """fp32 master weights of a random model with the point's output and attention scales, initialised on
-    `device` (the CPU: the same weights anywhere; check_model.py builds a 7B model on the GPU)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(point.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
-    bias_gen = torch.Generator().manual_seed(point.seed + 104729)
-    # Qwen3 normalises q and k per head: there the q/k-norm weights set the scores' scale
-    attn_scaled = ("q_norm", "k_norm") if point.shape.arch == "qwen3" else ("q_proj", "k_proj")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(NORM_SPREAD * torch.randn_like(p))
-            elif name == "lm_head.weight":
-                p.mul_(point.logit_scale)
-            if point.attn_scale != 1 and any(f".{m}." in name for m in attn_scaled):
-                p.mul_(point.attn_scale)
-            if point.qk_bias and (".q_proj.bias" in name or ".k_proj.bias" in name):
-                p.copy_(point.qk_bias * torch.randn(p.shape, generator=bias_gen))  # own stream: the rest unchanged
-    return model.eval().requires_grad_(False)
-
-
-def compute_copy(master, keep_master: bool = True):
-    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP). Without `keep_master` the master
-    itself is cast (real shapes: no second fp32 copy in memory)."""
-    from localrl.kernels import use_local_kernels
-
-    if keep_master:
-        return use_local_kernels(fsdp_copy(master))
-    for p in master.parameters():
-        p.data = p.data.to(torch.bfloat16)
-    return use_local_kernels(master)
-
-
 def adam_like_update(master, size: float, seed: int) -> None:
     """An AdamW-shaped step in place: every weight moves by `size` x (its tensor's RMS) in a random
     sign direction (Adam's normalised update has magnitude ~lr for every coordinate)."""
@@ -239,33 +116,22 @@ def adam_like_update(master, size: float, seed: int) -> None:
 # One point
 
 
-def entropy_per_token(logits: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
-    """Entropy (nats) of the fp32 softmax of bf16 logits (B, T, V) at the positions `sel` (B, T-1)
-    that predict a scored token, row by row to bound memory; on the CPU."""
-    sel = sel.to(logits.device)
-    out = []
-    for row in range(logits.shape[0]):
-        lp = torch.log_softmax(logits[row, :-1][sel[row]].float(), -1)
-        out.append(-(lp.exp() * lp).sum(-1))
-    return torch.cat(out).cpu()
-
-
-def _settings(device: torch.device, fp16: bool) -> list[probe.Setting]:
+def _settings(device: torch.device, fp16: bool) -> list[Setting]:
     """Every subset of the regions, `compile`, `fp16` (only with the fp32 master weights at hand: the
     real shapes cast theirs in place), plus all + the compiled engine's norm summation order - on the
     CPU only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
-    return [s for s in probe.probe_settings()
-            if (device.type == "cpu" or s.name != probe.ENGINE_ORDER) and (fp16 or s.dtype == torch.bfloat16)]
+    return [s for s in probe_settings()
+            if (device.type == "cpu" or s.name != ENGINE_ORDER) and (fp16 or s.dtype == torch.bfloat16)]
 
 
-def _logprobs_on_cpu(forward: probe.Forward) -> probe.Forward:
+def _logprobs_on_cpu(forward: Forward) -> Forward:
     forward.logprobs = forward.logprobs.cpu()
     return forward
 
 
-def token_metrics(train: probe.Forward, ref: probe.Forward, layout: probe.Layout) -> dict:
+def token_metrics(train: Forward, ref: Forward, layout: Layout) -> dict:
     """The per-point metrics over response tokens; d = logp_train - logp_engine."""
-    summary = probe.mismatch_summary(train.logprobs, ref.logprobs, layout)
+    summary = mismatch_summary(train.logprobs, ref.logprobs, layout)
     sel = layout.response
     d = (train.logprobs - ref.logprobs).double()
     d_tok = d[sel]
@@ -293,7 +159,7 @@ def position_bins(tokens: pd.DataFrame) -> pd.DataFrame:
     """dlogprob against position in log-spaced bins (responses reach thousands of tokens)."""
     edges = np.asarray(LOG_POSITION_EDGES)
     index = np.clip(np.searchsorted(edges, tokens["position"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
-    out = probe.binned(tokens.assign(bin=index), "bin")
+    out = binned(tokens.assign(bin=index), "bin")
     out.insert(1, "position_low", edges[out["bin"]])
     out.insert(2, "position_high", edges[out["bin"] + 1] - 1)
     return out.drop(columns="bin")
@@ -314,47 +180,34 @@ def describe(point: Point) -> dict:
     return {**head, **shape, "parameters": point.shape.parameters, **fields}
 
 
-def sample(engine, point: Point):
-    """Random prompts, then responses sampled from the engine at temperature 1 (no eos: full length)."""
-    gen = torch.Generator().manual_seed(point.seed + 1)
-    prompts = torch.randint(1, point.shape.vocab, (point.n_seq, point.prompt_len), generator=gen).tolist()
-    return engine.generate(prompts, point.response_len, temperature=1.0, generator=gen)
-
-
 def measure(point: Point, log=print) -> PointResult:
     """All settings at one point; with `point.update`, the same tokens are scored again after an update
     and each row gets the correlation of its per-token errors before and after."""
-    from localrl.device import device as default_device
-    from localrl.engine.engine import Engine
-
-    # Every new width is a new compiled graph of each engine piece; past dynamo's recompile limit a
-    # piece would silently run eagerly (other rounding): raise the limit, and fail instead of falling back.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    strict_recompiles()  # every new width is a new compiled graph of each engine piece
     device = default_device()
     max_positions = point.prompt_len + point.response_len
     master = build_model(point, max_positions).to(device)  # initialised on the CPU: the same weights anywhere
     # Both sides' FP16 copies need the fp32 master; the real shapes (a billion parameters and more)
     # have no room for a second copy and are measured in BF16 only.
     keep_master = bool(point.update) or point.shape.parameters < MASTER_KEPT_BELOW
-    model = compute_copy(master, keep_master=keep_master)
+    model = cast_copy(master, keep_master=keep_master)
     engine = Engine(model.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
     engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
     start = time.perf_counter()
-    layout = probe.Layout.from_rollout(sample(engine, point))
+    layout = Layout.from_rollout(sample(engine, point))
     inputs = (layout.ids, layout.mask, layout.positions)
-    refs = {torch.bfloat16: _logprobs_on_cpu(probe.engine_forward(engine.model, *inputs))}
+    refs = {torch.bfloat16: _logprobs_on_cpu(engine_forward(engine.model, *inputs))}
     t_sample = time.perf_counter() - start
 
     settings = _settings(device, fp16=keep_master)
-    sides = probe.Sides(model, engine, master if keep_master else None)
+    sides = Sides(model, engine, master if keep_master else None)
     rows, pos_frames, prob_frames, errors = [], [], [], {}
 
-    def step(setting: probe.Setting, train_model, engine_model) -> None:
+    def step(setting: Setting, train_model, engine_model) -> None:
         if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
-            refs[setting.dtype] = _logprobs_on_cpu(probe.engine_forward(engine_model, *inputs))
+            refs[setting.dtype] = _logprobs_on_cpu(engine_forward(engine_model, *inputs))
         ref = refs[setting.dtype]
-        train = _logprobs_on_cpu(probe.train_forward(train_model, *inputs))
+        train = _logprobs_on_cpu(train_forward(train_model, *inputs))
         if not torch.isfinite(train.logprobs[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
@@ -362,11 +215,11 @@ def measure(point: Point, log=print) -> PointResult:
                      "reduction": setting.reduction,
                      "stock_regions": ",".join(r for r in patches.REGIONS if r not in setting.regions) or "none",
                      **token_metrics(train, ref, layout)})
-        tokens = probe.token_frame(train.logprobs, ref.logprobs, layout, "response")
+        tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
         pos_frames.append(position_bins(tokens).assign(setting=setting.name))
-        prob_frames.append(probe.by_probability(tokens).assign(setting=setting.name))
+        prob_frames.append(by_probability(tokens).assign(setting=setting.name))
 
-    probe.run_settings(settings, sides, step, log=lambda line: None)  # one line per point, below
+    run_settings(settings, sides, step, log=lambda line: None)  # one line per point, below
 
     if point.update:
         old = [p.clone() for p in model.parameters()]
@@ -377,11 +230,11 @@ def measure(point: Point, log=print) -> PointResult:
         changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
         del old
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
-        ref2 = _logprobs_on_cpu(probe.engine_forward(engine.model, *inputs))
+        ref2 = _logprobs_on_cpu(engine_forward(engine.model, *inputs))
         for row, setting in zip(rows, settings):
             corr = unchanged = float("nan")
             if setting.dtype == torch.bfloat16:  # persistence is measured on the BF16 pair only
-                train = _logprobs_on_cpu(probe.train_forward(model, *inputs, setting))
+                train = _logprobs_on_cpu(train_forward(model, *inputs, setting))
                 after = (train.logprobs - ref2.logprobs)[layout.response].double()
                 before = errors[setting.name]
                 if before.std() > 0 and after.std() > 0:

@@ -16,8 +16,8 @@ import pandas as pd
 from analysis import figures
 from analysis.figures import plt
 from analysis.output import read_checked, report_parser, to_markdown, write_tables
-from studies.probe import MAIN_REFERENCE
-from studies.probe.report import region_shares
+from studies._shared.names import MAIN_REFERENCE
+from studies._shared.shares import region_shares
 from analysis.style import ABLATION_COLORS
 from rla import names
 
@@ -60,7 +60,7 @@ def _treatment(setting: str) -> str:
 
 
 def point_shares(table: pd.DataFrame) -> pd.DataFrame:
-    """Per point, the Shapley shares (`studies.probe.report.region_shares`) of the stock mean |Δ logprob|
+    """Per point, the Shapley shares (`studies._shared.shares.region_shares`) of the stock mean |Δ logprob|
     (`share_*`) and k3 (`k3_share_*`): one per region, the summation order's, what remains. A point
     without every region subset has none (a warning names it)."""
     rows = []

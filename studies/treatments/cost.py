@@ -5,7 +5,7 @@ Command: studies/treatments/page.md; options: --help. For each warm-started mode
 (prompts_per_step x samples_per_prompt responses of up to max_response_length tokens, sampled once by
 the stock BF16 engine, scored, GRPO advantages), then one trainer per ablation. Each ablation gets the
 same batch: its own old log-probs (and, for tis / mis, verl's rollout correction on them, as
-`localrl.run.rl_step` does). Timed, after two warm-up passes each (compile's one-off compilation is
+the rig's `rl_step` does). Timed, after two warm-up passes each (compile's one-off compilation is
 reported on its own as `first_update_s`):
 
 - `update`: one PPO epoch over the batch (forward, backward, optimizer steps, weight sync);
@@ -31,8 +31,17 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import AutoTokenizer
+
+import patches
+from localrl import Engine, Trainer, correct_rollout
 from rla import files
+from rla.config import load_all, rl_settings
 from rla.machine import describe
+from rla.names import regions_of
+from studies._shared.batches import sample_batches, train_prompts
 
 CONFIGS = ("experiments/tiny.yaml", "experiments/treatments.yaml")
 WARMUP = 2
@@ -40,8 +49,6 @@ WARMUP = 2
 
 def peak_bytes(run) -> int:
     """The most bytes held through torch's CPU allocator while `run()` runs, above the level at its start."""
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
@@ -51,12 +58,6 @@ def peak_bytes(run) -> int:
 def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
     """One batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock
     BF16 engine; returns (batch, scores, groups)."""
-    from transformers import AutoTokenizer
-
-    from localrl.engine.engine import Engine
-    from localrl.trainer import Trainer
-    from studies.gradprobe.measure import sample_batches, train_prompts
-
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts, truths = train_prompts(tok, data_dir)
     with Trainer(str(model_dir), rl, "none") as stock:
@@ -68,12 +69,6 @@ def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
 
 def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
     ablations = cfg["ablations"]
-
-    import patches
-    from localrl.trainer import Trainer, correct_rollout
-    from rla.config import rl_settings
-    from rla.names import regions_of
-
     rl = rl_settings(cfg, "local", model)
     model_dir, data_dir = results / "models" / model, results / "data"
     stock_batch, scores, groups = rl_batch(model_dir, data_dir, rl)
@@ -131,10 +126,6 @@ def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from rla.config import load_all
-
     parser = argparse.ArgumentParser(prog="python -m studies run treatments", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", default="results/treatments", help="a grid's results dir (models, data)")
     parser.add_argument("--config", nargs="+", default=list(CONFIGS),
@@ -143,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    import localrl  # noqa: F401  (the engine's compile settings)
 
     cfg = load_all(args.config)
     results = Path(args.results)

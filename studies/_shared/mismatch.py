@@ -1,0 +1,79 @@
+"""The mismatch of one side's logprobs against the other's over a layout's tokens: verl's metrics
+(`mismatch_summary`), the per-token frame (`token_frame`) and its bins by the engine's probability and by
+position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from localrl import mismatch_metrics
+from studies._shared.scored import Layout
+
+# Bins of the engine's probability of the scored token (prior work: low-probability tokens carry the
+# largest errors); the last bin closes at 1.
+PROBABILITY_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
+
+
+def mismatch_summary(train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> dict[str, float]:
+    """verl's mismatch metrics over the response tokens (d = logp_train - logp_rollout; k3 = mean(exp(d)
+    - 1 - d), an estimate of KL(rollout || train)), plus |d logprob| and the bit-identical fraction."""
+    sel, cols = layout.response, layout.response_cols
+    # verl's masked means multiply by the mask: masked entries must be finite, so zero them; verl
+    # holds response-aligned (B, R) tensors.
+    # float64 copies (exact): in fp32, exp(d) - 1 - d cancels to 0 for |d| below ~1e-4.
+    train_r, ref_r = (torch.where(sel, lp, 0.0)[:, cols].double() for lp in (train_lp, ref_lp))
+    verl = mismatch_metrics(train_r, ref_r, sel[:, cols], layout.responses)
+    d = (train_lp - ref_lp)[sel].double()
+    return {
+        "n_tokens": int(sel.sum()),
+        "mean_abs_dlogprob": d.abs().mean().item(),
+        "max_abs_dlogprob": d.abs().max().item(),
+        "k3_kl": verl["rollout_corr/k3_kl"],
+        "kl": verl["rollout_corr/kl"],
+        "log_ppl_abs_diff": verl["rollout_corr/log_ppl_abs_diff"],
+        "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
+        "probs_diff_max": verl["training/rollout_probs_diff_max"],
+        "probs_pearson": verl["training/rollout_actor_probs_pearson_corr"],
+        "frac_identical": (d == 0).double().mean().item(),
+    }
+
+
+def binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
+    g = frame.groupby(key, observed=True, sort=True)
+    out = g.agg(n_tokens=("abs_d", "size"), mean_abs_dlogprob=("abs_d", "mean"),
+                mean_dlogprob=("d", "mean"),  # signed: a biased error does not average out
+                max_abs_dlogprob=("abs_d", "max"), mean_abs_dprob=("abs_dp", "mean"),
+                frac_identical=("identical", "mean"), sum_abs=("abs_d", "sum"))
+    total = out["sum_abs"].sum()
+    out["share_of_abs_dlogprob"] = out["sum_abs"] / total if total > 0 else 0.0
+    return out.drop(columns="sum_abs").reset_index()
+
+
+def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) -> pd.DataFrame:
+    sel = {"response": layout.response, "sequence": layout.sequence}[scope]
+    d = (train_lp - ref_lp)[sel].double()
+    p_ref = ref_lp[sel].double().exp()
+    return pd.DataFrame({"d": d.numpy(), "abs_d": d.abs().numpy(),
+                         "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
+                         "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
+                         "position": layout.scored_positions[sel].numpy()})
+
+
+def by_probability(tokens: pd.DataFrame) -> pd.DataFrame:
+    edges = np.asarray(PROBABILITY_EDGES)
+    index = np.clip(np.searchsorted(edges, tokens["p_ref"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
+    out = binned(tokens.assign(bin=index), "bin")
+    out.insert(1, "p_low", edges[out["bin"]])
+    out.insert(2, "p_high", edges[out["bin"] + 1])
+    return out.drop(columns="bin")
+
+
+def by_position(tokens: pd.DataFrame, width: int) -> pd.DataFrame:
+    out = binned(tokens.assign(bin=tokens["position"] // width), "bin")
+    out.insert(1, "position_low", out["bin"] * width)
+    out.insert(2, "position_high", out["bin"] * width + width - 1)
+    return out.drop(columns="bin")
+
