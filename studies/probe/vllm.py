@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 from transformers import AutoConfig
 
-from localrl import (Trainer, VllmEngine, compute_copy, default_target, device as rig_device, match_trainer_gemm,
+from localrl import (Trainer, VllmEngine, compute_copy, default_target, rig_device, match_trainer_gemm,
                      use_local_kernels, vllm_build, vllm_shape_problem, vllm_unavailable)
 from rla.config import ConfigError, engine_settings, rl_settings
 from rla.names import TARGETS

@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 import patches
-from localrl import Engine, device as default_device
+from localrl import Engine, rig_device as default_device
 from rla.config import ConfigError, load
 from rla.files import write_csv
 from studies._shared.mismatch import binned, by_probability, mismatch_summary, token_frame
