@@ -1,6 +1,119 @@
 # The studies (studies/; docs/running.md, "The studies"): each one a target named after it that measures,
-# reports and publishes what the docs quote into studies/<name>/published/ with a provenance.json; `studies`
+# reports and publishes what the docs quote into its published/ folder with a provenance.json; `studies`
 # runs them all. Never part of the default target (`make run`): publishing writes tracked files, a run must not.
+# Every rule here is made from the studies' declarations (studies/NAME/study.yaml): a rule per step, NAME_STEP,
+# and a publish rule, NAME.
+import glob
+import itertools
+
+import studies as declarations
+from studies import STUDIES
+
+STUDY_OUT = "results/studies"
+# the config's `studies:` section (experiments/micro-studies.yaml): whether the studies run their `micro:`
+# settings, whether a publish step renders the docs' pages after it and whether the timing and engine studies'
+# measuring jobs take every core, so that nothing runs beside them (off where the numbers mean nothing)
+STUDY_RUN = {"micro": False, "pages": True, "exclusive": True, **config.get("studies", {})}
+EXCLUSIVE_THREADS = workflow.cores if STUDY_RUN["exclusive"] else 1
+STUDY_SETTINGS = {name: s.settings(STUDY_RUN["micro"]) for name, s in STUDIES.items()}
+# A grid study (settings.grid) is that grid's DAG on its config files (later ones laid over earlier ones);
+# studies whose configs name the same results_dir share it: one grid job per results_dir, on the config files
+# of the first study that names it.
+GRID_CONFIGS = {name: s["grid"] for name, s in STUDY_SETTINGS.items() if "grid" in s}
+GRID_LOADED = {name: settings.load_all(files) for name, files in GRID_CONFIGS.items()}
+GRID_RESULTS = {name: str(layout.results_dir(cfg)) for name, cfg in GRID_LOADED.items()}
+GRID_FIGURES = {name: str(Path(cfg.get("figures_dir", "figures")) / cfg["profile"]) for name, cfg in GRID_LOADED.items()}
+GRID_FILES_BY_RESULTS = {}
+for _name, _results in GRID_RESULTS.items():
+    GRID_FILES_BY_RESULTS.setdefault(_results, GRID_CONFIGS[_name])
+# Snakemake's own placeholders in a declared command, left for it to fill when the job runs
+SNAKEMAKE_NAMES = {"input", "output", "log", "threads", "params", "wildcards", "resources"}
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def study_log(name, step):
+    return f"{STUDY_OUT}/{name}/logs/{step}.log"
+
+
+def study_benchmark(name, step):
+    return f"{STUDY_OUT}/{name}/benchmarks/{step}.tsv"
+
+
+def published(name):
+    """The publish step's output: a copy of its provenance record. Not the tracked provenance.json, which a
+    fresh clone already has: Snakemake would take the study for done."""
+    return f"{STUDY_OUT}/{name}/publication.json"
+
+
+def placeholders(name):
+    """What a study's declared paths and commands may name: its results folder (`out`), its code's folder, the
+    embedded grid's folders, its own grid's and its settings (a list of options shell-quoted)."""
+    values = {"name": name, "out": f"{STUDY_OUT}/{name}", "folder": str(declarations.HERE.parent / STUDIES[name].folder),
+              "results": RESULTS, "tables": TABLES, "figures": FIGURES, "probe_tables": probe_figure_targets(),
+              "train_benchmarks": [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]}
+    if name in GRID_RESULTS:
+        values.update(grid=GRID_RESULTS[name], grid_figures=GRID_FIGURES[name], grid_configs=GRID_CONFIGS[name])
+    clash = sorted(set(STUDY_SETTINGS[name]) & (set(values) | SNAKEMAKE_NAMES) - {"grid"})
+    if clash:
+        raise WorkflowError(f"{STUDIES[name].folder}/study.yaml: settings {clash} take names the workflow fills; "
+                            f"taken: {', '.join(sorted(set(values) | SNAKEMAKE_NAMES))}")
+    return {**{k: v for k, v in STUDY_SETTINGS[name].items() if k != "grid"}, **values}
+
+
+def filled(text, values, where, wildcards=()):
+    """`text` with the declaration's placeholders filled (a list joined as shell words); Snakemake's own and the
+    study's cell wildcards left as they are."""
+
+    def one(match):
+        key = match.group(1)
+        if key in values:
+            value = values[key]
+            return value if isinstance(value, str) else shlex.join(value)
+        if key in SNAKEMAKE_NAMES or key in wildcards:
+            return match.group(0)
+        raise WorkflowError(f"{where}: unknown placeholder {match.group(0)} in {text!r}; known: "
+                            f"{', '.join(sorted([*values, *wildcards]))} and Snakemake's {', '.join(sorted(SNAKEMAKE_NAMES))}")
+
+    return PLACEHOLDER.sub(one, text)
+
+
+def paths(entries, values, where, wildcards=()):
+    """Declared paths as a list: a placeholder naming a list is that list, a `*` a glob of committed files."""
+    found = []
+    for entry in [entries] if isinstance(entries, str) else entries:
+        whole = PLACEHOLDER.fullmatch(entry)
+        if whole and isinstance(values.get(whole.group(1)), list):
+            found += values[whole.group(1)]
+            continue
+        path = filled(entry, values, where, wildcards)
+        found += sorted(glob.glob(path)) if "*" in path else [path]
+    return found
+
+
+def every_cell(path_list, cells):
+    """Each path once per combination of the study's cells (roundmap's engine x arch)."""
+    found = []
+    for combination in itertools.product(*cells.values()):
+        for path in path_list:
+            for wildcard, value in zip(cells, combination):
+                path = path.replace(f"{{{wildcard}}}", value)
+            found.append(path)
+    return list(dict.fromkeys(found))
+
+
+def step_threads(declared):
+    """`all`: every core where the studies run exclusive, else one; a number: that many, capped the same way."""
+    return EXCLUSIVE_THREADS if declared == "all" else min(declared, EXCLUSIVE_THREADS)
+
+
+def step_command(how, values, where, wildcards):
+    """The step's shell command; a step of several runs (`runs`) gets them one after the other as {runs}."""
+    if "runs" in how:
+        runs = how["runs"]
+        values = {**values, "runs": " && ".join(
+            filled(runs["then"] if i else runs["first"], {**values, "run": options}, where, wildcards)
+            for i, options in enumerate(values[runs["setting"]]))}
+    return filled(how["shell"], values, where, wildcards)
 
 
 localrules:
@@ -12,8 +125,7 @@ rule studies:
         [published(name) for name in STUDIES],
 
 
-# --- the measurements: the embedded default grid's, the studies that are grids of their own, and the
-# studies with a measurement of their own
+# --- the grids' measurements: the embedded default grid's machine, and the studies that are grids of their own
 
 
 rule grid_machine:
@@ -51,351 +163,70 @@ rule study_grid:
         "snakemake --nolock --cores {threads} --configfile {input} > {log} 2>&1"
 
 
-# the studies with a measurement of their own: MEASURED (common.smk)
-for name, (study, result, cores) in MEASURED.items():
-
-    rule:
-        name:
-            f"{name}_measure"
-        output:
-            result=measured(name) if Path(result).suffix else directory(measured(name)),
-            machine=study_machine(name),
-        log:
-            study_log(name, "measure"),
-        benchmark:
-            study_benchmark(name, "measure")
-        params:
-            study=study,
-            options=shlex.join(STUDY_SETTINGS[name]),
-        threads: cores
-        conda:
-            CPU_ENV
-        shell:
-            "python -m studies run {params.study} --machine {output.machine} {params.options} --out {output.result}"
-            " > {log} 2>&1"
+# --- each study's steps (its measurement and its report: `python -m studies run/report NAME ...`), then its
+# publish step: what it waits for, where its measuring machine and benchmarks are, and what it copies into its
+# tracked folder (globs of the sources' files; a file source is copied as it is)
 
 
-rule scaling_measure:
-    output:
-        measured=directory(f"{STUDY_OUT}/scaling/measure"),
-        machine=study_machine("scaling"),
-    log:
-        study_log("scaling", "measure"),
-    benchmark:
-        study_benchmark("scaling", "measure")
-    params:
-        # one run per entry of the settings, each adding its points to the tables of the ones before
-        runs=lambda wildcards, output: " && ".join(
-            f"python -m studies run scaling {shlex.join(options)} --out {output.measured}"
-            + (" --append" if i else f" --machine {output.machine}")
-            for i, options in enumerate(STUDY_SETTINGS["scaling"])),
-    threads: 1
-    conda:
-        CPU_ENV
-    shell:
-        "({params.runs}) > {log} 2>&1"
+PUBLISH_SHELL = ("python -m studies publish {params.name} --source {params.sources} {params.globs}"
+                 " --command {params.command} --machine {input.machine} --benchmark {input.benchmarks}"
+                 " --record {output} > {log} 2>&1"
+                 + (" && python -m studies pages >> {log} 2>&1" if STUDY_RUN["pages"] else ""))
 
 
-rule treatments_cost:
-    input:
-        grid=f"{grid_tables('treatments')}/summary.csv",
-        configs=GRID_CONFIGS["treatments"],
-    output:
-        f"{STUDY_OUT}/treatments/cost.json",
-    log:
-        study_log("treatments", "cost"),
-    benchmark:
-        study_benchmark("treatments", "cost")
-    params:
-        results=lambda wildcards, input: os.path.dirname(os.path.dirname(input.grid)),
-        options=shlex.join(STUDY_SETTINGS["treatments_cost"]),
-    threads: 1
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run treatments --results {params.results} --config {input.configs} {params.options}"
-        " --out {output} > {log} 2>&1"
+for name, study in STUDIES.items():
+    where = f"{study.folder}/study.yaml"
+    values = placeholders(name)
+    cells = {wildcard: STUDY_SETTINGS[name][key] for wildcard, key in study.workflow.get("cells", {}).items()}
+    steps = study.workflow.get("steps", {})
+    for step, how in steps.items():
+        at = f"{where}: steps.{step}"
+        log_as = how.get("log_as", step)
 
+        rule:
+            name:
+                f"{name}_{step}"
+            input:
+                **{key: paths(path, values, at, cells) for key, path in how.get("input", {}).items()},
+            output:
+                **{key: directory(path.rstrip("/")) if path.endswith("/") else touch(path) if key == how.get("flag")
+                   else path for key, path in ((k, filled(p, values, at, cells)) for k, p in how["output"].items())},
+            log:
+                study_log(name, log_as),
+            benchmark:
+                study_benchmark(name, log_as)
+            wildcard_constraints:
+                **{wildcard: "|".join(re.escape(v) for v in allowed) for wildcard, allowed in cells.items()},
+            threads: step_threads(how.get("threads", 1))
+            conda:
+                CPU_ENV
+            shell:
+                step_command(how, values, at, cells)
 
-# The plan's points are measured one after the other and a measured point is kept: an interrupted run
-# resumes where it stopped (studies/gradprobe/plan.py), so the step's output is a flag, not the folder.
-# rope_lead is the gradient probe's HA4 again: its plan through the same steps.
-for name in ("gradprobe", "rope_lead"):
-
-    rule:
-        name:
-            f"{name}_measure"
-        input:
-            STUDY_SETTINGS[name],
-        output:
-            done=touch(f"{STUDY_OUT}/{name}/points/plan.done"),
-            machine=study_machine(name),
-        log:
-            study_log(name, "measure"),
-        benchmark:
-            study_benchmark(name, "measure")
-        threads: 1
-        conda:
-            CPU_ENV
-        shell:
-            "python -m studies run gradprobe --machine {output.machine} --plan {input} --out $(dirname {output.done})"
-            " > {log} 2>&1"
-
-    rule:
-        name:
-            f"{name}_report"
-        input:
-            plan=STUDY_SETTINGS[name],
-            done=f"{STUDY_OUT}/{name}/points/plan.done",
-        output:
-            table=f"{STUDY_OUT}/{name}/points/hypotheses.csv",
-            report=f"{STUDY_OUT}/{name}/points/report.md",
-        log:
-            study_log(name, "report"),
-        benchmark:
-            study_benchmark(name, "report")
-        conda:
-            CPU_ENV
-        shell:
-            "python -m studies report gradprobe --plan {input.plan} --out $(dirname {output.table})"
-            " > {output.report} 2> {log}"
-
-
-# Each engine's graphs for each architecture at one of tinyqwen.models.REAL_SHAPES (default `tiny`: 4 layers).
-# Exit status 1 is the map's verdict "differs from the target" - recorded in the JSON, not a failed job.
-ROUNDMAP = STUDY_SETTINGS["roundmap"]
-ROUNDMAP_CELLS = [f"{engine}-{arch}" for engine in ROUNDMAP["engines"] for arch in ROUNDMAP["archs"]]
-
-
-rule roundmap_measure:
-    output:
-        f"{STUDY_OUT}/roundmap/maps/{{engine}}-{{arch}}.json",
-    log:
-        study_log("roundmap", "{engine}-{arch}"),
-    benchmark:
-        study_benchmark("roundmap", "{engine}-{arch}")
-    params:
-        shape=ROUNDMAP["shape"],
-        layers=f"--layers {ROUNDMAP['layers']}" if ROUNDMAP.get("layers") else "",
-    wildcard_constraints:
-        engine="local|vllm|vllm-gpu-split",
-        arch="qwen2|qwen3",
-    threads: 1
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies run roundmap --engine {wildcards.engine} --arch {wildcards.arch} --shape {params.shape} {params.layers}"
-        " --json {output} > {log} 2>&1 || [ $? -eq 1 ]"
-
-
-rule roundmap_machine:
-    output:
-        study_machine("roundmap"),
-    log:
-        study_log("roundmap", "machine"),
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies machine > {output} 2> {log}"
-
-
-# --- the reports: `python -m studies report NAME` on what was measured (no torch: tables and figures)
-
-
-# the grid's headline, of the embedded default grid, of it with another attention on the training side
-# (rl.trainer_attention) and of verl's own trainer on this CPU, from the table each waits for: the embedded
-# grid's metrics, the others' summary
-HEADLINE_INPUTS = {"tiny": f"{TABLES}/metrics.parquet", "tiny_sdpa": f"{grid_tables('tiny_sdpa')}/summary.csv",
-                   "tiny_amx": f"{grid_tables('tiny_amx')}/summary.csv",
-                   "verl_cpu": f"{grid_tables('verl_cpu')}/summary.csv"}
-for name, table in HEADLINE_INPUTS.items():
-
-    rule:
-        name:
-            f"{name}_report"
-        input:
-            table,
-        output:
-            f"{STUDY_OUT}/{name}/report/headline.csv",
-        log:
-            study_log(name, "report"),
-        benchmark:
-            study_benchmark(name, "report")
-        params:
-            name=name,
-        conda:
-            CPU_ENV
-        shell:
-            "python -m studies report {params.name} --tables $(dirname {input}) --out $(dirname {output}) > {log} 2>&1"
-
-
-# studies that read a result file (--result) or a folder of tables (--tables) into a folder of their own
-READ_REPORTS = {name: ("--result", measured(name)) for name in ("depth", "leftover", "trace")}
-READ_REPORTS["scaling"] = ("--tables", f"{STUDY_OUT}/scaling/measure")
-for name, (source, read) in READ_REPORTS.items():
-
-    rule:
-        name:
-            f"{name}_report"
-        input:
-            read,
-        output:
-            directory(f"{STUDY_OUT}/{name}/report"),
-        log:
-            study_log(name, "report"),
-        benchmark:
-            study_benchmark(name, "report")
-        params:
-            name=name,
-            source=source,
-        conda:
-            CPU_ENV
-        shell:
-            "python -m studies report {params.name} {params.source} {input} --out {output} > {log} 2>&1"
-
-
-rule geo_rs_report:
-    input:
-        grid=f"{grid_tables('geo_rs')}/stability.csv",
-        configs=GRID_CONFIGS["geo_rs"],
-    output:
-        checks=f"{STUDY_OUT}/geo_rs/report/stall_checks.csv",
-        runs=f"{STUDY_OUT}/geo_rs/report/stall_runs.csv",
-    params:
-        runs=f"{GRID_RESULTS['geo_rs']}/runs",
-    log:
-        study_log("geo_rs", "report"),
-    benchmark:
-        study_benchmark("geo_rs", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report geo_rs --config {input.configs} --runs {params.runs}"
-        " --out $(dirname {output.checks}) > {log} 2>&1"
-
-
-rule calibration_report:
-    input:
-        stability=f"{grid_tables('calibration')}/stability.csv",
-        configs=GRID_CONFIGS["calibration"],
-    output:
-        text=f"{STUDY_OUT}/calibration/report/calibration.txt",
-        tables=[f"{STUDY_OUT}/calibration/report/{name}.csv" for name in ("calibration", "alternatives")],
-    params:
-        runs=f"{GRID_RESULTS['calibration']}/runs",
-    log:
-        study_log("calibration", "report"),
-    benchmark:
-        study_benchmark("calibration", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report calibration --stability {input.stability} --config {input.configs}"
-        " --runs {params.runs} --out $(dirname {output.text}) > {output.text} 2> {log}"
-
-
-rule treatments_report:
-    input:
-        grid=f"{grid_tables('treatments')}/summary.csv",
-        cost=rules.treatments_cost.output[0],
-    output:
-        f"{STUDY_OUT}/treatments/report/treatments.csv",
-    params:
-        tables=lambda wildcards, input: os.path.dirname(input.grid),
-    log:
-        study_log("treatments", "report"),
-    benchmark:
-        study_benchmark("treatments", "report")
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report treatments --tables {params.tables} --bench {input.cost}"
-        " --out $(dirname {output}) > {log} 2>&1"
-
-
-# The GPU check: measured on a GPU machine by benchmarks/gpu_check.sh (no Snakemake there), its runs
-# committed in studies/gpu_check/runs/; the DAG turns them into tables.
-GPU_CHECK_RUNS = Path(sys.modules["studies"].__file__).parent / "gpu_check" / "runs"  # beside the code that reads them
-GPU_CHECK_TABLES = [f"{STUDY_OUT}/gpu_check/report/{t}.csv" for t in ("runs", "fused", "model", "checks", "regions")]
-
-
-rule gpu_check_report:
-    input:
-        sorted(GPU_CHECK_RUNS.glob("*/summary.json")),
-    output:
-        tables=GPU_CHECK_TABLES,
-        machine=study_machine("gpu_check"),
-    log:
-        study_log("gpu_check", "report"),
-    benchmark:
-        study_benchmark("gpu_check", "report")
-    params:
-        runs=GPU_CHECK_RUNS,
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies report gpu_check --machine {output.machine} --runs {params.runs} --out $(dirname {output.tables[0]}) > {log} 2>&1"
-
-
-# --- publishing: per study, what it waits for, where its measuring machine and benchmarks are, and what
-# it copies into its tracked folder (globs of the sources' files; a file source is copied as it is)
-
-
-GRID_TABLES = ["summary.*", "stability.csv"]
-PUBLISHING = {
-    "tiny": dict(inputs=[f"{TABLES}/summary.csv", f"{TABLES}/stability.csv", f"{STUDY_OUT}/tiny/report/headline.csv"],
-                 machine=f"{RESULTS}/machine.json", benchmarks=train_benchmarks(),
-                 sources=[TABLES, FIGURES, f"{STUDY_OUT}/tiny/report"],
-                 globs=["summary.csv", "summary.md", "stability.csv", "metrics.parquet", "headline.*"]
-                 + [f"{figure}.png" for figure in FIGURE_NAMES]),
-    "probe": dict(inputs=probe_figure_targets(), machine=f"{RESULTS}/machine.json", benchmarks=[],  # no benchmark
-                  sources=[f"{RESULTS}/probe", TABLES, FIGURES],
-                  globs=["*/*.csv", "*/probe.json", "probe*.csv", "probe*.md", "probe_*.png"]),
-    "stress": of_grid("stress", [], [], GRID_TABLES + ["probe_*", "*.png"]),
-    **{name: of_grid(name, ["report"], [f"{STUDY_OUT}/{name}/report"],
-                     GRID_TABLES + ["metrics.parquet", "headline.*", "*.png"],
-                     inputs=[f"{STUDY_OUT}/{name}/report/headline.csv"]) for name in ("tiny_sdpa", "tiny_amx", "verl_cpu")},
-    "geo_rs": of_grid("geo_rs", ["report"], [f"{STUDY_OUT}/geo_rs/report"], GRID_TABLES + ["stall_*.csv", "*.png"],
-                      inputs=rules.geo_rs_report.output),
-    "calibration": of_grid("calibration", ["report"], [f"{STUDY_OUT}/calibration/report"],
-                           GRID_TABLES + ["calibration.txt", "calibration.csv", "alternatives.csv", "*.png"],
-                           inputs=rules.calibration_report.output),
-    "treatments": dict(of_grid("treatments", ["cost", "report"], [], []),
-                       inputs=[*rules.treatments_report.output, f"{grid_tables('treatments')}/stability.csv"],
-                       # the report's table, the cost and per run what the collapse rule saw
-                       sources=[f"{STUDY_OUT}/treatments/report", *rules.treatments_cost.output,
-                                f"{grid_tables('treatments')}/stability.csv"]),
-    "scaling": own("scaling", ["measure", "report"], [f"{STUDY_OUT}/scaling/measure", f"{STUDY_OUT}/scaling/report"],
-                   ["*.csv", "*.md", "*.png"]),
-    **{name: own(name, ["measure", "report"], [f"{STUDY_OUT}/{name}/points"],
-                 ["*.csv", "*.json", "*.md", "*/no_signal.txt"], inputs=[f"{STUDY_OUT}/{name}/points/hypotheses.csv"])
-       for name in ("gradprobe", "rope_lead")},
-    "vllm_alignment": own("vllm_alignment", ["measure"], [measured("vllm_alignment")]),
-    "kernels": own("kernels", ["measure"], [measured("kernels")]),
-    "engine_tables": own("engine_tables", ["measure"], [measured("engine_tables")], ["*.csv"]),
-    **{name: own(name, ["measure", "report"], [measured(name), f"{STUDY_OUT}/{name}/report"], ["*.csv", "*.png"])
-       for name in ("depth", "leftover", "trace")},
-    "roundmap": dict(own("roundmap", ROUNDMAP_CELLS, [f"{STUDY_OUT}/roundmap/maps"]),
-                     inputs=[f"{STUDY_OUT}/roundmap/maps/{cell}.json" for cell in ROUNDMAP_CELLS]),
-    "gpu_check": dict(own("gpu_check", ["report"], [f"{STUDY_OUT}/gpu_check/report"]), inputs=GPU_CHECK_TABLES),
-}
-
-
-for name, how in PUBLISHING.items():
+    how = study.workflow["publish"]
+    at = f"{where}: publish"
+    logs = {h.get("log_as", step) for step, h in steps.items()}
+    benchmarks = [path for entry in how.get("benchmarks", ())
+                  for path in (every_cell([study_benchmark(name, entry)], cells) if entry in logs
+                               else paths(entry, values, at))]
 
     rule:
         name:
             name
         input:
-            data=how["inputs"],
-            machine=how["machine"],
-            benchmarks=how["benchmarks"],
+            data=every_cell(paths(how.get("inputs", how["sources"]), values, at, cells), cells),
+            machine=filled(how.get("machine", "{out}/machine.json"), values, at),
+            benchmarks=benchmarks,
         output:
             report(published(name), caption="../report/published.rst", category="Published"),
         log:
             study_log(name, "publish"),
         params:
-            **publish_params(name, how["sources"], how["globs"]),
+            # parameters, not a formatted command: the command is formatted when its job runs, after the loop
+            name=name,
+            sources=paths(how["sources"], values, at),
+            globs=shlex.join(["--include", *how["include"]]) if how.get("include") else "",
+            command=shlex.quote(f"snakemake --cores N {name}"),
         conda:
             CPU_ENV
         shell:
