@@ -74,11 +74,11 @@ def _problems(data, where: Path) -> list[str]:
     return found
 
 
-def _study(name: str, data: dict, folder: Path, parent: str | None, where: Path) -> Study:
+def _study(name: str, data: dict, folder: str, parent: str | None, where: Path) -> Study:
     if "micro" in data and (unknown := sorted(set(data["micro"]) - set(data.get("settings", {})))):
         raise ValueError(f"{where}: micro key(s) {unknown} of {name!r} are no settings of it; its settings: "
                          f"{', '.join(data.get('settings', {})) or 'none'}")
-    return Study(name, data["summary"], str(folder.relative_to(HERE.parent)), data.get("measure"), data.get("report"),
+    return Study(name, data["summary"], folder, data.get("measure"), data.get("report"),
                  data.get("config"), ENGINES.get(data.get("engine", "rig"), data.get("engine")),
                  ATTENTIONS.get(data.get("attention", "rig"), data.get("attention")), data.get("per_machine", False),
                  data.get("measured_by"), tuple(data.get("code", ())), parent,
@@ -95,12 +95,13 @@ def declared(root: Path = HERE) -> dict[str, Study]:
         name = path.parent.name
         if name in found:
             raise ValueError(f"{path}: study {name!r} is also declared as a variant of {found[name].parent!r}")
-        found[name] = _study(name, data, path.parent, None, path)
+        folder = str(path.parent.relative_to(root.parent))  # from the repository's root: studies/NAME
+        found[name] = _study(name, data, folder, None, path)
         inherited = {k: v for k, v in data.items() if k not in OWN_KEYS}
         for variant, own in data.get("variants", {}).items():
             if variant in found:
                 raise ValueError(f"{path}: variant {variant!r} is declared twice")
-            found[variant] = _study(variant, {**inherited, **own}, path.parent / own["folder"], name, path)
+            found[variant] = _study(variant, {**inherited, **own}, f"{folder}/{own['folder']}", name, path)
     return found
 
 

@@ -1,4 +1,4 @@
-"""The studies room: one registry and command, every study a Snakemake target, published outputs with
+"""The studies room: one declaration per study (its study.yaml) and one command, every study a Snakemake target, published outputs with
 their provenance, and the rooms' import rules (no circle, nothing imports a study, no private function
 called from another module, reports without torch)."""
 
@@ -25,7 +25,36 @@ def test_list_prints_one_json_object_per_study():
     rows = [json.loads(line) for line in out.splitlines()]
     assert REQUIRED <= {r["name"] for r in rows} and len(rows) == len(STUDIES)
     for row in rows:
-        assert row["target"] == row["name"] and row["outputs"] == [f"studies/{row['name']}/published"]
+        assert row["target"] == row["name"] and row["outputs"] == [f"{row['folder']}/published"]
+
+
+def test_the_listed_studies_are_the_declared_folders():
+    """Each folder of studies/ with a study.yaml is a study, each variant a subfolder of its parent's, each
+    with its page; nothing else is."""
+    out = subprocess.run([sys.executable, "-m", "studies", "list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    declared = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "studies").glob("*/study.yaml")}
+    assert {r["folder"] for r in rows if not r["variant_of"]} == declared
+    for row in rows:
+        assert (ROOT / row["folder"] / "page.md").is_file(), row["name"]
+        if row["variant_of"]:
+            assert Path(row["folder"]).parent == Path(STUDIES[row["variant_of"]].folder)
+
+
+def test_a_bad_declaration_names_its_file_key_and_the_allowed_values(tmp_path):
+    from studies import declared
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "study.yaml").write_text("summary: s\npublish: {sources: [a]}\nper_machin: true\n")
+    with pytest.raises(ValueError, match=r"x/study.yaml: unknown key\(s\) \['per_machin'\] in \(top\); allowed: .*per_machine"):
+        declared(tmp_path)
+    (tmp_path / "x" / "study.yaml").write_text("summary: s\npublish: {sources: [a]}\nsteps: {m: {shell: x, threads: many}}\n")
+    with pytest.raises(ValueError, match=r"x/study.yaml: steps.m.threads = 'many'"):
+        declared(tmp_path)
+    (tmp_path / "x" / "study.yaml").write_text("summary: s\npublish: {sources: [a]}\nsettings: {o: []}\nmicro: {p: []}\n")
+    with pytest.raises(ValueError, match=r"x/study.yaml: micro key\(s\) \['p'\] of 'x' are no settings of it; its settings: o"):
+        declared(tmp_path)
 
 
 def test_every_study_target_plans():
