@@ -89,7 +89,10 @@ def declared(root: Path = HERE) -> dict[str, Study]:
     """Every study declared under `root` (each folder's study.yaml, then its variants), in folder order."""
     found = {}
     for path in sorted(root.glob(f"*/{DECLARATION}")):
-        data = yaml.safe_load(path.read_text())
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ValueError(f"{path}: not YAML: {err}") from None
         if problems := _problems(data, path):
             raise ValueError("invalid study declaration:\n  " + "\n  ".join(problems))
         name = path.parent.name

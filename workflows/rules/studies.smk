@@ -205,8 +205,10 @@ for name, study in STUDIES.items():
 
     how = study.workflow["publish"]
     at = f"{where}: publish"
-    logs = {h.get("log_as", step) for step, h in steps.items()}
-    benchmarks = [path for entry in how.get("benchmarks", ())
+    # unless declared: the grid's job (where it has one) and each step's
+    logs = [h.get("log_as", step) for step, h in steps.items()]
+    grid = ["{grid}/logs/study_grid.tsv"] if name in GRID_RESULTS else []
+    benchmarks = [path for entry in how.get("benchmarks", grid + logs)
                   for path in (every_cell([study_benchmark(name, entry)], cells) if entry in logs
                                else paths(entry, values, at))]
 
@@ -215,7 +217,7 @@ for name, study in STUDIES.items():
             name
         input:
             data=every_cell(paths(how.get("inputs", how["sources"]), values, at, cells), cells),
-            machine=filled(how.get("machine", "{out}/machine.json"), values, at),
+            machine=filled(how.get("machine", "{grid}/machine.json" if grid else "{out}/machine.json"), values, at),
             benchmarks=benchmarks,
         output:
             report(published(name), caption="../report/published.rst", category="Published"),
