@@ -110,7 +110,8 @@ def _check_sections(cfg):
                 raise WorkflowError(f"invalid config (from {_origin([section])}):\n  {err}") from None
 
 
-_normalize_cli_values(config)
+if not workflow.modifier.is_module:  # a grid study's module gets its config files alone, as they are
+    _normalize_cli_values(config)
 _check_schema(config)
 validate(config, schema=SCHEMA, set_default=True)
 _check_sections(config)
@@ -142,10 +143,12 @@ def _resolved_config_file(cfg):
     return str(path)
 
 
-# Jobs find the file in $RLA_CONFIG, set by the shell prefix, not in params: a config change reruns
-# only the jobs whose own settings (params) changed.
+# Jobs find the file in $RLA_CONFIG, not in params: a config change reruns only the jobs whose own settings
+# (params) changed. Each command that reads it exports it first (CONFIGURED + ...): the shell prefix is one for
+# the whole run, and a grid study's rules (a module: workflows/rules/studies.smk) read their own file.
 CONFIG_FILE = _resolved_config_file(config)
-_prefix = f"set -euo pipefail; export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; "
+CONFIGURED = f"export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; "
+_prefix = "set -euo pipefail; "
 # Without conda, `python` in a job is the interpreter running Snakemake (e.g. .venv/bin/python),
 # also when Snakemake was started as .venv/bin/snakemake without activating the venv.
 if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
@@ -165,6 +168,11 @@ GRID_CELLS = [(m, a, s) for m in config["models"] for a in config["ablations"] f
 def grid_metrics():
     """metrics.jsonl of every cell of the configured grid."""
     return [f"{layout.cell_dir(config, m, a, s)}/metrics.jsonl" for m, a, s in GRID_CELLS]
+
+
+def train_benchmarks():
+    """The configured grid's training cells' benchmark files (the train rule's `benchmark:`)."""
+    return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]
 
 
 def probe_targets():

@@ -14,4 +14,4 @@ rule prepare_data:
     conda:
         TRAIN_ENV
     shell:
-        "python -m {params.module} prepare-data --config $RLA_CONFIG --out {params.out} > {log} 2>&1"
+        CONFIGURED + "python -m {params.module} prepare-data --config $RLA_CONFIG --out {params.out} > {log} 2>&1"

@@ -14,4 +14,4 @@ rule stage_model:
     conda:
         TRAIN_ENV
     shell:
-        "python -m verlrun stage-model --config $RLA_CONFIG --model {wildcards.model} > {log} 2>&1"
+        CONFIGURED + "python -m verlrun stage-model --config $RLA_CONFIG --model {wildcards.model} > {log} 2>&1"

@@ -35,7 +35,7 @@ rule plots:
     conda:
         CPU_ENV
     shell:
-        "python -m analysis plots --runs {params.runs} --config $RLA_CONFIG"
+        CONFIGURED + "python -m analysis plots --runs {params.runs} --config $RLA_CONFIG"
         " --out {params.figures} --tables {params.tables} > {log} 2>&1"
 
 
@@ -52,7 +52,7 @@ rule figures_only:
     conda:
         CPU_ENV
     shell:
-        "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
+        CONFIGURED + "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
         " --tables {params.tables} --figures {params.figures}"
         " && if [ -d {params.probe} ]; then python -m studies report probe --probe {params.probe}"
         " --out {params.figures} --tables {params.tables}; fi) 2>&1 | tee {log}"

@@ -16,16 +16,22 @@ STUDY_OUT = "results/studies"
 STUDY_RUN = {"micro": False, "pages": True, "exclusive": True, **config.get("studies", {})}
 EXCLUSIVE_THREADS = workflow.cores if STUDY_RUN["exclusive"] else 1
 STUDY_SETTINGS = {name: s.settings(STUDY_RUN["micro"]) for name, s in STUDIES.items()}
-# A grid study (settings.grid) is that grid's DAG on its config files (later ones laid over earlier ones);
-# studies whose configs name the same results_dir share it: one grid job per results_dir, on the config files
-# of the first study that names it.
+# A grid study (settings.grid) is the grid (workflows/grid.smk) on its config files, later ones laid over
+# earlier ones: a module of this workflow with its own config and $RLA_CONFIG, its rules named after its
+# results_dir (rule train of results/geo_rs: geo_rs_grid_train). Studies whose configs name the same
+# results_dir share one module, on the config files of the first study that names it.
 GRID_CONFIGS = {name: s["grid"] for name, s in STUDY_SETTINGS.items() if "grid" in s}
-GRID_LOADED = {name: settings.load_all(files) for name, files in GRID_CONFIGS.items()}
-GRID_RESULTS = {name: str(layout.results_dir(cfg)) for name, cfg in GRID_LOADED.items()}
-GRID_FIGURES = {name: str(Path(cfg.get("figures_dir", "figures")) / cfg["profile"]) for name, cfg in GRID_LOADED.items()}
-GRID_FILES_BY_RESULTS = {}
-for _name, _results in GRID_RESULTS.items():
-    GRID_FILES_BY_RESULTS.setdefault(_results, GRID_CONFIGS[_name])
+GRIDS = {}  # per grid study, its module's names (RESULTS, FIGURES, all_targets(), ...)
+_by_results = {}
+for _name, _files in GRID_CONFIGS.items():
+    _config = settings.load_all(_files)
+    _results = str(layout.results_dir(_config))
+    if _results not in _by_results:
+        _module = re.sub(r"\W", "_", Path(_results).name) + "_grid"
+        workflow.module(_module, snakefile=os.path.join(workflow.basedir, "workflows/grid.smk"), config=_config)
+        workflow.userule(rules=["*"], from_module=_module, exclude_rules=["all"], name_modifier=f"{_module}_*")(None)
+        _by_results[_results] = globals()[_module]
+    GRIDS[_name] = _by_results[_results]
 # Snakemake's own placeholders in a declared command, left for it to fill when the job runs
 SNAKEMAKE_NAMES = {"input", "output", "log", "threads", "params", "wildcards", "resources"}
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
@@ -50,9 +56,11 @@ def placeholders(name):
     embedded grid's folders, its own grid's and its settings (a list of options shell-quoted)."""
     values = {"name": name, "out": f"{STUDY_OUT}/{name}", "folder": str(declarations.HERE.parent / STUDIES[name].folder),
               "results": RESULTS, "tables": TABLES, "figures": FIGURES, "probe_tables": probe_figure_targets(),
-              "train_benchmarks": [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]}
-    if name in GRID_RESULTS:
-        values.update(grid=GRID_RESULTS[name], grid_figures=GRID_FIGURES[name], grid_configs=GRID_CONFIGS[name])
+              "train_benchmarks": train_benchmarks()}
+    if name in GRIDS:
+        grid = GRIDS[name]
+        values.update(grid=grid.RESULTS, grid_figures=grid.FIGURES, grid_configs=GRID_CONFIGS[name],
+                      grid_targets=grid.all_targets(), grid_train_benchmarks=grid.train_benchmarks())
     clash = sorted(set(STUDY_SETTINGS[name]) & (set(values) | SNAKEMAKE_NAMES) - {"grid"})
     if clash:
         raise WorkflowError(f"{STUDIES[name].folder}/study.yaml: settings {clash} take names the workflow fills; "
@@ -125,44 +133,6 @@ rule studies:
         [published(name) for name in STUDIES],
 
 
-# --- the grids' measurements: the embedded default grid's machine, and the studies that are grids of their own
-
-
-rule grid_machine:
-    input:
-        grid_metrics(),
-    output:
-        f"{RESULTS}/machine.json",
-    log:
-        f"{LOGS}/machine.log",
-    conda:
-        CPU_ENV
-    shell:
-        "python -m studies machine > {output} 2> {log}"
-
-
-rule study_grid:
-    input:
-        lambda wildcards: GRID_FILES_BY_RESULTS[wildcards.results],
-    output:
-        summary="{results}/tables/summary.csv",
-        stability="{results}/tables/stability.csv",
-        machine="{results}/machine.json",
-    log:
-        "{results}/logs/study_grid.log",
-    benchmark:
-        "{results}/logs/study_grid.tsv"
-    wildcard_constraints:
-        results="|".join(re.escape(r) for r in GRID_FILES_BY_RESULTS),
-    threads: workflow.cores
-    conda:
-        CPU_ENV
-    # --nolock: this run holds the lock on the study's files; the inner one writes nothing else
-    shell:
-        "python -m studies machine > {output.machine}; "
-        "snakemake --nolock --cores {threads} --configfile {input} > {log} 2>&1"
-
-
 # --- each study's steps (its measurement and its report: `python -m studies run/report NAME ...`), then its
 # publish step: what it waits for, where its measuring machine and benchmarks are, and what it copies into its
 # tracked folder (globs of the sources' files; a file source is copied as it is)
@@ -207,7 +177,7 @@ for name, study in STUDIES.items():
     at = f"{where}: publish"
     # unless declared: the grid's job (where it has one) and each step's
     logs = [h.get("log_as", step) for step, h in steps.items()]
-    grid = ["{grid}/logs/study_grid.tsv"] if name in GRID_RESULTS else []
+    grid = ["{grid_train_benchmarks}"] if name in GRIDS else []
     benchmarks = [path for entry in how.get("benchmarks", grid + logs)
                   for path in (every_cell([study_benchmark(name, entry)], cells) if entry in logs
                                else paths(entry, values, at))]
@@ -216,7 +186,9 @@ for name, study in STUDIES.items():
         name:
             name
         input:
-            data=every_cell(paths(how.get("inputs", how["sources"]), values, at, cells), cells),
+            # a grid study waits for its whole grid, as the grid's default target makes it
+            data=every_cell(paths(how.get("inputs", how["sources"]), values, at, cells), cells)
+            + values.get("grid_targets", []),
             machine=filled(how.get("machine", "{grid}/machine.json" if grid else "{out}/machine.json"), values, at),
             benchmarks=benchmarks,
         output:

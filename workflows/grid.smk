@@ -1,0 +1,31 @@
+# The experiment grid on one config: data -> (warm start) -> one training job per cell -> tables -> figures,
+# the probe, the machine it ran on. The Snakefile runs it on its config; each grid study runs it as a module on
+# the study's config files (workflows/rules/studies.smk).
+
+
+include: "rules/common.smk"
+include: "rules/data.smk"
+include: "rules/warmstart.smk"
+include: "rules/train.smk"
+include: "rules/collect.smk"
+include: "rules/plots.smk"
+include: "rules/probe.smk"
+
+
+rule grid_machine:
+    input:
+        grid_metrics(),
+    output:
+        f"{RESULTS}/machine.json",
+    log:
+        f"{LOGS}/machine.log",
+    conda:
+        CPU_ENV
+    shell:
+        "python -m studies machine > {output} 2> {log}"
+
+
+rule all:
+    default_target: True
+    input:
+        all_targets(),
