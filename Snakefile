@@ -16,3 +16,9 @@ if not workflow.config_settings.configfiles:
 
 include: "workflows/grid.smk"
 include: "workflows/rules/studies.smk"
+
+
+rule all:
+    default_target: True
+    input:
+        all_targets(),

@@ -1,6 +1,6 @@
 # The experiment grid on one config: data -> (warm start) -> one training job per cell -> tables -> figures,
-# the probe, the machine it ran on. The Snakefile runs it on its config; each grid study runs it as a module on
-# the study's config files (workflows/rules/studies.smk).
+# the probe, the machine it ran on (all_targets()). The Snakefile runs it on its config; each grid study runs it
+# as a module on the study's config files (workflows/rules/studies.smk).
 
 
 include: "rules/common.smk"
@@ -23,9 +23,3 @@ rule grid_machine:
         CPU_ENV
     shell:
         "python -m studies machine > {output} 2> {log}"
-
-
-rule all:
-    default_target: True
-    input:
-        all_targets(),

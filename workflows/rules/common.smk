@@ -110,7 +110,7 @@ def _check_sections(cfg):
                 raise WorkflowError(f"invalid config (from {_origin([section])}):\n  {err}") from None
 
 
-if not workflow.modifier.is_module:  # a grid study's module gets its config files alone, as they are
+if not workflow.modifier.namespace:  # a grid study's module (named) gets its config files alone, as they are
     _normalize_cli_values(config)
 _check_schema(config)
 validate(config, schema=SCHEMA, set_default=True)
@@ -144,10 +144,16 @@ def _resolved_config_file(cfg):
 
 
 # Jobs find the file in $RLA_CONFIG, not in params: a config change reruns only the jobs whose own settings
-# (params) changed. Each command that reads it exports it first (CONFIGURED + ...): the shell prefix is one for
+# (params) changed. Each command that reads it exports it first (configured(...)): the shell prefix is one for
 # the whole run, and a grid study's rules (a module: workflows/rules/studies.smk) read their own file.
 CONFIG_FILE = _resolved_config_file(config)
-CONFIGURED = f"export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; "
+
+
+def configured(command):
+    """`command` with $RLA_CONFIG exported before it."""
+    return f"export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; {command}"
+
+
 _prefix = "set -euo pipefail; "
 # Without conda, `python` in a job is the interpreter running Snakemake (e.g. .venv/bin/python),
 # also when Snakemake was started as .venv/bin/snakemake without activating the venv.

@@ -3,24 +3,13 @@
 # runs them all. Never part of the default target (`make run`): publishing writes tracked files, a run must not.
 # Every rule here is made from the studies' declarations (studies/NAME/study.yaml): a rule per step, NAME_STEP,
 # and a publish rule, NAME.
-import glob
-import itertools
+include: "declarations.smk"
 
-import studies as declarations
-from studies import STUDIES
 
-STUDY_OUT = "results/studies"
-# the config's `studies:` section (experiments/micro-studies.yaml): whether the studies run their `micro:`
-# settings, whether a publish step renders the docs' pages after it and whether the timing and engine studies'
-# measuring jobs take every core, so that nothing runs beside them (off where the numbers mean nothing)
-STUDY_RUN = {"micro": False, "pages": True, "exclusive": True, **config.get("studies", {})}
-EXCLUSIVE_THREADS = workflow.cores if STUDY_RUN["exclusive"] else 1
-STUDY_SETTINGS = {name: s.settings(STUDY_RUN["micro"]) for name, s in STUDIES.items()}
 # A grid study (settings.grid) is the grid (workflows/grid.smk) on its config files, later ones laid over
 # earlier ones: a module of this workflow with its own config and $RLA_CONFIG, its rules named after its
-# results_dir (rule train of results/geo_rs: geo_rs_grid_train). Studies whose configs name the same
+# results_dir (rule train of results/NAME: NAME_grid_train). Studies whose configs name the same
 # results_dir share one module, on the config files of the first study that names it.
-GRID_CONFIGS = {name: s["grid"] for name, s in STUDY_SETTINGS.items() if "grid" in s}
 GRIDS = {}  # per grid study, its module's names (RESULTS, FIGURES, all_targets(), ...)
 _by_results = {}
 for _name, _files in GRID_CONFIGS.items():
@@ -29,99 +18,9 @@ for _name, _files in GRID_CONFIGS.items():
     if _results not in _by_results:
         _module = re.sub(r"\W", "_", Path(_results).name) + "_grid"
         workflow.module(_module, snakefile=os.path.join(workflow.basedir, "workflows/grid.smk"), config=_config)
-        workflow.userule(rules=["*"], from_module=_module, exclude_rules=["all"], name_modifier=f"{_module}_*")(None)
+        workflow.userule(rules=["*"], from_module=_module, name_modifier=f"{_module}_*")(None)
         _by_results[_results] = globals()[_module]
     GRIDS[_name] = _by_results[_results]
-# Snakemake's own placeholders in a declared command, left for it to fill when the job runs
-SNAKEMAKE_NAMES = {"input", "output", "log", "threads", "params", "wildcards", "resources"}
-PLACEHOLDER = re.compile(r"\{(\w+)\}")
-
-
-def study_log(name, step):
-    return f"{STUDY_OUT}/{name}/logs/{step}.log"
-
-
-def study_benchmark(name, step):
-    return f"{STUDY_OUT}/{name}/benchmarks/{step}.tsv"
-
-
-def published(name):
-    """The publish step's output: a copy of its provenance record. Not the tracked provenance.json, which a
-    fresh clone already has: Snakemake would take the study for done."""
-    return f"{STUDY_OUT}/{name}/publication.json"
-
-
-def placeholders(name):
-    """What a study's declared paths and commands may name: its results folder (`out`), its code's folder, the
-    embedded grid's folders, its own grid's and its settings (a list of options shell-quoted)."""
-    values = {"name": name, "out": f"{STUDY_OUT}/{name}", "folder": str(declarations.HERE.parent / STUDIES[name].folder),
-              "results": RESULTS, "tables": TABLES, "figures": FIGURES, "probe_tables": probe_figure_targets(),
-              "train_benchmarks": train_benchmarks()}
-    if name in GRIDS:
-        grid = GRIDS[name]
-        values.update(grid=grid.RESULTS, grid_figures=grid.FIGURES, grid_configs=GRID_CONFIGS[name],
-                      grid_targets=grid.all_targets(), grid_train_benchmarks=grid.train_benchmarks())
-    clash = sorted(set(STUDY_SETTINGS[name]) & (set(values) | SNAKEMAKE_NAMES) - {"grid"})
-    if clash:
-        raise WorkflowError(f"{STUDIES[name].folder}/study.yaml: settings {clash} take names the workflow fills; "
-                            f"taken: {', '.join(sorted(set(values) | SNAKEMAKE_NAMES))}")
-    return {**{k: v for k, v in STUDY_SETTINGS[name].items() if k != "grid"}, **values}
-
-
-def filled(text, values, where, wildcards=()):
-    """`text` with the declaration's placeholders filled (a list joined as shell words); Snakemake's own and the
-    study's cell wildcards left as they are."""
-
-    def one(match):
-        key = match.group(1)
-        if key in values:
-            value = values[key]
-            return value if isinstance(value, str) else shlex.join(value)
-        if key in SNAKEMAKE_NAMES or key in wildcards:
-            return match.group(0)
-        raise WorkflowError(f"{where}: unknown placeholder {match.group(0)} in {text!r}; known: "
-                            f"{', '.join(sorted([*values, *wildcards]))} and Snakemake's {', '.join(sorted(SNAKEMAKE_NAMES))}")
-
-    return PLACEHOLDER.sub(one, text)
-
-
-def paths(entries, values, where, wildcards=()):
-    """Declared paths as a list: a placeholder naming a list is that list, a `*` a glob of committed files."""
-    found = []
-    for entry in [entries] if isinstance(entries, str) else entries:
-        whole = PLACEHOLDER.fullmatch(entry)
-        if whole and isinstance(values.get(whole.group(1)), list):
-            found += values[whole.group(1)]
-            continue
-        path = filled(entry, values, where, wildcards)
-        found += sorted(glob.glob(path)) if "*" in path else [path]
-    return found
-
-
-def every_cell(path_list, cells):
-    """Each path once per combination of the study's cells (roundmap's engine x arch)."""
-    found = []
-    for combination in itertools.product(*cells.values()):
-        for path in path_list:
-            for wildcard, value in zip(cells, combination):
-                path = path.replace(f"{{{wildcard}}}", value)
-            found.append(path)
-    return list(dict.fromkeys(found))
-
-
-def step_threads(declared):
-    """`all`: every core where the studies run exclusive, else one; a number: that many, capped the same way."""
-    return EXCLUSIVE_THREADS if declared == "all" else min(declared, EXCLUSIVE_THREADS)
-
-
-def step_command(how, values, where, wildcards):
-    """The step's shell command; a step of several runs (`runs`) gets them one after the other as {runs}."""
-    if "runs" in how:
-        runs = how["runs"]
-        values = {**values, "runs": " && ".join(
-            filled(runs["then"] if i else runs["first"], {**values, "run": options}, where, wildcards)
-            for i, options in enumerate(values[runs["setting"]]))}
-    return filled(how["shell"], values, where, wildcards)
 
 
 localrules:
@@ -136,12 +35,6 @@ rule studies:
 # --- each study's steps (its measurement and its report: `python -m studies run/report NAME ...`), then its
 # publish step: what it waits for, where its measuring machine and benchmarks are, and what it copies into its
 # tracked folder (globs of the sources' files; a file source is copied as it is)
-
-
-PUBLISH_SHELL = ("python -m studies publish {params.name} --source {params.sources} {params.globs}"
-                 " --command {params.command} --machine {input.machine} --benchmark {input.benchmarks}"
-                 " --record {output} > {log} 2>&1"
-                 + (" && python -m studies pages >> {log} 2>&1" if STUDY_RUN["pages"] else ""))
 
 
 for name, study in STUDIES.items():
@@ -159,8 +52,7 @@ for name, study in STUDIES.items():
             input:
                 **{key: paths(path, values, at, cells) for key, path in how.get("input", {}).items()},
             output:
-                **{key: directory(path.rstrip("/")) if path.endswith("/") else touch(path) if key == how.get("flag")
-                   else path for key, path in ((k, filled(p, values, at, cells)) for k, p in how["output"].items())},
+                **{key: step_output(key, filled(path, values, at, cells), how) for key, path in how["output"].items()},
             log:
                 study_log(name, log_as),
             benchmark:
@@ -175,7 +67,7 @@ for name, study in STUDIES.items():
 
     how = study.workflow["publish"]
     at = f"{where}: publish"
-    # unless declared: the grid's job (where it has one) and each step's
+    # unless declared: its grid's training cells' (where it has one) and each step's
     logs = [h.get("log_as", step) for step, h in steps.items()]
     grid = ["{grid_train_benchmarks}"] if name in GRIDS else []
     benchmarks = [path for entry in how.get("benchmarks", grid + logs)
