@@ -1,4 +1,4 @@
-# The experiment grid (workflows/grid.smk): data -> (warm start) -> one training job per cell -> tables ->
+# The experiment grid (workflows/rules/grid.smk): data -> (warm start) -> one training job per cell -> tables ->
 # figures; and the studies (workflows/rules/studies.smk). How to run it: docs/running.md.
 from snakemake.utils import min_version
 
@@ -14,7 +14,7 @@ if not workflow.config_settings.configfiles:
     configfile: "experiments/tiny.yaml"
 
 
-include: "workflows/grid.smk"
+include: "workflows/rules/grid.smk"
 include: "workflows/rules/studies.smk"
 
 

@@ -3,13 +3,13 @@
 # as a module on the study's config files (workflows/rules/studies.smk).
 
 
-include: "rules/common.smk"
-include: "rules/data.smk"
-include: "rules/warmstart.smk"
-include: "rules/train.smk"
-include: "rules/collect.smk"
-include: "rules/plots.smk"
-include: "rules/probe.smk"
+include: "common.smk"
+include: "data.smk"
+include: "warmstart.smk"
+include: "train.smk"
+include: "collect.smk"
+include: "plots.smk"
+include: "probe.smk"
 
 
 rule grid_machine:
