@@ -1,5 +1,5 @@
-# The studies' declarations (studies/NAME/study.yaml) as the rules of workflows/rules/studies.smk read them:
-# each study's settings, the grid studies' modules, the placeholders of its paths and commands.
+# The studies' declarations (studies/NAME/study.yaml) as workflows/rules/studies.smk reads them: each study's
+# settings, the placeholders of its paths and commands, and the functions that make its rules from them.
 import glob
 import itertools
 
@@ -111,6 +111,68 @@ def step_command(how, values, where, wildcards):
             filled(runs["then"] if i else runs["first"], {**values, "run": options}, where, wildcards)
             for i, options in enumerate(values[runs["setting"]]))}
     return filled(how["shell"], values, where, wildcards)
+
+
+def step_rule(name, step, how, values, cells):
+    """One declared step's rule, NAME_STEP. A function: its command is read again when its job runs, and a
+    loop's variable would hold the last step's by then."""
+    at = f"{STUDIES[name].folder}/study.yaml: steps.{step}"
+    log_as = how.get("log_as", step)
+    command = step_command(how, values, at, cells)
+
+    rule:
+        name:
+            f"{name}_{step}"
+        input:
+            **{key: paths(path, values, at, cells) for key, path in how.get("input", {}).items()},
+        output:
+            **{key: step_output(key, filled(path, values, at, cells), how) for key, path in how["output"].items()},
+        log:
+            study_log(name, log_as),
+        benchmark:
+            study_benchmark(name, log_as)
+        wildcard_constraints:
+            **{wildcard: "|".join(re.escape(v) for v in allowed) for wildcard, allowed in cells.items()},
+        threads: step_threads(how.get("threads", 1))
+        conda:
+            CPU_ENV
+        shell:
+            command
+
+
+def publish_rule(name, steps, values, cells):
+    """The study's publishing rule, NAME: what it waits for, its machine, its jobs' benchmarks."""
+    how = STUDIES[name].workflow["publish"]
+    at = f"{STUDIES[name].folder}/study.yaml: publish"
+    # unless declared: its grid's training cells' (where it has one) and each step's
+    logs = [h.get("log_as", step) for step, h in steps.items()]
+    grid = ["{grid_train_benchmarks}"] if name in GRIDS else []
+    benchmarks = [path for entry in how.get("benchmarks", grid + logs)
+                  for path in (every_cell([study_benchmark(name, entry)], cells) if entry in logs
+                               else paths(entry, values, at))]
+
+    rule:
+        name:
+            name
+        input:
+            # a grid study waits for its whole grid, as the grid's default target makes it
+            data=every_cell(paths(how.get("inputs", how["sources"]), values, at, cells), cells)
+            + values.get("grid_targets", []),
+            machine=filled(how.get("machine", "{grid}/machine.json" if grid else "{out}/machine.json"), values, at),
+            benchmarks=benchmarks,
+        output:
+            report(published(name), caption="../report/published.rst", category="Published"),
+        log:
+            study_log(name, "publish"),
+        params:
+            name=name,
+            sources=paths(how["sources"], values, at),
+            globs=shlex.join(["--include", *how["include"]]) if how.get("include") else "",
+            command=shlex.quote(f"snakemake --cores N {name}"),
+        conda:
+            CPU_ENV
+        shell:
+            PUBLISH_SHELL
 
 
 PUBLISH_SHELL = ("python -m studies publish {params.name} --source {params.sources} {params.globs}"
