@@ -4,6 +4,7 @@ called from another module, reports without torch)."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import types
@@ -60,11 +61,23 @@ def test_a_bad_declaration_names_its_file_key_and_the_allowed_values(tmp_path):
 def test_every_study_target_plans():
     """`snakemake -n` plans every study's target from the repository root (one process for all; each
     publishing rule forced, so that a study published in this checkout is planned too)."""
-    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "2", *STUDIES, "--forcerun", *STUDIES],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "2", *STUDIES, "--forcerun",
+                           *STUDIES], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in STUDIES:  # each target's publish rule is in the plan
         assert f"rule {name}:" in done.stdout + done.stderr, name
+    # the grid studies' grids are jobs of this DAG (modules), not a Snakemake run inside a job
+    commands = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("Shell command:")]
+    assert commands and not [c for c in commands if "snakemake --" in c.replace("'snakemake --cores N", "")]
+    assert "rule geo_rs_grid_train:" in done.stdout + done.stderr
+
+
+def test_the_studies_rules_name_no_study():
+    """The studies' rules are made from their declarations: no study is named in them (the grid's own rules
+    name its config's keys, `probe` among them, and its default config, experiments/tiny.yaml)."""
+    text = "\n".join((ROOT / "workflows/rules" / f).read_text() for f in ("studies.smk", "declarations.smk"))
+    words = set(re.findall(r"\w+", text))
+    assert not sorted(set(STUDIES) & words)
 
 
 def test_a_bad_study_name_is_named():
