@@ -1,5 +1,5 @@
-# The experiment grid: data -> (warm start) -> one training job per cell -> tables -> figures; and the
-# studies (workflows/rules/studies.smk). How to run it: docs/running.md.
+# The experiment grid (workflows/rules/grid.smk): data -> (warm start) -> one training job per cell -> tables ->
+# figures; and the studies (workflows/rules/studies.smk). How to run it: docs/running.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -14,13 +14,7 @@ if not workflow.config_settings.configfiles:
     configfile: "experiments/tiny.yaml"
 
 
-include: "workflows/rules/common.smk"
-include: "workflows/rules/data.smk"
-include: "workflows/rules/warmstart.smk"
-include: "workflows/rules/train.smk"
-include: "workflows/rules/collect.smk"
-include: "workflows/rules/plots.smk"
-include: "workflows/rules/probe.smk"
+include: "workflows/rules/grid.smk"
 include: "workflows/rules/studies.smk"
 
 

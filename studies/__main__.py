@@ -1,5 +1,5 @@
 """python -m studies list | run NAME [ARGS] | report NAME [ARGS] | machine | publish NAME ... | pages | stale
-(the registry: studies/__init__.py)."""
+(each study declared in its folder's study.yaml: studies/__init__.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from studies import STUDIES, study
 
 def _list(_args) -> int:
     for s in STUDIES.values():
-        print(json.dumps({"name": s.name, "target": s.name, "outputs": [s.published], "summary": s.summary,
-                          "config": s.config, "measure": s.measure, "report": s.report}))
+        print(json.dumps({"name": s.name, "target": s.name, "folder": s.folder, "variant_of": s.parent,
+                          "outputs": [s.published], "summary": s.summary, "config": s.config, "measure": s.measure,
+                          "report": s.report}))
     return 0
 
 

@@ -485,7 +485,7 @@ def pages() -> dict[str, Page]:
     """Every rendered page: the README, the results index, each study's page."""
     found = [Page("README.md", "docs/templates/README.md"), Page("docs/results.md", "docs/templates/results.md"),
              Page("docs/support.md", "docs/templates/support.md")]
-    found += [Page(f"docs/studies/{name}.md", f"studies/{name}/page.md", name) for name in STUDIES]
+    found += [Page(f"docs/studies/{name}.md", f"{s.folder}/page.md", name) for name, s in STUDIES.items()]
     return {p.output: p for p in found if (ROOT / p.template).is_file()}
 
 

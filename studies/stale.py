@@ -1,7 +1,7 @@
 """Which publications are stale: the study's code changed after the commit its provenance names.
 
-A study's code is its folder's Python files (not its page, not what it published), its experiment config,
-and every module of this project that its measurement and report import, followed import by import
+A study's code is its folder's Python files (not its page, not what it published; a variant's folder holds
+none), its experiment config, and every module of this project that its measurement and report import, followed import by import
 (function-level imports included). Each file is compared by content with the provenance commit
 (`git diff --name-only COMMIT -- FILES`, the working tree on the right): a publication is current when
 none differs. Torch-free: it reads source files and git, never imports the study.
@@ -83,7 +83,7 @@ def imported_modules(path: Path, root: Path) -> frozenset[str]:
 def code_files(study: str, root: Path = ROOT) -> list[str]:
     """The files whose content makes `study`'s numbers, from the repository's root, sorted."""
     entry = STUDIES[study]
-    folder = root / "studies" / study
+    folder = root / entry.folder
     start = {p for p in folder.rglob("*.py") if "published" not in p.parts and "runs" not in p.parts}
     for module in (*entry.code, entry.measure, entry.report):
         if module and (path := module_file(module, root)):
@@ -115,7 +115,7 @@ def _publications(root: Path, _state: str) -> tuple[Publication, ...]:
     found = []
     for name in STUDIES:
         files = code_files(name, root)
-        for record in sorted((root / "studies" / name / "published").rglob(PROVENANCE)):
+        for record in sorted((root / STUDIES[name].published).rglob(PROVENANCE)):
             commit = json.loads(record.read_text()).get("commit", "unknown")
             diff = _git(root, "diff", "--name-only", commit, "--", *files)
             if diff.returncode != 0:  # a commit this history lacks: nothing says the code is the same

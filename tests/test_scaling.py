@@ -79,7 +79,7 @@ def test_bad_factor_and_arch_are_named(capsys):
 @pytest.fixture(scope="module")
 def measured():
     """One small point with a weight update: every setting, with persistence columns. At the quick ladders'
-    shapes and lengths, so that this and the scaling study's micro run (experiments/micro-studies.yaml, in
+    shapes and lengths, so that this and the scaling study's micro run (studies/scaling/study.yaml, in
     `make test`) compile the same kernels, once."""
     point = replace(scaling.quick_base("qwen3"), factor="update", value=1e-2, update=1e-2)
     result = scaling.measure(point, log=lambda msg: None)

@@ -22,7 +22,7 @@ def test_a_studys_code_is_its_folder_its_config_and_what_its_measurement_imports
 
 def test_every_publication_is_listed_once(capsys):
     found = stale.publications()
-    records = sorted(ROOT.glob("studies/*/published/**/provenance.json"))
+    records = sorted(ROOT.glob("studies/**/published/**/provenance.json"))
     assert sorted(p.folder for p in found) == sorted(str(r.parent.relative_to(ROOT)) for r in records)
     assert main(["stale"]) == 0
     assert f"of {len(records)} publications stale" in capsys.readouterr().out

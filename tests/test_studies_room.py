@@ -1,9 +1,10 @@
-"""The studies room: one registry and command, every study a Snakemake target, published outputs with
+"""The studies room: one declaration per study (its study.yaml) and one command, every study a Snakemake target, published outputs with
 their provenance, and the rooms' import rules (no circle, nothing imports a study, no private function
 called from another module, reports without torch)."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import types
@@ -25,17 +26,58 @@ def test_list_prints_one_json_object_per_study():
     rows = [json.loads(line) for line in out.splitlines()]
     assert REQUIRED <= {r["name"] for r in rows} and len(rows) == len(STUDIES)
     for row in rows:
-        assert row["target"] == row["name"] and row["outputs"] == [f"studies/{row['name']}/published"]
+        assert row["target"] == row["name"] and row["outputs"] == [f"{row['folder']}/published"]
+
+
+def test_the_listed_studies_are_the_declared_folders():
+    """Each folder of studies/ with a study.yaml is a study, each variant a subfolder of its parent's, each
+    with its page; nothing else is."""
+    out = subprocess.run([sys.executable, "-m", "studies", "list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines()]
+    declared = {str(p.parent.relative_to(ROOT)) for p in (ROOT / "studies").glob("*/study.yaml")}
+    assert {r["folder"] for r in rows if not r["variant_of"]} == declared
+    for row in rows:
+        assert (ROOT / row["folder"] / "page.md").is_file(), row["name"]
+        if row["variant_of"]:
+            assert Path(row["folder"]).parent == Path(STUDIES[row["variant_of"]].folder)
+
+
+def test_a_bad_declaration_names_its_file_key_and_the_allowed_values(tmp_path):
+    from studies import declared
+
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "study.yaml").write_text("summary: s\npublish: {sources: [a]}\nper_machin: true\n")
+    with pytest.raises(ValueError, match=r"x/study.yaml: unknown key\(s\) \['per_machin'\] in \(top\); allowed: .*per_machine"):
+        declared(tmp_path)
+    (tmp_path / "x" / "study.yaml").write_text("summary: s\npublish: {sources: [a]}\nsteps: {m: {shell: x, threads: many}}\n")
+    with pytest.raises(ValueError, match=r"x/study.yaml: steps.m.threads = 'many'"):
+        declared(tmp_path)
+    (tmp_path / "x" / "study.yaml").write_text("summary: s\npublish: {sources: [a]}\nsettings: {o: []}\nmicro: {p: []}\n")
+    with pytest.raises(ValueError, match=r"x/study.yaml: micro key\(s\) \['p'\] of 'x' are no settings of it; its settings: o"):
+        declared(tmp_path)
 
 
 def test_every_study_target_plans():
     """`snakemake -n` plans every study's target from the repository root (one process for all; each
     publishing rule forced, so that a study published in this checkout is planned too)."""
-    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "2", *STUDIES, "--forcerun", *STUDIES],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "2", *STUDIES, "--forcerun",
+                           *STUDIES], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in STUDIES:  # each target's publish rule is in the plan
         assert f"rule {name}:" in done.stdout + done.stderr, name
+    # the grid studies' grids are jobs of this DAG (modules), not a Snakemake run inside a job
+    commands = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("Shell command:")]
+    assert commands and not [c for c in commands if "snakemake --" in c.replace("'snakemake --cores N", "")]
+    assert "rule geo_rs_grid_train:" in done.stdout + done.stderr
+
+
+def test_the_studies_rules_name_no_study():
+    """The studies' rules are made from their declarations: no study is named in them (the grid's own rules
+    name its config's keys, `probe` among them, and its default config, experiments/tiny.yaml)."""
+    text = "\n".join((ROOT / "workflows/rules" / f).read_text() for f in ("studies.smk", "declarations.smk"))
+    words = set(re.findall(r"\w+", text))
+    assert not sorted(set(STUDIES) & words)
 
 
 def test_a_bad_study_name_is_named():

@@ -75,7 +75,9 @@ def results_of(work: Path, cfg: dict) -> Path:
 
 def resolved_config(work: Path, profile: str) -> dict:
     """The config file the jobs' CLIs read (named by its content, under .snakemake/configs)."""
-    (path,) = sorted((work / ".snakemake/configs").glob(f"{profile}-*.yaml"), key=lambda p: p.stat().st_mtime)[-1:]
+    # PROFILE-HASH.yaml: not another profile's whose name begins with it (tiny-sdpa, a grid study's)
+    found = (work / ".snakemake/configs").glob(f"{profile}-{'[0-9a-f]' * 12}.yaml")
+    (path,) = sorted(found, key=lambda p: p.stat().st_mtime)[-1:]
     return load(path)
 
 

@@ -29,4 +29,6 @@ rule stability:
     conda:
         CPU_ENV
     shell:
-        "python -m analysis stability --runs {params.runs} --config $RLA_CONFIG --out {output} > {log} 2>&1"
+        configured(
+            "python -m analysis stability --runs {params.runs} --config $RLA_CONFIG --out {output} > {log} 2>&1"
+        )

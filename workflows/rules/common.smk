@@ -110,7 +110,8 @@ def _check_sections(cfg):
                 raise WorkflowError(f"invalid config (from {_origin([section])}):\n  {err}") from None
 
 
-_normalize_cli_values(config)
+if not workflow.modifier.namespace:  # a grid study's module (named) gets its config files alone, as they are
+    _normalize_cli_values(config)
 _check_schema(config)
 validate(config, schema=SCHEMA, set_default=True)
 _check_sections(config)
@@ -142,10 +143,18 @@ def _resolved_config_file(cfg):
     return str(path)
 
 
-# Jobs find the file in $RLA_CONFIG, set by the shell prefix, not in params: a config change reruns
-# only the jobs whose own settings (params) changed.
+# Jobs find the file in $RLA_CONFIG, not in params: a config change reruns only the jobs whose own settings
+# (params) changed. Each command that reads it exports it first (configured(...)): the shell prefix is one for
+# the whole run, and a grid study's rules (a module: workflows/rules/studies.smk) read their own file.
 CONFIG_FILE = _resolved_config_file(config)
-_prefix = f"set -euo pipefail; export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; "
+
+
+def configured(command):
+    """`command` with $RLA_CONFIG exported before it."""
+    return f"export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; {command}"
+
+
+_prefix = "set -euo pipefail; "
 # Without conda, `python` in a job is the interpreter running Snakemake (e.g. .venv/bin/python),
 # also when Snakemake was started as .venv/bin/snakemake without activating the venv.
 if DeploymentMethod.CONDA not in workflow.deployment_settings.deployment_method:
@@ -165,6 +174,11 @@ GRID_CELLS = [(m, a, s) for m in config["models"] for a in config["ablations"] f
 def grid_metrics():
     """metrics.jsonl of every cell of the configured grid."""
     return [f"{layout.cell_dir(config, m, a, s)}/metrics.jsonl" for m, a, s in GRID_CELLS]
+
+
+def train_benchmarks():
+    """The configured grid's training cells' benchmark files (the train rule's `benchmark:`)."""
+    return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]
 
 
 def probe_targets():
@@ -241,127 +255,3 @@ def train_gpus(wildcards):
         return 0
     verl = settings.verl_settings(config, wildcards.model)
     return verl["nnodes"] * verl["n_gpus_per_node"]
-
-
-# --- the studies (workflows/rules/studies.smk)
-from studies import STUDIES
-
-STUDY_OUT = "results/studies"
-# What each study runs (its options; why and how long: studies/<name>/page.md), unless the config's
-# `studies:` section says otherwise (experiments/micro-studies.yaml). A grid study is that grid's DAG on
-# its config files (later ones laid over earlier ones); studies whose configs name the same results_dir share it.
-STUDY_SETTINGS = {
-    "grids": {
-        "stress": ["experiments/stress.yaml"],
-        "geo_rs": ["experiments/geo_rs.yaml"],
-        "calibration": ["experiments/calibration.yaml"],
-        "treatments": ["experiments/tiny.yaml", "experiments/treatments.yaml"],
-        "tiny_sdpa": ["experiments/tiny.yaml", "experiments/tiny-sdpa.yaml"],
-        "tiny_amx": ["experiments/tiny.yaml", "experiments/tiny-amx.yaml"],
-        "verl_cpu": ["experiments/verl-cpu.yaml"],
-    },
-    # runs of `python -m studies run scaling`, one after the other into the same tables
-    "scaling": [[], ["--factors", "shape,depth,length,vocab", "--big", "--real"]],
-    "gradprobe": "experiments/gradprobe.yaml",  # the pre-registered plan
-    "rope_lead": "experiments/gradprobe-rope.yaml",  # its HA4 again, pre-registered
-    "treatments_cost": [],
-    "vllm_alignment": ["--shapes", "qwen2-s", "qwen3-s", "qwen2-256", "qwen3-256", "qwen3-256-yarn"],
-    "roundmap": {"engines": ["local", "vllm", "vllm-gpu-split"], "archs": ["qwen2", "qwen3"], "shape": "tiny"},
-    "depth": ["--widths"],
-    "leftover": ["--layers", "28", "--kernels", "hf", "attention", "engine_attention", "engine_gemm", "engine",
-                 "engine_steps", "amx_rounding", "amx_rounding_engine_gemm", "--widths"],
-    "trace": [],
-    "kernels": ["--repeats", "7"],
-    "engine_tables": [],
-    "pages": True,  # a publish step renders the docs' pages after it (off where the numbers mean nothing)
-    # the timing and engine studies' measuring jobs take every core, so that nothing runs beside them (off
-    # where the numbers mean nothing: the micro configuration runs them side by side)
-    "exclusive": True,
-    **config.get("studies", {}),
-}
-
-
-EXCLUSIVE_THREADS = workflow.cores if STUDY_SETTINGS["exclusive"] else 1
-GRID_CONFIGS = STUDY_SETTINGS["grids"]
-GRID_RESULTS = {name: str(layout.results_dir(settings.load_all(files))) for name, files in GRID_CONFIGS.items()}
-GRID_FIGURES = {name: str(Path(cfg.get("figures_dir", "figures")) / cfg["profile"])
-                for name, cfg in ((n, settings.load_all(f)) for n, f in GRID_CONFIGS.items())}
-# one grid job per results_dir: the config files of the first study that names it
-GRID_FILES_BY_RESULTS = {}
-for _name, _results in GRID_RESULTS.items():
-    GRID_FILES_BY_RESULTS.setdefault(_results, GRID_CONFIGS[_name])
-
-
-def study_log(name, step):
-    return f"{STUDY_OUT}/{name}/logs/{step}.log"
-
-
-def study_benchmark(name, step):
-    return f"{STUDY_OUT}/{name}/benchmarks/{step}.tsv"
-
-
-def study_machine(name):
-    """The measuring machine, written by the measure job itself (on a cluster: on its node)."""
-    return f"{STUDY_OUT}/{name}/machine.json"
-
-
-def train_benchmarks():
-    """The configured grid's training cells' benchmark files (the train rule's `benchmark:`)."""
-    return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]
-
-
-def grid_tables(study):
-    return f"{GRID_RESULTS[study]}/tables"
-
-
-def published(name):
-    """The publish step's output: a copy of its provenance record. Not the tracked provenance.json, which a
-    fresh clone already has: Snakemake would take the study for done."""
-    return f"{STUDY_OUT}/{name}/publication.json"
-
-
-def publish_params(name, sources, globs):
-    """The publish step's options: copy `sources` (the `globs` of folders' files) into the study's tracked
-    folder with its provenance. Parameters, not a formatted command: a rule made in a loop formats its
-    command when its job runs, after the loop."""
-    return dict(name=name, sources=list(sources), globs=shlex.join(["--include", *globs]) if globs else "",
-                command=shlex.quote(f"snakemake --cores N {name}"))
-
-
-PUBLISH_SHELL = ("python -m studies publish {params.name} --source {params.sources} {params.globs}"
-                 " --command {params.command} --machine {input.machine} --benchmark {input.benchmarks}"
-                 " --record {output} > {log} 2>&1"
-                 + (" && python -m studies pages >> {log} 2>&1" if STUDY_SETTINGS["pages"] else ""))
-
-
-# One job each, `python -m studies run STUDY` with the study's options: the study whose measurement it runs,
-# the result it writes (a folder where the name has no suffix), and the cores it takes (timings want the
-# machine to themselves).
-MEASURED = {
-    "vllm_alignment": ("vllm_alignment", "vllm_alignment.json", min(2, EXCLUSIVE_THREADS)),
-    "kernels": ("kernels", "measure/regions.json", EXCLUSIVE_THREADS),
-    "depth": ("depth", "depth.json", EXCLUSIVE_THREADS),
-    "leftover": ("depth", "depth.json", EXCLUSIVE_THREADS),
-    "trace": ("trace", "trace.json", EXCLUSIVE_THREADS),
-    "engine_tables": ("engine_tables", "measure", EXCLUSIVE_THREADS),
-}
-
-
-def measured(name):
-    return f"{STUDY_OUT}/{name}/{MEASURED[name][1]}"
-
-
-# what a study publishes (studies.smk: PUBLISHING)
-def own(name, steps, sources, globs=(), inputs=()):
-    """A study with measuring jobs of its own: its machine and its steps' benchmarks (it waits for its
-    sources unless told what else)."""
-    return dict(inputs=list(inputs or sources), machine=study_machine(name), sources=sources, globs=globs,
-                benchmarks=[study_benchmark(name, step) for step in steps])
-
-
-def of_grid(name, steps, sources, globs, inputs=()):
-    """A study that is a grid of its own (rule study_grid), with its report steps."""
-    return dict(inputs=[f"{grid_tables(name)}/summary.csv", *inputs], machine=f"{GRID_RESULTS[name]}/machine.json",
-                sources=[grid_tables(name), GRID_FIGURES[name], *sources], globs=globs,
-                benchmarks=[f"{GRID_RESULTS[name]}/logs/study_grid.tsv"]
-                + [study_benchmark(name, step) for step in steps])

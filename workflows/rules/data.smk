@@ -14,4 +14,6 @@ rule prepare_data:
     conda:
         TRAIN_ENV
     shell:
-        "python -m {params.module} prepare-data --config $RLA_CONFIG --out {params.out} > {log} 2>&1"
+        configured(
+            "python -m {params.module} prepare-data --config $RLA_CONFIG --out {params.out} > {log} 2>&1"
+        )

@@ -14,4 +14,6 @@ rule stage_model:
     conda:
         TRAIN_ENV
     shell:
-        "python -m verlrun stage-model --config $RLA_CONFIG --model {wildcards.model} > {log} 2>&1"
+        configured(
+            "python -m verlrun stage-model --config $RLA_CONFIG --model {wildcards.model} > {log} 2>&1"
+        )

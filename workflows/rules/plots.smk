@@ -35,8 +35,10 @@ rule plots:
     conda:
         CPU_ENV
     shell:
-        "python -m analysis plots --runs {params.runs} --config $RLA_CONFIG"
-        " --out {params.figures} --tables {params.tables} > {log} 2>&1"
+        configured(
+            "python -m analysis plots --runs {params.runs} --config $RLA_CONFIG"
+            " --out {params.figures} --tables {params.tables} > {log} 2>&1"
+        )
 
 
 # Figures from whatever cells (and probes) exist, e.g. logs copied from a cluster. No inputs, so no
@@ -52,7 +54,9 @@ rule figures_only:
     conda:
         CPU_ENV
     shell:
-        "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
-        " --tables {params.tables} --figures {params.figures}"
-        " && if [ -d {params.probe} ]; then python -m studies report probe --probe {params.probe}"
-        " --out {params.figures} --tables {params.tables}; fi) 2>&1 | tee {log}"
+        configured(
+            "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
+            " --tables {params.tables} --figures {params.figures}"
+            " && if [ -d {params.probe} ]; then python -m studies report probe --probe {params.probe}"
+            " --out {params.figures} --tables {params.tables}; fi) 2>&1 | tee {log}"
+        )

@@ -13,7 +13,9 @@ rule probe_model:
     conda:
         CPU_ENV
     shell:
-        "python -m studies run probe --config $RLA_CONFIG --model {wildcards.model} --out {output} > {log} 2>&1"
+        configured(
+            "python -m studies run probe --config $RLA_CONFIG --model {wildcards.model} --out {output} > {log} 2>&1"
+        )
 
 
 # The probe's tables across models and its figures (reads the probe CSV files only).

@@ -30,6 +30,8 @@ rule train:
     # exec: the trainer is the job's process, so a SIGTERM to the job (Snakemake stopped, a scheduler's
     # preemption) reaches it with no shell left to die first, and Snakemake waits for its checkpoint.
     shell:
-        "exec python -m {params.module} train --config $RLA_CONFIG --model {wildcards.model}"
-        " --ablation {wildcards.ablation} --seed {wildcards.seed} --out {params.out}"
-        " --steps {params.steps} {params.data} > {log} 2>&1"
+        configured(
+            "exec python -m {params.module} train --config $RLA_CONFIG --model {wildcards.model}"
+            " --ablation {wildcards.ablation} --seed {wildcards.seed} --out {params.out}"
+            " --steps {params.steps} {params.data} > {log} 2>&1"
+        )

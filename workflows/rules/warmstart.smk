@@ -17,5 +17,7 @@ rule warmstart:
     conda:
         CPU_ENV
     shell:
-        "python -m localrl warmstart --config $RLA_CONFIG --model {wildcards.model}"
-        " --data {params.data} --out {output} > {log} 2>&1"
+        configured(
+            "python -m localrl warmstart --config $RLA_CONFIG --model {wildcards.model}"
+            " --data {params.data} --out {output} > {log} 2>&1"
+        )
