@@ -9,8 +9,11 @@ import json
 import logging
 import sys
 
+from localrl import remember_isa_checks
+from rla import files
 from rla.config import ConfigError
-from studies import STUDIES, study
+from studies import STUDIES, pages, stale, study
+from studies.provenance import machine, publish
 
 
 def _list(_args) -> int:
@@ -32,37 +35,25 @@ def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None
         raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
                           f"{how} (snakemake --cores N {entry.name})")
     if kind == "measure" or machine_file:  # before this process's first compile or description of its machine
-        from localrl.inductor_isa_check import remember_isa_checks
-
         remember_isa_checks()
     status = importlib.import_module(module).main(argv)
     if machine_file:  # described by the process that measured, after it ran: the ISA its Inductor used
-        from rla import files
-        from studies.provenance import machine
-
         files.write_text(machine_file, json.dumps(machine(), indent=1) + "\n")
     return status
 
 
 def _machine(_args) -> int:
-    from localrl.inductor_isa_check import remember_isa_checks
-    from studies.provenance import machine
-
     remember_isa_checks()
     print(json.dumps(machine(), indent=1))
     return 0
 
 
 def _publish(args) -> int:
-    from studies.provenance import publish
-
     entry = study(args.name)
     path = publish(args.source, entry.published, command=args.command, engine=entry.engine, attention=entry.attention,
                    machine_file=args.machine, benchmarks=args.benchmark, include=tuple(args.include),
                    per_machine=entry.per_machine)
     if args.record:
-        from rla import files
-
         files.write_text(args.record, path.read_text())
     print(f"published {path.parent} ({path})")
     return 0
@@ -71,8 +62,6 @@ def _publish(args) -> int:
 def _pages(args) -> int:
     """Render each page (or, with --check, compare it with its render); a page that prints a number no table
     gave, a measured number in prose, or a table that does not state its conditions is not written."""
-    from studies import pages
-
     chosen = [p for p in pages.pages().values() if not args.pages or p.output in args.pages or p.study in args.pages]
     if args.pages and not chosen:
         raise KeyError(f"no page {args.pages}; pages: {', '.join(pages.pages())} (or a study's name)")
@@ -103,8 +92,6 @@ def _pages(args) -> int:
 
 
 def _stale(args) -> int:
-    from studies import stale
-
     found = stale.publications()
     for p in found:
         print(f"{'stale  ' if p.stale else 'current'}  {p.folder}  {p.status}")

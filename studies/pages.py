@@ -20,6 +20,7 @@ import jinja2
 import pandas as pd
 import yaml
 
+from rla.files import write_csv, write_text
 from studies import AUTO_ENGINE, STUDIES, stale
 from studies.provenance import PROVENANCE, machine_class
 
@@ -580,8 +581,6 @@ def table_problems(page: Page) -> list[str]:
 
 
 def write(page: Page) -> None:
-    from rla.files import write_csv, write_text
-
     text, ledger = render(page)
     write_text(ROOT / page.output, text)
     write_csv(ledger, ROOT / page.ledger)

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from rla import files
+from rla.machine import describe
 
 PROVENANCE = "provenance.json"
 CODE = Path(__file__).resolve().parents[1]
@@ -35,11 +36,9 @@ def versions() -> dict[str, str]:
 
 def machine() -> dict:
     """This machine: CPU, vector ISA (ATen's and Inductor's), GPU, package versions."""
-    from rla.machine import describe
-
     info = {**describe(), "versions": versions()}
     try:
-        import torch
+        import torch  # the machine may have none (reports run on tables copied from another machine)
 
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name()
