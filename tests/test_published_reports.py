@@ -20,20 +20,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # study: (its published folder, the report's options). {published}: that folder, only read; {out}: an empty
 # folder the outputs go to. Every file the report writes into {out} that published/ also holds must match.
 REPORTS = {
-    **{name: (f"studies/{name}/published/avx512-amx", "--tables {published} --out {out}")
+    **{name: (f"{STUDIES[name].published}/avx512-amx", "--tables {published} --out {out}")
        for name in ("tiny", "tiny_sdpa", "tiny_amx")},
-    "verl_cpu": ("studies/verl_cpu/published/avx512", "--tables {published} --out {out}"),
-    "probe": ("studies/probe/published/avx512-amx", "--probe {published} --out {out} --tables {out}"),
-    "scaling": ("studies/scaling/published", "--tables {published} --out {out}"),
-    "depth": ("studies/depth/published/avx512-amx", "--result {published}/depth.json --out {out}"),
-    "leftover": ("studies/leftover/published/avx512-amx", "--result {published}/depth.json --out {out}"),
-    "trace": ("studies/trace/published/avx512-amx", "--result {published}/trace.json --out {out}"),
+    "verl_cpu": (f"{STUDIES['verl_cpu'].published}/avx512", "--tables {published} --out {out}"),
+    "probe": (f"{STUDIES['probe'].published}/avx512-amx", "--probe {published} --out {out} --tables {out}"),
+    "scaling": (STUDIES["scaling"].published, "--tables {published} --out {out}"),
+    "depth": (f"{STUDIES['depth'].published}/avx512-amx", "--result {published}/depth.json --out {out}"),
+    "leftover": (f"{STUDIES['leftover'].published}/avx512-amx", "--result {published}/depth.json --out {out}"),
+    "trace": (f"{STUDIES['trace'].published}/avx512-amx", "--result {published}/trace.json --out {out}"),
     "gpu_check": ("studies/gpu_check/runs", "--runs {published} --out {out}"),  # its runs, committed beside it
     # the judge reads its points from the folder it writes into: {out} starts with the published points
-    "gradprobe": ("studies/gradprobe/published", "--plan experiments/gradprobe.yaml --out {out}"),
-    "rope_lead": ("studies/rope_lead/published", "--plan experiments/gradprobe-rope.yaml --out {out}"),
+    "gradprobe": (STUDIES["gradprobe"].published, "--plan experiments/gradprobe.yaml --out {out}"),
+    "rope_lead": (STUDIES["rope_lead"].published, "--plan experiments/gradprobe-rope.yaml --out {out}"),
 }
-COMPARED_WITH = {"gpu_check": "studies/gpu_check/published"}  # where its outputs are published, if not its input
+COMPARED_WITH = {"gpu_check": STUDIES["gpu_check"].published}  # where its outputs are published, if not its input
 POINTS_IN_OUT = {"gradprobe", "rope_lead"}  # the published subfolders are copied into {out} first
 STDOUT = {"gradprobe": "report.md", "rope_lead": "report.md"}  # the report's stdout is this published file
 # least-squares fits (numpy through its BLAS): their last digits follow the CPU (regenerated on a 2-core AVX2
