@@ -9,10 +9,9 @@ import json
 import logging
 import sys
 
-from localrl import remember_isa_checks
 from rla import files
 from rla.config import ConfigError
-from studies import STUDIES, pages, stale, study
+from studies import STUDIES, study
 from studies.provenance import machine, publish
 
 
@@ -35,6 +34,8 @@ def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None
         raise ConfigError(f"study {name!r} has no {'run' if kind == 'measure' else 'report'} step of its own: it is "
                           f"{how} (snakemake --cores N {entry.name})")
     if kind == "measure" or machine_file:  # before this process's first compile or description of its machine
+        from localrl import remember_isa_checks  # the rig only for the commands that use it: a report runs without it
+
         remember_isa_checks()
     status = importlib.import_module(module).main(argv)
     if machine_file:  # described by the process that measured, after it ran: the ISA its Inductor used
@@ -43,6 +44,8 @@ def _step(kind: str, name: str, argv: list[str], machine_file: str | None = None
 
 
 def _machine(_args) -> int:
+    from localrl import remember_isa_checks  # the rig only for the commands that use it: a report runs without it
+
     remember_isa_checks()
     print(json.dumps(machine(), indent=1))
     return 0
@@ -62,6 +65,8 @@ def _publish(args) -> int:
 def _pages(args) -> int:
     """Render each page (or, with --check, compare it with its render); a page that prints a number no table
     gave, a measured number in prose, or a table that does not state its conditions is not written."""
+    from studies import pages  # reads the rig's front door (its staleness): a report runs without the rig
+
     chosen = [p for p in pages.pages().values() if not args.pages or p.output in args.pages or p.study in args.pages]
     if args.pages and not chosen:
         raise KeyError(f"no page {args.pages}; pages: {', '.join(pages.pages())} (or a study's name)")
@@ -92,6 +97,8 @@ def _pages(args) -> int:
 
 
 def _stale(args) -> int:
+    from studies import stale  # reads the rig's front door: a report runs without the rig
+
     found = stale.publications()
     for p in found:
         print(f"{'stale  ' if p.stale else 'current'}  {p.folder}  {p.status}")
