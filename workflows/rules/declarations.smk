@@ -1,6 +1,7 @@
 # The studies' declarations (studies/NAME/study.yaml) as workflows/rules/studies.smk reads them: each study's
 # settings, the placeholders of its paths and commands, and the functions that make its rules from them.
 import glob
+import json
 import itertools
 
 import studies as declarations
@@ -12,7 +13,12 @@ STUDY_OUT = "results/studies"
 # measuring jobs take every core, so that nothing runs beside them (off where the numbers mean nothing)
 STUDY_RUN = {"micro": False, "pages": True, "exclusive": True, **config.get("studies", {})}
 EXCLUSIVE_THREADS = workflow.cores if STUDY_RUN["exclusive"] else 1
-STUDY_SETTINGS = {name: s.settings(STUDY_RUN["micro"]) for name, s in STUDIES.items()}
+# `studies: {options: {NAME: [...]}}` replaces a study's declared `{options}`; its provenance command says so
+OPTIONS = {name: [str(o) for o in given] for name, given in STUDY_RUN.get("options", {}).items()}
+if stray := sorted(set(OPTIONS) - set(STUDIES)):
+    raise WorkflowError(f"config studies.options: {', '.join(stray)} is not a study; allowed: {', '.join(STUDIES)}")
+STUDY_SETTINGS = {name: {**s.settings(STUDY_RUN["micro"]), **({"options": OPTIONS[name]} if name in OPTIONS else {})}
+                  for name, s in STUDIES.items()}
 GRID_CONFIGS = {name: s["grid"] for name, s in STUDY_SETTINGS.items() if "grid" in s}  # a grid study's config files
 # Snakemake's own placeholders in a declared command, left for it to fill when the job runs
 SNAKEMAKE_NAMES = {"input", "output", "log", "threads", "params", "wildcards", "resources"}
@@ -168,7 +174,8 @@ def publish_rule(name, steps, values, cells):
             name=name,
             sources=paths(how["sources"], values, at),
             globs=shlex.join(["--include", *how["include"]]) if how.get("include") else "",
-            command=shlex.quote(f"snakemake --cores N {name}"),
+            command=shlex.quote(f"snakemake --cores N {name}" + (f" --config 'studies={{options: {{{name}: "
+                                 f"{json.dumps(OPTIONS[name])}}}}}'" if name in OPTIONS else "")),
         conda:
             CPU_ENV
         shell:
