@@ -70,17 +70,19 @@ def _binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     return out.drop(columns="sum_abs").reset_index()
 
 
-def by_position(frame: pd.DataFrame, width: int) -> pd.DataFrame:
-    out = _binned(frame.assign(bin=frame["position"] // width), "bin")
+def by_position(frame: pd.DataFrame, width: int, aggregate=_binned) -> pd.DataFrame:
+    """`aggregate(frame with a bin column, "bin")` per `width` positions, with each bin's first and last."""
+    out = aggregate(frame.assign(bin=frame["position"] // width), "bin")
     out.insert(1, "position_low", out["bin"] * width)
     out.insert(2, "position_high", out["bin"] * width + width - 1)
     return out.drop(columns="bin")
 
 
-def by_probability(frame: pd.DataFrame) -> pd.DataFrame:
+def by_probability(frame: pd.DataFrame, aggregate=_binned) -> pd.DataFrame:
+    """`aggregate(frame with a bin column, "bin")` per bin of PROBABILITY_EDGES of the reference's probability."""
     edges = np.asarray(PROBABILITY_EDGES)
     index = np.clip(np.searchsorted(edges, frame["p_ref"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
-    out = _binned(frame.assign(bin=index), "bin")
+    out = aggregate(frame.assign(bin=index), "bin")
     out.insert(1, "p_low", edges[out["bin"]])
     out.insert(2, "p_high", edges[out["bin"] + 1])
     return out.drop(columns="bin")

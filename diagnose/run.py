@@ -107,7 +107,7 @@ def run(checkpoint_dir, out, *, engine=None, **options) -> Result:
         target = resolve_target(o["target"], engine.platform, log)
         how = "read off the engine" if o["target"] == "auto" else "named"
         run_info["settings"]["target"] = f"{target.name} ({how})"
-        no_trace = tap.unavailable(engine) if k else "--trace-prompts 0"
+        no_trace = tap.unavailable(engine.version, engine.platform) if k else "--trace-prompts 0"
         traced = 0 if no_trace else k
         run_info["settings"]["layer trace"] = (f"not run: {no_trace}" if no_trace else
                                                f"{k} prompts, each decoded alone")

@@ -59,11 +59,11 @@ def mismatch(model, samples, prefill, target, reduction, position_bin, advance) 
 def trace(engine, model, prompts, o, target, eos, advance, kept: dict) -> dict[str, pd.DataFrame]:
     """The layer trace of the first `trace_prompts` prompts, each decoded alone with the attention tap."""
     engine_values, samples = [], []
-    with tap.engine_tap(engine) as calls:
+    with tap.engine_tap(engine.loaded_model(), engine.version, engine.platform) as calls:
         for i, p in enumerate(prompts[:o["trace_prompts"]]):
             calls.clear()
             samples += engines.sample(engine, [p], o["max_new_tokens"], o["seed"] + 1 + i, 1, eos)
-            engine_values.append(tap.assemble(calls))
+            engine_values.append(tap.per_request(calls, 1)[0])
             advance(1)
     kept.update(samples=samples, engine=engine_values)
     table, firsts = [], []

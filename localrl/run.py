@@ -26,6 +26,7 @@ from rla import cells, files, layout
 from rla.cells import Cell
 from rla.config import RL, ConfigError, engine_settings, identity_of, model_spec, rl_settings
 from rla.metricslog import METRICS, RUNNING
+from patches.targets import resolve as resolve_target
 from rla.names import ablation
 from tinyqwen.data import load_split
 from tinyqwen.task import render_prompt, score
@@ -141,7 +142,8 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
 
     prompts, truths = encode(load_split(cell.data, "train"))
     val_prompts, val_truths = encode(load_split(cell.data, "test").iloc[: rl["test_size"]])
-    dtype, hf_config, owns = compute_dtype(ablation(cell.ablation)), AutoConfig.from_pretrained(model_dir), engine is None
+    entry, target = ablation(cell.ablation), resolve_target(config["engine"]["target"])  # looked up once, passed on
+    dtype, hf_config, owns = compute_dtype(entry), AutoConfig.from_pretrained(model_dir), engine is None
     log.info(engines.describe(config["engine"]))
     if owns:
         engine = engines.start(config["engine"], model_dir, tokenizer, hf_config, dtype, seed, log=log.info)
@@ -149,7 +151,7 @@ def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | Non
         _check_engine(engine, config, model_dir, dtype)
     try:
         gemm = engines.trainer_gemm(engine, model_dir, hf_config, dtype, device(), log=log.info)
-        trainer = Trainer(str(model_dir), rl, cell.ablation, target=config["engine"]["target"], gemm=gemm)
+        trainer = Trainer(str(model_dir), rl, entry, target=target, gemm=gemm)
         engine.load_weights(trainer.weights_for_engine())
     except BaseException:
         if owns and hasattr(engine, "close"):

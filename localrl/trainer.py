@@ -18,6 +18,7 @@ from localrl.gemm_match import CANDIDATES
 from localrl.kernels import use_local_kernels
 from localrl.models import compute_copy
 from patches.compile import compile_layers
+from patches.targets import Target
 from rla import names
 
 
@@ -109,18 +110,21 @@ class Trainer:
     """The policy under training. Patching is process-wide: `close()` (or leaving a `with Trainer(...)`
     block) gives the process back stock transformers."""
 
-    def __init__(self, model_dir: str, rl: dict, ablation: str, target: str = "vllm", gemm: str = "fp32"):
-        """`target`: the engine build the aligned regions round like (patches.apply); `gemm`: the GEMM
+    def __init__(self, model_dir: str, rl: dict, ablation: names.Ablation | str, target: Target | str = "vllm",
+                 gemm: str = "fp32"):
+        """`ablation`: its entry (rla.names.ABLATIONS) or name; `target`: the engine build the aligned
+        regions round like (patches.apply: a table, a name of one or "auto"); `gemm`: the GEMM
         that equals the engine's (localrl.gemm_match: "fp32" the shared FP32-rounded-once kernel,
         "bf16" torch's own F.linear); attention is the shared FP32-rounded-once kernel either way."""
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
         self.rl, self.target, self.gemm = rl, target, gemm
-        self.device, entry = device(), names.ablation(ablation)
+        self.device = device()
+        entry = ablation if isinstance(ablation, names.Ablation) else names.ablation(ablation)
         # Patches replace transformers' classes process-wide: apply before the model is built.
         # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
         self.reduction = entry.reduction
-        self.regions = patches.apply(entry.regions, target=target, reduction=self.reduction)
+        self.regions = patches.apply(entry.regions, target=self.target, reduction=self.reduction)
         self.dtype = compute_dtype(entry)
         self.compiled = entry.compiled
         self.correction = rollout_correction_config(entry.rollout_correction)

@@ -279,6 +279,10 @@ class Published:
         self.name, self.page_dir, self.ledger, self.publications = name, page_dir, ledger, publications
         self.root = ROOT / STUDIES[name].published
 
+    def kinds(self) -> list[str]:
+        """The machine kinds a per-machine study published, each a subfolder with its provenance."""
+        return sorted(p.parent.name for p in self.root.glob(f"*/{PROVENANCE}"))
+
     def path(self, file: str, sub: str | None = None) -> Path:
         path = self.root / sub / file if sub else self.root / file
         if not path.is_file():

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoConfig
 
 import diagnose
 import patches
@@ -171,19 +172,18 @@ def test_an_engine_that_cannot_load_the_model(vllm_model, tmp_path, capsys):
         f"diagnose: vLLM {engines.check_installed()} (cpu) could not load {broken}: "), lines
 
 
-def test_the_attention_tap_reads_what_the_trace_studys_tap_reads(engine, vllm_model):
-    """Both taps on the same decode (the study's wraps the backend first, the diagnosis's around it): every
-    value of every layer and position equal bit for bit."""
-    from studies.trace.engine_tap import tap as study_tap
-    from studies.trace.measure import per_request
-
+def test_the_attention_tap_reads_every_position_of_every_layer(engine):
+    """The tap on one decode: every fed position of every layer (the last sampled token is never fed), its
+    values nonzero; the engine's backend class is put back after."""
     prompt = [5, 17, 9, 30, 12, 8, 21]
-    with study_tap() as theirs, tap.engine_tap(engine) as ours:
+    stock = tap.backend_class(engine.loaded_model()).forward
+    with tap.engine_tap(engine.loaded_model(), engine.version, engine.platform) as calls:
         engines.sample(engine, [prompt], 10, seed=3, batch=1, eos=None)
-    mine, study = tap.assemble(ours), per_request(theirs, 1)[0]
-    assert mine["q"].shape[1] == len(prompt) + 10 - 1  # every position fed, the last sampled token never
+    [values] = tap.per_request(calls, 1)
+    layers = AutoConfig.from_pretrained(engine.model_dir).num_hidden_layers
     for name in tap.VALUES:
-        assert mine[name].ne(0).any() and torch.equal(mine[name], study[name]), name
+        assert values[name].shape[:2] == (layers, len(prompt) + 10 - 1) and values[name].ne(0).any(), name
+    assert tap.backend_class(engine.loaded_model()).forward is stock
 
 
 def test_the_layer_trace_equals_the_trace_studys_comparison(diagnosed):

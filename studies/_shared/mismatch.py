@@ -1,6 +1,6 @@
 """The mismatch of one side's logprobs against the other's over a layout's tokens: verl's metrics
-(`mismatch_summary`), the per-token frame (`token_frame`) and its bins by the engine's probability and by
-position."""
+(`mismatch_summary`), the per-token frame (`token_frame`) and the aggregate of its bins (`binned`: the bins
+by the engine's probability and by position are the diagnosis's, diagnose/metrics.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,6 @@ from torch import Tensor
 
 from localrl import mismatch_metrics
 from studies._shared.scored import Layout
-
-# Bins of the engine's probability of the scored token (prior work: low-probability tokens carry the
-# largest errors); the last bin closes at 1.
-PROBABILITY_EDGES = (0.0, 1e-3, 1e-2, 0.1, 0.5, 0.9, 0.99, 1.0)
 
 
 def mismatch_summary(train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> dict[str, float]:
@@ -60,20 +56,3 @@ def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) ->
                          "abs_dp": (train_lp[sel].double().exp() - p_ref).abs().numpy(),
                          "identical": (d == 0).numpy(), "p_ref": p_ref.numpy(),
                          "position": layout.scored_positions[sel].numpy()})
-
-
-def by_probability(tokens: pd.DataFrame) -> pd.DataFrame:
-    edges = np.asarray(PROBABILITY_EDGES)
-    index = np.clip(np.searchsorted(edges, tokens["p_ref"].to_numpy(), side="right") - 1, 0, len(edges) - 2)
-    out = binned(tokens.assign(bin=index), "bin")
-    out.insert(1, "p_low", edges[out["bin"]])
-    out.insert(2, "p_high", edges[out["bin"] + 1])
-    return out.drop(columns="bin")
-
-
-def by_position(tokens: pd.DataFrame, width: int) -> pd.DataFrame:
-    out = binned(tokens.assign(bin=tokens["position"] // width), "bin")
-    out.insert(1, "position_low", out["bin"] * width)
-    out.insert(2, "position_high", out["bin"] * width + width - 1)
-    return out.drop(columns="bin")
-

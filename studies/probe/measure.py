@@ -16,11 +16,12 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from diagnose import metrics
 from localrl import Engine, Rollout, Trainer
 from rla import files
 from rla.config import ConfigError
 from rla.names import REGIONS
-from studies._shared.mismatch import by_position, by_probability, mismatch_summary, token_frame
+from studies._shared.mismatch import binned, mismatch_summary, token_frame
 from studies._shared.names import MAIN_REFERENCE, SAMPLING_REFERENCE
 from studies._shared.scored import Layout
 from studies._shared.settings import Setting, probe_settings, run_settings
@@ -127,10 +128,10 @@ class SettingRows:
         for reference, lp in references:
             self.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
         response_tokens = token_frame(train_lp, ref_lp, layout, "response")
-        self.by_probability.append(by_probability(response_tokens).assign(setting=setting.name))
+        self.by_probability.append(metrics.by_probability(response_tokens, binned).assign(setting=setting.name))
         for scope in ("response", "sequence"):
             tokens = response_tokens if scope == "response" else token_frame(train_lp, ref_lp, layout, scope)
-            self.by_position.append(by_position(tokens, self.position_bin).assign(setting=setting.name, scope=scope))
+            self.by_position.append(metrics.by_position(tokens, self.position_bin, binned).assign(setting=setting.name, scope=scope))
         return self.subsets[-len(references)]
 
     def result(self, layers: pd.DataFrame) -> ProbeResult:

@@ -19,10 +19,11 @@ import pandas as pd
 import torch
 
 import patches
+from diagnose import metrics
 from localrl import Engine, rig_device as default_device
 from rla.config import ConfigError, load
 from rla.files import write_csv
-from studies._shared.mismatch import binned, by_probability, mismatch_summary, token_frame
+from studies._shared.mismatch import binned, mismatch_summary, token_frame
 from studies._shared.names import ENGINE_ORDER
 from studies._shared.random_models import Point, base_point, build_model, cast_copy, matched_scale, sample
 from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token
@@ -217,7 +218,7 @@ def measure(point: Point, log=print) -> PointResult:
                      **token_metrics(train, ref, layout)})
         tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
         pos_frames.append(position_bins(tokens).assign(setting=setting.name))
-        prob_frames.append(by_probability(tokens).assign(setting=setting.name))
+        prob_frames.append(metrics.by_probability(tokens, binned).assign(setting=setting.name))
 
     run_settings(settings, sides, step, log=lambda line: None)  # one line per point, below
 

