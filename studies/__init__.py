@@ -45,7 +45,8 @@ class Study:
     measured_by: str | None = None  # where `measure` is None and no grid measures it: what does
     code: tuple[str, ...] = ()  # modules that measure it besides `measure` (a grid's backend): studies/stale.py
     parent: str | None = None  # the study this one is a variant of
-    # its target's jobs (workflows/rules/studies.smk): settings, micro, grid, cells, steps, publish
+    # its target's jobs (workflows/rules/studies.smk): settings, micro, grid, cells, steps, publish; per_model:
+    # what the grid runs on each of its models (workflows/rules/per_model.smk)
     workflow: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @property
@@ -82,7 +83,7 @@ def _study(name: str, data: dict, folder: str, parent: str | None, where: Path) 
                  data.get("config"), ENGINES.get(data.get("engine", "rig"), data.get("engine")),
                  ATTENTIONS.get(data.get("attention", "rig"), data.get("attention")), data.get("per_machine", False),
                  data.get("measured_by"), tuple(data.get("code", ())), parent,
-                 {k: data[k] for k in ("settings", "micro", "cells", "steps", "publish") if k in data})
+                 {k: data[k] for k in ("settings", "micro", "cells", "steps", "publish", "per_model") if k in data})
 
 
 def declared(root: Path = HERE) -> dict[str, Study]:

@@ -10,6 +10,13 @@ import yaml
 from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+
+import studies as declared_studies
+from studies import STUDIES
+
+STUDY_ROOT = declared_studies.HERE.parent  # the repository the studies are declared in
+# the studies the grid runs on each of its models (their study.yaml's `per_model:`)
+PER_MODEL = {name: s.workflow["per_model"] for name, s in STUDIES.items() if "per_model" in s.workflow}
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 from rla import config as settings
@@ -181,14 +188,22 @@ def train_benchmarks():
     return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]
 
 
-def probe_targets():
-    if BACKEND == "local" and config["probe"]:
-        return [f"{RESULTS}/probe/{m}" for m in config["models"]]
-    return []
+def per_model_targets(name=None):
+    """The per-model studies' folders of each grid model (`name`: that study's only), where the config turns
+    them on (local backend)."""
+    if BACKEND != "local":
+        return []
+    return [f"{RESULTS}/{n}/{m}" for n in PER_MODEL if config.get(n) and n == (name or n) for m in config["models"]]
 
 
-def probe_figure_targets():
-    return [f"{TABLES}/probe_subsets.csv"] if probe_targets() else []
+def per_model_command(text, name):
+    """A declared per-model command with the grid's folders filled; Snakemake's own placeholders kept."""
+    return (text.replace("{folder}", f"{RESULTS}/{name}").replace("{figures}", FIGURES)
+            .replace("{tables}", TABLES))
+
+
+def per_model_tables():
+    return [f"{TABLES}/{how['table']}" for n, how in PER_MODEL.items() if per_model_targets(n)]
 
 
 def all_targets():
@@ -196,7 +211,7 @@ def all_targets():
         f"{TABLES}/metrics.parquet",
         f"{TABLES}/stability.csv",
         f"{TABLES}/summary.csv",
-    ] + probe_targets() + probe_figure_targets()
+    ] + per_model_targets() + per_model_tables()
 
 
 def cell_settings(model):

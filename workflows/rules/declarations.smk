@@ -43,7 +43,7 @@ def placeholders(name):
     """What a study's declared paths and commands may name: its results folder (`out`), its code's folder, the
     embedded grid's folders, its own grid's and its settings (a list of options shell-quoted)."""
     values = {"name": name, "out": f"{STUDY_OUT}/{name}", "folder": str(declarations.HERE.parent / STUDIES[name].folder),
-              "results": RESULTS, "tables": TABLES, "figures": FIGURES, "probe_tables": probe_figure_targets(),
+              "results": RESULTS, "tables": TABLES, "figures": FIGURES, "per_model_tables": per_model_tables(),
               "train_benchmarks": train_benchmarks()}
     if name in GRIDS:
         grid = GRIDS[name]

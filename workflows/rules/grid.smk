@@ -1,5 +1,5 @@
 # The experiment grid on one config: data -> (warm start) -> one training job per cell -> tables -> figures,
-# the probe, the machine it ran on (all_targets()). The Snakefile runs it on its config; each grid study runs it
+# the per-model studies, the machine it ran on (all_targets()). The Snakefile runs it on its config; each grid study runs it
 # as a module on the study's config files (workflows/rules/studies.smk).
 
 
@@ -9,7 +9,7 @@ include: "warmstart.smk"
 include: "train.smk"
 include: "collect.smk"
 include: "plots.smk"
-include: "probe.smk"
+include: "per_model.smk"
 
 
 rule grid_machine:

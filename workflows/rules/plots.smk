@@ -10,7 +10,6 @@ localrules:
     collect,
     stability,
     plots,
-    probe_figures,
     figures_only,
 
 
@@ -41,12 +40,11 @@ rule plots:
         )
 
 
-# Figures from whatever cells (and probes) exist, e.g. logs copied from a cluster. No inputs, so no
-# edit of code or config can make it schedule training: `snakemake --cores 1 figures_only`.
+# Figures from whatever cells (and per-model studies) exist, e.g. logs copied from a cluster. No inputs, so
+# no edit of code or config can make it schedule training: `snakemake --cores 1 figures_only`.
 rule figures_only:
     params:
         runs=RUNS,
-        probe=f"{RESULTS}/probe",
         figures=FIGURES,
         tables=TABLES,
     log:
@@ -57,6 +55,7 @@ rule figures_only:
         configured(
             "(python -m analysis all --runs {params.runs} --config $RLA_CONFIG"
             " --tables {params.tables} --figures {params.figures}"
-            " && if [ -d {params.probe} ]; then python -m studies report probe --probe {params.probe}"
-            " --out {params.figures} --tables {params.tables}; fi) 2>&1 | tee {log}"
+            + "".join(f" && if [ -d {RESULTS}/{name} ]; then {per_model_command(how['report'], name)}; fi"
+                      for name, how in PER_MODEL.items())
+            + ") 2>&1 | tee {log}"
         )
