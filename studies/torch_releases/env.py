@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENVS = ROOT / ".envs"
 # what `python -m studies run` imports besides torch and transformers
 TOOLS = ("pyyaml", "jsonschema")
+BUILT = "built"  # written last into an environment whose torch was checked: a half-built one has none
 
 
 class EnvError(ValueError):
@@ -62,30 +63,34 @@ def _torch_in(python: Path) -> str | None:
     return proc.stdout.strip().split("+")[0] if proc.returncode == 0 else None
 
 
+def _built(release: str) -> bool:
+    marker = env_dir(release) / BUILT
+    return marker.exists() and marker.read_text().strip() == release
+
+
 def python(release: str) -> str:
     """The interpreter that measures `release`; an EnvError where its environment is not built."""
     if uses_builder(release):
         return sys.executable
-    exe = env_dir(release) / "bin" / "python"
-    if not exe.exists():
-        raise EnvError(f"torch {release}: no environment at {exe.relative_to(ROOT)}; build it: "
-                       f"python -m studies.torch_releases.env build {release}")
-    return str(exe)
+    if not _built(release):
+        raise EnvError(f"torch {release}: no environment at {env_dir(release).relative_to(ROOT)} (or its build did "
+                       f"not finish); build it: python -m studies.torch_releases.env build {release}")
+    return str(env_dir(release) / "bin" / "python")
 
 
 def build(release: str) -> dict:
-    """Build `release`'s environment unless it holds that torch already; its record (releases, interpreter)."""
-    if uses_builder(release):
+    """Build `release`'s environment unless it is built; its record (releases, interpreter)."""
+    if uses_builder(release) or _built(release):
         return record(release)
     exe = env_dir(release) / "bin" / "python"
-    if _torch_in(exe) != release:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(env_dir(release))], check=True)
-        pins = [f"torch=={release}", f"transformers=={metadata.version('transformers')}", *TOOLS]
-        # the machine's pip constraint (if any) may cap torch: lifted for this install only, left in place
-        subprocess.run([str(exe), "-m", "pip", "install", "--quiet", *pins], check=True,
-                       env={**os.environ, "PIP_CONSTRAINT": os.devnull})
-        if (found := _torch_in(exe)) != release:
-            raise EnvError(f"torch {release}: the environment at {exe.relative_to(ROOT)} imports torch {found}")
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(env_dir(release))], check=True)
+    pins = [f"torch=={release}", f"transformers=={metadata.version('transformers')}", *TOOLS]
+    # the machine's pip constraint (if any) may cap torch: lifted for this install only, left in place
+    subprocess.run([str(exe), "-m", "pip", "install", "--quiet", *pins], check=True,
+                   env={**os.environ, "PIP_CONSTRAINT": os.devnull})
+    if (found := _torch_in(exe)) != release:
+        raise EnvError(f"torch {release}: the environment at {env_dir(release).relative_to(ROOT)} imports torch {found}")
+    (env_dir(release) / BUILT).write_text(release + "\n")
     return record(release)
 
 

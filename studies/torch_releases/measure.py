@@ -12,7 +12,7 @@ Two contexts, since Inductor's realize heuristics depend on the graph:
 The reader is `patches.engine_table` (the hook `target="auto"` uses). Imports torch, transformers and the
 repository only, so that it runs in the study's small per-release environments (env.py).
 
-    python -m studies run torch_releases --json results/studies/torch_releases/maps/installed.json
+    python -m studies run torch_releases --json results/studies/torch_releases/data/maps/installed.json
 """
 
 from __future__ import annotations
@@ -122,11 +122,12 @@ def _mismatches(got: tuple, want) -> int:
     return sum(int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(got, want, strict=True))
 
 
-def alone(seed: int = 0) -> list[dict]:
+def alone(formulas=tuple(FORMULAS), seed: int = 0) -> list[dict]:
     """Each formula compiled by itself: its values as the hook reads them, and, for the value it keeps
     inside its kernel, whether the kernel rounds it (exact comparison with both references)."""
     rows, inputs = [], _inputs(seed)
-    for formula, (fn, inside, refs, shown) in FORMULAS.items():
+    for formula in formulas:
+        fn, inside, refs, shown = FORMULAS[formula]
         torch._dynamo.reset()
         with capture() as graphs:
             out = torch.compile(fn, fullgraph=True, dynamic=False)(*inputs[formula])
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                                 description="Which values vLLM's native formulas store as BF16 under this torch.")
     p.add_argument("--contexts", nargs="+", choices=CONTEXTS, default=list(CONTEXTS),
                    help="alone: each formula compiled by itself; layer: the local engine's pieces")
+    p.add_argument("--formulas", nargs="+", choices=tuple(FORMULAS), default=list(FORMULAS),
+                   help="the formulas compiled alone (default: all four)")
     p.add_argument("--layers", type=int, default=2, help=f"decoder layers of the layer context (1.."
                    f"{REAL_SHAPES['tiny']['num_hidden_layers']}; two hold every value: a middle piece's residual "
                    "is a layer's output)")
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         real_shape_config("qwen3", "tiny", layers=args.layers)  # refuses a depth the shape does not have
     except ValueError as err:
         p.error(f"--layers {args.layers}: {err}")
-    rows = judged((alone() if "alone" in args.contexts else []) + (layer(args.layers) if "layer" in args.contexts
+    rows = judged((alone(args.formulas) if "alone" in args.contexts else []) + (layer(args.layers) if "layer" in args.contexts
                                                                     else []))
     release = torch.__version__
     print(f"torch {release}, transformers {transformers.__version__} (cpu)")

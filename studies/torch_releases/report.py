@@ -1,7 +1,7 @@
 """The torch study's table: one row per torch release, context, formula and value, from the measure step's
 JSON files (no torch here), and the values whose reading differs between releases.
 
-    python -m studies report torch_releases --maps results/studies/torch_releases/maps/*.json --csv table.csv
+    python -m studies report torch_releases --maps results/studies/torch_releases/data/maps/*.json --csv table.csv
 """
 
 from __future__ import annotations
