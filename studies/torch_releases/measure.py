@@ -3,9 +3,10 @@ add + RMSNorm, RoPE, SiLU-and-mul: the local engine's ops, vLLM's lines verbatim
 compiles them on this CPU, and whether the compiled kernel rounds the values it keeps inside.
 
 Two contexts, since Inductor's realize heuristics depend on the graph:
-  alone  each formula compiled by itself (BF16 inputs); the values it keeps inside its kernel are also run,
-         and the output compared bit for bit with the formula rounded at that value and not rounded there -
-         a kept fp32 -> bf16 -> fp32 cast rounds inside the kernel, where no store shows it;
+  alone  each formula compiled by itself (BF16 inputs; the fused add + RMSNorm also twice in a row, as a
+         layer chains its residual); the value it keeps inside its kernel is also run, and the output
+         compared bit for bit with the formula rounded at that value and not rounded there - a kept
+         fp32 -> bf16 -> fp32 cast rounds inside the kernel, where no store shows it;
   layer  the formulas as they sit in the local engine's pieces (a Qwen3 model of the tiny shape, its
          decoder layers as vLLM's GPU graph splits them), read with the stores only.
 
@@ -44,6 +45,13 @@ def add_norm(h, residual, post_attention_layernorm):
     return fused_add_rms_norm(h, residual, post_attention_layernorm, EPS)
 
 
+def add_norms(h, residual, h2, post_attention_layernorm, input_layernorm):
+    """Two fused add + norms in a row, as a layer has them: the first one's residual, cast to BF16 on vLLM's
+    line, is what the second one adds to (residual.post_attention)."""
+    _, residual = fused_add_rms_norm(h, residual, post_attention_layernorm, EPS)
+    return fused_add_rms_norm(h2, residual, input_layernorm, EPS)
+
+
 def rope(positions, q, k, cos_sin_cache):
     return rotary_emb(positions, q, k, cos_sin_cache, HEAD_DIM)
 
@@ -65,6 +73,10 @@ def _inputs(seed: int = 0) -> dict[str, tuple]:
     return {
         "rms_norm": (_grid(TOKENS, HIDDEN, generator=g), weight),
         "fused_add_rms_norm": (_grid(TOKENS, HIDDEN, generator=g), _grid(TOKENS, HIDDEN, generator=g), weight),
+        # the first sum needs more bits than BF16 holds (so that rounding it shows): residual in steps of 2^-7
+        "fused_add_rms_norm_chained": (_grid(TOKENS, HIDDEN, generator=g),
+                                       (torch.randint(-256, 256, (TOKENS, HIDDEN), generator=g).float() / 128).to(
+                                           torch.bfloat16), _grid(TOKENS, HIDDEN, generator=g), weight, weight),
         "rotary_emb": (torch.randperm(512, generator=g)[:TOKENS], q.to(torch.bfloat16), k.to(torch.bfloat16),
                        rope_cos_sin_cache(HEAD_DIM, 1e6, 512, torch.bfloat16)),
         "silu_and_mul": ((torch.randn(TOKENS, 2 * INTERMEDIATE, generator=g) * 2).to(torch.bfloat16),),
@@ -80,6 +92,13 @@ def _norm_refs(x32, weight):
     eager runs it) and kept in FP32 (the cast elided); one rounding of the product either way."""
     r = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + EPS)
     return (_bf16(r) * weight.float()).to(torch.bfloat16), (r * weight.float()).to(torch.bfloat16)
+
+
+def _residual_refs(h, residual, h2, *_):
+    """(rounded, kept) of the second residual `h2 + residual'`: the first sum rounded to BF16 (its cast on
+    vLLM's line) or kept in FP32; one elementwise sum, no reduction."""
+    first = h.float() + residual.float()
+    return (h2.float() + _bf16(first)).to(torch.bfloat16), (h2.float() + first).to(torch.bfloat16)
 
 
 def _rope_refs(positions, q, k, cache):
@@ -112,6 +131,7 @@ FORMULAS = {
     "rms_norm": (input_norm, "rmsnorm.normalized", lambda x, w: _norm_refs(x.float(), w), lambda out: (out,)),
     "fused_add_rms_norm": (add_norm, "rmsnorm.normalized",
                            lambda h, r, w: _norm_refs(h.float() + r.float(), w), lambda out: (out[0],)),
+    "fused_add_rms_norm_chained": (add_norms, "residual.post_attention", _residual_refs, lambda out: (out[1],)),
     "rotary_emb": (rope, "rope.product", _rope_refs, lambda out: out),
     "silu_and_mul": (swiglu, "swiglu.silu", _silu_refs, lambda out: (out,)),
 }
@@ -191,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contexts", nargs="+", choices=CONTEXTS, default=list(CONTEXTS),
                    help="alone: each formula compiled by itself; layer: the local engine's pieces")
     p.add_argument("--formulas", nargs="+", choices=tuple(FORMULAS), default=list(FORMULAS),
-                   help="the formulas compiled alone (default: all four)")
+                   help="the formulas compiled alone (default: all of them)")
     p.add_argument("--layers", type=int, default=2, help=f"decoder layers of the layer context (1.."
                    f"{REAL_SHAPES['tiny']['num_hidden_layers']}; two hold every value: a middle piece's residual "
                    "is a layer's output)")
@@ -208,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         kernel = "" if "rounded_in_kernel" not in r else (
             f"  rounded in kernel: {r['rounded_in_kernel']} (mismatches {r['mismatches']} of {r['elements']})")
-        print(f"  {r['context']:5s} {r['formula']:18s} {r['value']:24s} stored {str(r['stored_bf16']):5s}"
+        print(f"  {r['context']:5s} {r['formula']:26s} {r['value']:24s} stored {str(r['stored_bf16']):5s}"
               f"{kernel}  agrees with {r['judged_against']!r}: {r['agrees']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -41,12 +41,30 @@ def rows(maps: list[dict]) -> list[dict]:
     return found
 
 
-def differing(table: list[dict]) -> list[tuple[str, str, str]]:
-    """(context, formula, value) whose stores or kernel rounding are not the same in every release measured."""
-    seen: dict[tuple, set] = {}
+def _rounds(row: dict) -> bool:
+    return "yes" in (row["stored_bf16"], row["rounded_in_kernel"])
+
+
+def readings(table: list[dict]) -> dict[tuple[str, str, str], dict[str, bool | None]]:
+    """(context, formula, value) -> release -> whether it rounds the value (a BF16 store or the kernel's
+    rounding), None where the release's graph holds no node computing it."""
+    releases = list(dict.fromkeys(r["torch"] for r in table))
+    found: dict[tuple, dict] = {}
     for r in table:
-        seen.setdefault((r["context"], r["formula"], r["value"]), set()).add((r["stored_bf16"], r["rounded_in_kernel"]))
-    return [key for key, readings in seen.items() if len(readings) > 1]
+        found.setdefault((r["context"], r["formula"], r["value"]), dict.fromkeys(releases))[r["torch"]] = _rounds(r)
+    return found
+
+
+def differing(table: list[dict]) -> list[tuple[str, str, str]]:
+    """(context, formula, value) that some release rounds and another does not; a release whose graph holds
+    no node for the value does not round it."""
+    return [key for key, seen in readings(table).items() if len({bool(v) for v in seen.values()}) > 1]
+
+
+def absent(table: list[dict]) -> dict[tuple[str, str, str], list[str]]:
+    """(context, formula, value) -> the releases whose graph holds no node computing it."""
+    return {key: [t for t, v in seen.items() if v is None] for key, seen in readings(table).items()
+            if None in seen.values()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         writer.writerows(table)
     releases = ", ".join(m["torch"] for m in sorted(maps, key=lambda m: _release(m["torch"])))
     differ = differing(table)
-    print(f"torch {releases}: " + ("the same values stored and rounded in every release" if not differ else
+    print(f"torch {releases}: " + ("the same values rounded in every release" if not differ else
                                    "differ in " + "; ".join(" ".join(k) for k in differ)))
+    for key, missing in absent(table).items():
+        print(f"  {' '.join(key)}: no node computes it under torch {', '.join(missing)}")
     disagree = [r for r in table if r["agrees"] == "no"]
     print(f"{len(disagree)} row(s) disagree with their target" + "".join(
         f"\n  torch {r['torch']} {r['context']} {r['formula']} {r['value']}" for r in disagree))
