@@ -28,6 +28,9 @@ FRONT_DOOR = {
     # the engines: start one, sample with it
     **dict.fromkeys(("Engine", "Rollout", "prefill_mask"), "engine.engine"),
     **dict.fromkeys(("EngineModel",), "engine.model"),
+    # vLLM's native formulas as the engine runs them (compiled alone by studies/torch_releases)
+    **dict.fromkeys(("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_emb", "rope_cos_sin_cache"),
+                    "engine.ops"),
     **dict.fromkeys(("VllmEngine",), "vllm_engine"),
     **dict.fromkeys(("vllm_unavailable", "vllm_build", "vllm_shape_problem", "default_target"), "engines"),
     "resolve_engine": "engines:resolve",
