@@ -140,6 +140,9 @@ def step_rule(name, step, how, values, cells):
         wildcard_constraints:
             **{wildcard: "|".join(re.escape(v) for v in allowed) for wildcard, allowed in cells.items()},
         threads: step_threads(how.get("threads", 1))
+        params:
+            # the filled command as a param: other settings (studies.options) rerun the step, not only its publication
+            command=lambda wildcards, text=command: text,
         conda:
             CPU_ENV
         shell:
