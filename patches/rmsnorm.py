@@ -176,7 +176,8 @@ def decoder_layer_forward(self, hidden_states, attention_mask=None, position_ids
         position_embeddings=position_embeddings,
         **kwargs,
     )
-    if _precision.sums_as_the_graph() and _precision.graph_stores_stream(self.self_attn.layer_idx):
+    attn = self.self_attn
+    if _precision.sums_as_the_graph() and _precision.graph_stores_stream(attn.config, attn.layer_idx):
         h = wide(h)  # the kernel that stores the stream: its FP32 store sets the FP32 tiling (same values)
     h, s = add_rms_norm(h, residual, self.post_attention_layernorm.weight,
                         self.post_attention_layernorm.variance_epsilon, dtype)  # residual.post_attention: FP32
