@@ -187,7 +187,8 @@ def test_a_target_is_its_table_not_its_name(pair, named):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_the_graphs_order_sums_from_a_layers_addends_and_keeps_the_gradients(arch):
     """reduction="vllm_cpu_graph" sums each input norm from the previous layer's output and the stream before
-    it (kept on the packed stream), and every other post-attention norm at the FP32 tiling: other sums of the
+    it (kept on the packed stream), and the post-attention norms where vLLM-CPU's graph stores the stream (read
+    off the graph compiled here) at the FP32 tiling: other sums of the
     same values, so logits and gradients stay within summation-order distance of "inductor_cpu"'s, and
     they do differ somewhere (the other order is in use)."""
     model = to_bf16_fsdp_style(tiny_model(arch))

@@ -106,24 +106,30 @@ with tempfile.TemporaryDirectory() as tmp:
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_the_graph_stores_the_stream_where_its_order_says(family):
-    """reduction="vllm_cpu_graph" assumes where vLLM-CPU's compiled graph stores the FP32 stream: at the
-    post-attention norm of the layers `_precision.graph_stores_stream` names, and never at an input norm
-    or the final norm (their kernels sum from the addends). Read off the graph vLLM compiles here, at 4
-    layers (Inductor's realize rule repeats every other layer), on the machine the tests run on."""
-    from patches import _precision
+def test_the_graph_stores_the_stream_where_its_order_says(family, tmp_path, monkeypatch):
+    """reduction="vllm_cpu_graph" takes where vLLM-CPU's compiled graph stores the FP32 stream from its reader
+    (`engine_table.stream_pattern`, through `_precision.graph_stores_stream` and its cache): at the
+    post-attention norms it names, and never at an input norm or the final norm (their kernels sum from the
+    addends). Compared with the graph vLLM compiles here, read by `stream_sums` in another process, at 4
+    layers, on the machine the tests run on (checked on AVX2; AVX-512 and AMX machines unchecked)."""
+    from patches import _precision, engine_table
 
     layers = 4
+    monkeypatch.setenv("RLA_TABLE_CACHE", str(tmp_path / "tables"))
+    monkeypatch.delenv(engine_table.ENGINE_CONFIG_ENV, raising=False)
     proc = subprocess.run([sys.executable, "-c", READ_STREAM_SUMS, family, str(layers)], capture_output=True,
                           text=True, timeout=600, env={**os.environ, "VLLM_CACHE_ROOT": tempfile.mkdtemp()})
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = [tuple(pair) for pair in json.loads(proc.stdout.strip().splitlines()[-1])]
-    expected = []
-    for i in range(layers):
-        expected += [("input_layernorm", False)] if i else []  # layer 0's input norm has no add
-        expected += [("post_attention_layernorm", _precision.graph_stores_stream(i))]
-    expected += [("self.norm", False)]
-    assert found == expected
-    # the comparison can fail: the rule a layer off (the stream stored at even layers) is not the graph
-    shifted = [(n, not stored) if n == "post_attention_layernorm" else (n, stored) for n, stored in expected]
-    assert found != shifted
+    config = engine_table.family_config(family, layers)
+    _precision.forget_stream_patterns()
+    try:
+        read = tuple(_precision.graph_stores_stream(config, i) for i in range(layers))
+    finally:
+        _precision.forget_stream_patterns()
+    assert found == engine_table.expected_stream_sums(read)
+    reads = []
+    monkeypatch.setattr(engine_table, "read_stream", lambda *args: reads.append(args))
+    assert engine_table.stream_pattern(family, layers) == read and not reads  # the cache: no second child process
+    # the comparison can fail: the pattern inverted (the stream stored at the other layers) is not the graph
+    assert found != engine_table.expected_stream_sums(tuple(not stored for stored in read))
