@@ -45,7 +45,9 @@ NOT_REGENERATED = {
     "treatments": "its report reads the grid's metrics.parquet and probe tables, which are not published",
     "stress": "no report step: its tables and figures are the grid's, made from its runs",
     **{name: "no report step: it publishes its measurement as it is"
-       for name in ("vllm_alignment", "kernels", "engine_tables", "roundmap")},
+       for name in ("vllm_alignment", "kernels", "engine_tables", "roundmap", "diagnose_cost")},
+    "torch_releases": "its report turns one release's map into its table (a job per release; "
+                      "tests/test_torch_releases.py reads the published tables against the targets)",
 }
 
 
