@@ -2,36 +2,44 @@
 # on (`NAME: true`), each declared by its study.yaml's `per_model:`; then their tables across models.
 
 
-for _name, _how in PER_MODEL.items():
+def per_model_rules(name, how):
+    """The study's NAME_model and NAME_figures rules. A function: a rule's command is read again when its
+    job runs, and a loop's variable would hold the last study's (or a grid module's) by then."""
+    measure = configured(per_model_command(how["measure"], name) + " > {log} 2>&1")
+    tables = per_model_command(how["report"], name) + " > {log} 2>&1"
 
     rule:
         name:
-            f"{_name}_model"
+            f"{name}_model"
         input:
             model=str(layout.model_dir(config, "{model}")),
             test=f"{DATA}/test.parquet",
         output:
-            directory(f"{RESULTS}/{_name}/{{model}}"),
+            directory(f"{RESULTS}/{name}/{{model}}"),
         log:
-            f"{LOGS}/{_name}/{{model}}.log",
+            f"{LOGS}/{name}/{{model}}.log",
         threads: 1
         conda:
             CPU_ENV
         shell:
-            configured(per_model_command(_how["measure"], _name) + " > {log} 2>&1")
+            measure
 
     rule:
         name:
-            f"{_name}_figures"
+            f"{name}_figures"
         input:
-            lambda wildcards, name=_name: per_model_targets(name),
+            lambda wildcards: per_model_targets(name),
         output:
-            report(f"{TABLES}/{_how['table']}", caption=str(STUDY_ROOT / STUDIES[_name].folder / _how["caption"]),
-                   category=_name.title()),
+            report(f"{TABLES}/{how['table']}", caption=str(STUDY_ROOT / STUDIES[name].folder / how["caption"]),
+                   category=name.title()),
         log:
-            f"{LOGS}/{_name}_figures.log",
+            f"{LOGS}/{name}_figures.log",
         localrule: True  # light: where Snakemake runs, as the other figures rules (plots.smk)
         conda:
             CPU_ENV
         shell:
-            per_model_command(_how["report"], _name) + " > {log} 2>&1"
+            tables
+
+
+for _study, _declared in PER_MODEL.items():
+    per_model_rules(_study, _declared)
