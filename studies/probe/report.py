@@ -153,6 +153,7 @@ def run(probe_root: str | Path, figures_dir: str | Path, tables_dir: str | Path 
             shares.append(region_shares(frame).assign(model=model))
         except ValueError as err:
             log.warning("%s: %s", model, err)
+    Path(figures_dir).mkdir(parents=True, exist_ok=True)  # published even with one model (then no figure)
     if len(probes) > 1:
         plot_models(subsets, figures_dir)
     combined = pd.concat([s.assign(model=m) for m, s in subsets.items()], ignore_index=True)
