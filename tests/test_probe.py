@@ -189,6 +189,16 @@ def test_figures_and_tables_are_written_from_the_csv_files(probed, tmp_path):
         assert group.set_index("component").loc["remaining", "reduction"] == 0  # bit-identical with the order
 
 
+def test_one_model_draws_no_figure_but_makes_the_figures_folder(probed, tmp_path):
+    """One model has no across-models figure; its folder is made all the same, because the publishing step
+    copies from it (before, it existed only where the grid's plots had run first)."""
+    probed[3].write(tmp_path / "probe" / "qwen3-a")
+    assert not (tmp_path / "fig").exists()
+    assert studies_main(["report", "probe", "--probe", str(tmp_path / "probe"), "--out", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig").is_dir() and not any((tmp_path / "fig").iterdir())
+    assert (tmp_path / "tables" / "probe_subsets.csv").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # The command line (prepare-data -> a 2-step warm start -> probe)
 

@@ -19,10 +19,11 @@ def _logs(work) -> str:
     return "\n".join(f"--- {p}\n{p.read_text()[-1500:]}" for p in sorted((work / "results").rglob("*.log")))
 
 
-# In `make test` (a `slow` file: handed out first). The four studies that sample vLLM-CPU share one engine
+# In `make test-long` (7-9 min on 2 AVX2 cores, most of it vLLM-CPU's first compiles; `slow`: handed out first). The four studies that sample vLLM-CPU share one engine
 # start through $RLA_SAMPLE_CACHE (the Makefile's; tests/test_sample_store.py), which this run's jobs inherit;
 # the trace study's tapped engine starts on the checkpoint folder kept there, and loads that start's compile
 # (or saves one for it).
+@pytest.mark.long
 @pytest.mark.slow
 def test_every_study_runs_and_publishes_through_its_target(tmp_path):
     work = copy_workflow(tmp_path / "wf")
