@@ -111,7 +111,7 @@ def test_the_graph_stores_the_stream_where_its_order_says(family, tmp_path, monk
     (`engine_table.stream_pattern`, through `_precision.graph_stores_stream` and its cache): at the
     post-attention norms it names, and never at an input norm or the final norm (their kernels sum from the
     addends). Compared with the graph vLLM compiles here, read by `stream_sums` in another process, at 4
-    layers, on the machine the tests run on (checked on AVX2; AVX-512 and AMX machines unchecked)."""
+    layers, on the machine the tests run on (checked on AVX2 and on AVX-512 without AMX; AMX unchecked)."""
     from patches import _precision, engine_table
 
     layers = 4
