@@ -8,12 +8,14 @@ number in a template's own text, in digits or in words ("a third", "tenfold").
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import operator
 import os
 import re
 from dataclasses import dataclass
+from functools import partial, partialmethod
 from pathlib import Path
 
 import jinja2
@@ -43,20 +45,15 @@ class Num:
     source: str
     setting: bool = False
 
-    def _combined(self, other, sign: str, value) -> Num:
+    def _combined(self, sign: str, value, other) -> Num:
         if not isinstance(other, Num):
             raise TypeError(f"{other!r} is a number typed into a template; numbers come from tables (Num)")
         return Num(value(self.value, other.value), f"({self.source}) {sign} ({other.source})",
                    self.setting and other.setting)
 
-    def __truediv__(self, other) -> Num:
-        return self._combined(other, "/", operator.truediv)
-
-    def __sub__(self, other) -> Num:
-        return self._combined(other, "-", operator.sub)
-
-    def __mul__(self, other) -> Num:
-        return self._combined(other, "*", operator.mul)
+    __truediv__ = partialmethod(_combined, "/", operator.truediv)
+    __sub__ = partialmethod(_combined, "-", operator.sub)
+    __mul__ = partialmethod(_combined, "*", operator.mul)
 
     def __float__(self) -> float:
         return float(self.value)
@@ -68,25 +65,12 @@ class Column:
     def __init__(self, values: pd.Series, source: str):
         self.values, self.source = values, source
 
-    def _summary(self, how: str, value) -> Num:
+    def _summary(self, how: str) -> Num:
         if len(self.values) == 0:
             raise ValueError(f"{how} of no rows: {self.source}")
-        return Num(float(value), f"{how} of {self.source} over {len(self.values)} rows")
+        return Num(float(getattr(self.values, how)()), f"{how} of {self.source} over {len(self.values)} rows")
 
-    def min(self) -> Num:
-        return self._summary("min", self.values.min())
-
-    def max(self) -> Num:
-        return self._summary("max", self.values.max())
-
-    def median(self) -> Num:
-        return self._summary("median", self.values.median())
-
-    def mean(self) -> Num:
-        return self._summary("mean", self.values.mean())
-
-    def sum(self) -> Num:
-        return self._summary("sum", self.values.sum())
+    min, max, median, mean, sum = map(partial(partialmethod, _summary), ("min", "max", "median", "mean", "sum"))
 
     def distinct(self) -> Num:
         return Num(int(self.values.nunique()), f"distinct values of {self.source} over {len(self.values)} rows")
@@ -100,7 +84,8 @@ class Column:
 
     def count(self, value=True) -> Num:
         """How many of the rows hold `value` (default: true)."""
-        return Num(int((self.values == value).sum()), f"count of {value!r} in {self.source} over {len(self.values)} rows")
+        return Num(int((self.values == value).sum()),
+                   f"count of {value!r} in {self.source} over {len(self.values)} rows")
 
     def ratio(self, over: Column, how: str) -> Num:
         """`how` (min, max or median) of this column divided row by row by `over`."""
@@ -118,8 +103,7 @@ class Table:
         frame, said = self.frame, []
         for column, value in equal.items():
             column = column.replace("__", " ")  # a keyword cannot hold a space
-            if column not in frame.columns:
-                raise KeyError(f"{self.source} has no column {column!r}; it has {list(frame.columns)}")
+            self.col(column)  # or a KeyError naming the columns there are
             values = value if isinstance(value, (list, tuple)) else [value]
             frame = frame[frame[column].isin(values)]
             said.append(f"{column} in {values}" if len(values) > 1 else f"{column}={value}")
@@ -222,6 +206,11 @@ def caption(conditions: dict[str, str], ledger: Ledger) -> str:
     return (CAPTION if ledger.marking else "") + text
 
 
+def _named(given: dict) -> dict[str, str]:
+    """Conditions given as keywords, named as CONDITIONS does (`training_attention=` is `training attention`)."""
+    return {key.replace("_", " ").rstrip(): str(value) for key, value in given.items()}
+
+
 def header_cells(line: str) -> list[str]:
     """A markdown table header's column names, markers and code ticks removed."""
     clean = re.sub(f"[{OPEN}{CLOSE}{SETTING_OPEN}{SETTING_CLOSE}]", "", line).strip().strip("|")
@@ -235,19 +224,14 @@ class Rows:
     the others the caption."""
 
     def __init__(self, ledger: Ledger, defaults: dict):
-        self.ledger, self.defaults = ledger, {k.replace("_", " ").rstrip(): str(v) for k, v in defaults.items()}
+        self.ledger, self.defaults = ledger, _named(defaults)
         self.rows: list[tuple[dict, dict]] = []
 
     def row(self, conditions: dict | None = None, post_hoc: str | None = None, **cells) -> str:
         """One row: `cells` are its data columns (named as given) and conditions (`training_attention=...`
         sets `training attention`); `post_hoc` adds to its publication which rule was set after the data."""
-        conds, data = {**self.defaults, **(conditions or {})}, {}
-        for key, value in cells.items():
-            name = key.replace("_", " ").rstrip()
-            if name in CONDITIONS:
-                conds[name] = str(value)
-            else:
-                data[key] = value
+        data = {key: value for key, value in cells.items() if key.replace("_", " ").rstrip() not in CONDITIONS}
+        conds = {**self.defaults, **(conditions or {}), **_named({k: v for k, v in cells.items() if k not in data})}
         if post_hoc:
             conds["publication"] = f"{conds.get('publication', 'unknown')}; post-hoc: {post_hoc}"
         missing = [c for c in CONDITIONS if c not in conds]
@@ -303,26 +287,23 @@ class Published:
         (each key becomes a column named after the step before it) and whose end is a list of records
         (or one record): `flat("x.json", "shapes.*.vllm.rows.*")`."""
         path = self.path(file, sub)
-        rows = []
+        name = path.relative_to(ROOT)
 
-        def walk(node, steps, keys, where):
+        def walk(node, steps, keys, where) -> list[dict]:
             if not steps:
-                for record in node if isinstance(node, list) else [node]:
-                    rows.append({**keys, **record})
-                return
+                return [{**keys, **record} for record in (node if isinstance(node, list) else [node])]
             step, rest = steps[0], steps[1:]
-            if step == "*":
-                if not isinstance(node, dict):
-                    raise ValueError(f"{path.relative_to(ROOT)}: {where} is not a mapping, '*' cannot step over it")
-                for key, value in node.items():
-                    walk(value, rest, {**keys, where.rsplit(".", 1)[-1] or "key": key}, f"{where}.{key}")
-            else:
+            if step != "*":
                 if not isinstance(node, dict) or step not in node:
-                    raise KeyError(f"{path.relative_to(ROOT)} has no {where}.{step}".replace("..", "."))
-                walk(node[step], rest, keys, f"{where}.{step}" if where else step)
+                    raise KeyError(f"{name} has no {where}.{step}".replace("..", "."))
+                return walk(node[step], rest, keys, f"{where}.{step}" if where else step)
+            if not isinstance(node, dict):
+                raise ValueError(f"{name}: {where} is not a mapping, '*' cannot step over it")
+            column = where.rsplit(".", 1)[-1] or "key"
+            return [row for key, value in node.items()
+                    for row in walk(value, rest, {**keys, column: key}, f"{where}.{key}")]
 
-        walk(json.loads(path.read_text()), pattern.split("."), {}, "")
-        return Table(pd.DataFrame(rows), f"{str(path.relative_to(ROOT))}:{pattern}")
+        return Table(pd.DataFrame(walk(json.loads(path.read_text()), pattern.split("."), {}, "")), f"{name}:{pattern}")
 
     def provenance(self, sub: str | None = None) -> Record:
         return self.json(PROVENANCE, sub)
@@ -341,32 +322,26 @@ class Published:
             publication += "; measured with uncommitted changes"
         if post_hoc:
             publication += f"; post-hoc: {post_hoc}"
-        found = {"machine": machine_text(record.get("machine", {})), "engine": engine_text(record),
-                 "training attention": record.get("training_attention", "unknown"), "publication": publication}
-        found.update({key.replace("_", " ").rstrip(): str(value) for key, value in given.items()})
-        return found
+        return {"machine": machine_text(record.get("machine", {})), "engine": engine_text(record),
+                "training attention": record.get("training_attention", "unknown"), "publication": publication,
+                **_named(given)}
 
     def table(self, file: str, sub: str | None = None, conditions: dict | None = None, **given) -> str:
         """A published markdown table, verbatim (its numbers are the table's own), and the caption of the
         conditions its columns do not hold: this publication's (`conditions`) and `given`'s."""
         path = self.path(file, sub)
         self.ledger.tables.append(str(path.relative_to(ROOT)))
-        said = {**self.conditions(sub), **(conditions or {}),
-                **{key.replace("_", " ").rstrip(): str(value) for key, value in given.items()}}
-        out, lines, header = [], path.read_text().rstrip("\n").split("\n"), ""
-        for i, line in enumerate(lines):
-            if not _is_table(line):
-                out.append(line)
-                continue
-            header = header or line
-            out.append(self.ledger.mark(line))
-            if i + 1 == len(lines) or not _is_table(lines[i + 1]):  # a table's last line: its caption follows
-                columns, header = header_cells(header), ""
-                missing = [c for c in CONDITIONS if c not in columns and c not in said]
-                if missing:
-                    raise ValueError(f"{path.relative_to(ROOT)}: give its conditions {missing} (or a column of each)")
-                out += ["", caption({c: said[c] for c in CONDITIONS if c in said}, self.ledger)]
-        return "\n".join(out)
+        given = {**self.conditions(sub), **(conditions or {}), **_named(given)}
+        said = {c: given[c] for c in CONDITIONS if c in given}
+        lines, out, done = path.read_text().rstrip("\n").split("\n"), [], 0
+        for start, end in _tables(lines):  # each table marked, its caption after it
+            columns = header_cells(lines[start])
+            missing = [c for c in CONDITIONS if c not in columns and c not in said]
+            if missing:
+                raise ValueError(f"{path.relative_to(ROOT)}: give its conditions {missing} (or a column of each)")
+            out += [*lines[done:start], *map(self.ledger.mark, lines[start:end]), "", caption(said, self.ledger)]
+            done = end
+        return "\n".join(out + lines[done:])
 
     def figure(self, file: str, sub: str | None = None) -> str:
         """The figure's path relative to the page."""
@@ -444,7 +419,8 @@ def formatters(ledger: Ledger) -> dict:
         low, high = _number(low), _number(high)
         if text(low.value, *digits) == text(high.value, *digits):  # "0", not "0-0"
             return ledger.printed(text(low.value, *digits) + unit, low)
-        return ledger.printed(text(low.value, *digits), low) + "-" + ledger.printed(text(high.value, *digits) + unit, high)
+        return (ledger.printed(text(low.value, *digits), low) + "-"
+                + ledger.printed(text(high.value, *digits) + unit, high))
 
     return {**{how: filter_for(how) for how in TEXTS}, "between": between}
 
@@ -515,7 +491,8 @@ def render(page: Page, marking: bool = False) -> tuple[str, pd.DataFrame]:
 
 
 # A number in prose: not part of a name (qwen2, k3, bf16, Qwen3-8B), a version (0.32.0) or a word.
-NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:%|x(?![A-Za-z0-9]))?(?![A-Za-z0-9_]|\.\d)")
+NUMBER = re.compile(r"(?<![A-Za-z0-9_.])\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:%|x(?![A-Za-z0-9]))?"
+                    r"(?![A-Za-z0-9_]|\.\d)")
 # Numbers in words are numbers too ("about a third", "tenfold", "orders of magnitude").
 NUMBER_WORDS = re.compile(r"\b(?:halfs?|halves|thirds?|quarters?|twice|thrice|dozens?|\w+fold|orders? of magnitude)\b",
                           re.I)
@@ -542,6 +519,13 @@ def _is_table(line: str) -> bool:
     return line.lstrip(OPEN + " ").startswith("|")
 
 
+def _tables(lines: list[str]) -> list[tuple[int, int]]:
+    """Each markdown table in `lines`: the index of its first line and the index after its last."""
+    flags = [False, *map(_is_table, lines), False]
+    edges = [i for i in range(len(lines) + 1) if flags[i] != flags[i + 1]]  # a table starts or ends before line i
+    return list(zip(edges[::2], edges[1::2]))
+
+
 def typed_numbers(page: Page) -> list[str]:
     """Numbers in the rendered page's prose and tables that no table gave, and measured numbers printed in
     prose (they belong in a table row with its conditions): each as `line N: text`."""
@@ -564,18 +548,11 @@ def table_problems(page: Page) -> list[str]:
     """Tables of measured numbers that do not state every condition (CONDITIONS) as a column or in the
     generated caption under them."""
     text, _ = render(page, marking=True)
-    lines, problems, i = _blanked(text), [], 0
-    raw = text.split("\n")
-    while i < len(lines):
-        if not _is_table(lines[i]):
-            i += 1
-            continue
-        start = i
-        while i < len(lines) and _is_table(lines[i]):
-            i += 1
-        if not any(OPEN in line for line in raw[start:i]):
+    raw, problems = text.split("\n"), []
+    for start, end in _tables(_blanked(text)):
+        if not any(OPEN in line for line in raw[start:end]):
             continue  # no measured number: a table of names or settings
-        after = next((line for line in raw[i:] if line.strip()), "")
+        after = next((line for line in raw[end:] if line.strip()), "")
         named = set(re.findall(r"\*\*([^*]+)\*\*", after)) if after.startswith(CAPTION) else set()
         missing = [c for c in CONDITIONS if c not in header_cells(raw[start]) and c not in named]
         if missing:
