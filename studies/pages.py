@@ -77,8 +77,7 @@ class Column:
 
     def above(self, threshold: Num | None = None) -> Num:
         """How many of the rows hold a value above `threshold` (a Num; default: above zero)."""
-        limit = 0 if threshold is None else _number(threshold).value
-        said = "0" if threshold is None else threshold.source
+        limit, said = (0, "0") if threshold is None else (_number(threshold).value, threshold.source)
         return Num(int((self.values > limit).sum()), f"count of values above {said} in {self.source} over "
                                                        f"{len(self.values)} rows")
 
@@ -380,20 +379,8 @@ def _number(value) -> Num:
 
 def _g(value: float, digits: int) -> str:
     """`digits` significant digits, trailing zeros kept (2.0, not 2), short exponent (7.5e-5)."""
-    text = f"{value:#.{digits}g}"
-    mantissa, _, exponent = text.partition("e")
-    mantissa = mantissa.rstrip(".")
-    return mantissa + (f"e{int(exponent)}" if exponent else "")
-
-
-# How each filter writes a number, and the unit it appends.
-TEXTS = {
-    "sig": (lambda v, d=2: _g(v, d), ""),  # significant digits: 7.5e-5, 0.50
-    "fixed": (lambda v, d=0: f"{v:.{d}f}", ""),  # a fixed number of decimals
-    "pct": (lambda v, d=0: f"{100 * v:.{d}f}", "%"),  # a fraction as a percentage
-    "fold": (lambda v, d=2: _g(v, d), "x"),  # a ratio: 5.2x
-    "count": (lambda v: _whole(v), ""),  # a whole number
-}
+    mantissa, _, exponent = f"{value:#.{digits}g}".partition("e")
+    return mantissa.rstrip(".") + (f"e{int(exponent)}" if exponent else "")
 
 
 def _whole(value) -> str:
@@ -402,17 +389,19 @@ def _whole(value) -> str:
     return str(int(value))
 
 
+# How each filter writes a number, and the unit it appends.
+TEXTS = {
+    "sig": (lambda v, d=2: _g(v, d), ""),  # significant digits: 7.5e-5, 0.50
+    "fixed": (lambda v, d=0: f"{v:.{d}f}", ""),  # a fixed number of decimals
+    "pct": (lambda v, d=0: f"{100 * v:.{d}f}", "%"),  # a fraction as a percentage
+    "fold": (lambda v, d=2: _g(v, d), "x"),  # a ratio: 5.2x
+    "count": (_whole, ""),  # a whole number
+}
+
+
 def formatters(ledger: Ledger) -> dict:
     """The template filters (`{{ num | pct(1) }}`) and `between(low, high, how)` (`36-84x`): each prints
     Nums and records them."""
-
-    def filter_for(how):
-        text, unit = TEXTS[how]
-
-        def shown(num, *digits):
-            num = _number(num)
-            return ledger.printed(text(num.value, *digits) + unit, num)
-        return shown
 
     def between(low, high, how: str = "sig", *digits):
         text, unit = TEXTS[how]
@@ -422,7 +411,9 @@ def formatters(ledger: Ledger) -> dict:
         return (ledger.printed(text(low.value, *digits), low) + "-"
                 + ledger.printed(text(high.value, *digits) + unit, high))
 
-    return {**{how: filter_for(how) for how in TEXTS}, "between": between}
+    # a filter prints one number: a range whose ends print alike
+    return {**{how: lambda num, *digits, how=how: between(num, num, how, *digits) for how in TEXTS},
+            "between": between}
 
 
 def data(path: str):
@@ -439,7 +430,7 @@ def transformers_checked() -> list[str]:
 
 def config(path: str, *keys: str) -> Num:
     """A number from an experiment config: `config("experiments/tiny.yaml", "steps")`."""
-    value = yaml.safe_load((ROOT / path).read_text())
+    value = data(path)
     for key in keys:
         if not isinstance(value, dict) or key not in value:
             raise KeyError(f"{path} has no {'.'.join(keys)} ({key!r} missing)")
@@ -570,12 +561,11 @@ def write(page: Page) -> None:
 def differences(page: Page) -> list[str]:
     """What differs between the committed page (and ledger) and their render now; empty when none."""
     text, ledger = render(page)
-    found = []
-    committed = ROOT / page.output
-    if not committed.is_file() or committed.read_text() != text:
-        old = committed.read_text().split("\n") if committed.is_file() else []
-        new = text.split("\n")
-        lines = [f"  line {i + 1}: {a!r} -> {b!r}" for i, (a, b) in enumerate(zip(old, new)) if a != b][:10]
+    found, committed = [], ROOT / page.output
+    old = committed.read_text() if committed.is_file() else None
+    if old != text:
+        pairs = zip(old.split("\n") if old is not None else [], text.split("\n"))
+        lines = [f"  line {i + 1}: {a!r} -> {b!r}" for i, (a, b) in enumerate(pairs) if a != b][:10]
         found.append(f"{page.output} differs from its render ({page.template}):\n" + "\n".join(lines or ["  (length)"]))
     ledger_file = ROOT / page.ledger
     if not ledger_file.is_file() or not pd.read_csv(ledger_file, dtype=str, keep_default_na=False).equals(
