@@ -1,10 +1,9 @@
 """Which publications are stale: the study's code changed after the commit its provenance names.
 
-A study's code is its folder's Python files (not its page, not what it published; a variant's folder holds
-none), its experiment config, and every module of this project that its measurement and report import, followed import by import
-(function-level imports included). Each file is compared by content with the provenance commit
-(`git diff --name-only COMMIT -- FILES`, the working tree on the right): a publication is current when
-none differs. Torch-free: it reads source files and git, never imports the study.
+A study's code is its folder's Python files (not its page, not what it published), its experiment config,
+and every project module its measurement and report import, followed import by import (function-level
+imports included), each compared by content with the provenance commit (`git diff --name-only COMMIT --
+FILES`, the working tree on the right). Torch-free: it reads source files and git, never imports the study.
 """
 
 from __future__ import annotations
@@ -39,10 +38,8 @@ class Publication:
     @property
     def status(self) -> str:
         """`current at abc1234`, or `stale: N files since abc1234` (the study's code files that changed)."""
-        short = self.commit[:7]
-        if not self.changed:
-            return f"current at {short}"
-        return f"stale: {len(self.changed)} file{'s' * (len(self.changed) > 1)} since {short}"
+        n, short = len(self.changed), self.commit[:7]
+        return f"stale: {n} file{'s' * (n > 1)} since {short}" if n else f"current at {short}"
 
 
 def module_file(module: str, root: Path) -> Path | None:
@@ -50,10 +47,7 @@ def module_file(module: str, root: Path) -> Path | None:
     if module.split(".")[0] not in PACKAGES:
         return None
     base = root / module.replace(".", "/")
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
+    return next((path for path in (base.with_suffix(".py"), base / "__init__.py") if path.is_file()), None)
 
 
 @cache
@@ -84,22 +78,16 @@ def code_files(study: str, root: Path = ROOT) -> list[str]:
     """The files whose content makes `study`'s numbers, from the repository's root, sorted."""
     entry = STUDIES[study]
     folder = root / entry.folder
-    start = {p for p in folder.rglob("*.py") if "published" not in p.parts and "runs" not in p.parts}
-    for module in (*entry.code, entry.measure, entry.report):
-        if module and (path := module_file(module, root)):
-            start.add(path)
-    seen, todo = set(), list(start)
+    todo = [p for p in folder.rglob("*.py") if "published" not in p.parts and "runs" not in p.parts]
+    todo += [module_file(module, root) for module in (*entry.code, entry.measure, entry.report) if module]
+    seen = set()
     while todo:
-        path = todo.pop()
-        if path in seen:
+        if (path := todo.pop()) in seen or path is None:  # None: a module outside the project
             continue
         seen.add(path)
-        for module in imported_modules(path, root):
-            parts = module.split(".")
+        for parts in (module.split(".") for module in imported_modules(path, root)):
             # importing a.b.c runs a/__init__.py and a/b/__init__.py too
-            for depth in range(1, len(parts) + 1):
-                if (found := module_file(".".join(parts[:depth]), root)) and found not in seen:
-                    todo.append(found)
+            todo += [module_file(".".join(parts[:depth]), root) for depth in range(1, len(parts) + 1)]
     files = {str(p.relative_to(root)) for p in seen}
     if entry.config:
         files.add(entry.config)
@@ -118,10 +106,8 @@ def _publications(root: Path, _state: str) -> tuple[Publication, ...]:
         for record in sorted((root / STUDIES[name].published).rglob(PROVENANCE)):
             commit = json.loads(record.read_text()).get("commit", "unknown")
             diff = _git(root, "diff", "--name-only", commit, "--", *files)
-            if diff.returncode != 0:  # a commit this history lacks: nothing says the code is the same
-                changed = tuple(files)
-            else:
-                changed = tuple(sorted(set(diff.stdout.split())))
+            # a commit this history lacks: nothing says the code is the same
+            changed = tuple(files) if diff.returncode else tuple(sorted(set(diff.stdout.split())))
             found.append(Publication(name, str(record.parent.relative_to(root)), commit, changed))
     return tuple(found)
 
