@@ -351,9 +351,7 @@ class Ledger:
     """Every number a page printed: its text, its value, where it came from."""
 
     def __init__(self, marking: bool):
-        self.marking = marking
-        self.rows: list[dict] = []
-        self.tables: list[str] = []
+        self.marking, self.rows, self.tables = marking, [], []  # rows: dicts; tables: the files shown verbatim
 
     def printed(self, text: str, num: Num) -> str:
         self.rows.append({"text": text, "value": repr(num.value), "source": num.source})
