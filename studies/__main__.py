@@ -72,17 +72,15 @@ def _pages(args) -> int:
         raise KeyError(f"no page {args.pages}; pages: {', '.join(pages.pages())} (or a study's name)")
     failed = 0
     for page in chosen:
-        faults = []
         try:
             pages.render(page)
         except (KeyError, ValueError, TypeError, FileNotFoundError) as err:  # this page's; the others go on
             print(f"{page.template}: {err}", file=sys.stderr)
             failed += 1
             continue
-        if typed := pages.typed_numbers(page):
-            faults.append(f"{page.template}: numbers no table gave:\n" + "\n".join(f"  {t}" for t in typed))
-        if unstated := pages.table_problems(page):
-            faults.append(f"{page.template}: conditions not stated:\n" + "\n".join(f"  {t}" for t in unstated))
+        faults = [f"{page.template}: {what}:\n" + "\n".join(f"  {t}" for t in found)
+                  for what, found in (("numbers no table gave", pages.typed_numbers(page)),
+                                      ("conditions not stated", pages.table_problems(page))) if found]
         if args.check:
             problems = pages.differences(page) + faults
             failed += bool(problems)
