@@ -122,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="copy a study's outputs into studies/NAME/published with provenance.json")
     pub.add_argument("name", choices=list(STUDIES), metavar="NAME")
     pub.add_argument("--source", nargs="+", required=True, help="files or folders to publish")
-    pub.add_argument("--include", nargs="*", default=[], help="globs of the files under a folder to publish (default: all)")
+    pub.add_argument("--include", nargs="*", default=[],
+                     help="globs of the files under a folder to publish (default: all)")
     pub.add_argument("--command", required=True, help="the command that made them")
     pub.add_argument("--machine", help="the measuring machine's JSON (python -m studies machine)")
     pub.add_argument("--benchmark", nargs="*", default=[], help="Snakemake benchmark files of its jobs")

@@ -8,7 +8,6 @@ number in a template's own text, in digits or in words ("a third", "tenfold").
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import operator
