@@ -9,6 +9,7 @@ FILES`, the working tree on the right). Torch-free: it reads source files and gi
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import subprocess
 from dataclasses import dataclass
@@ -54,18 +55,13 @@ def module_file(module: str, root: Path) -> Path | None:
 def imported_modules(path: Path, root: Path) -> frozenset[str]:
     """The dotted names a source file imports, relative imports resolved, each `from M import name` also
     tried as the submodule M.name."""
-    package = ".".join(path.relative_to(root).with_suffix("").parts)
-    if path.name != "__init__.py":
-        package = package.rpartition(".")[0]
+    package = ".".join(path.relative_to(root).parent.parts)  # what its relative imports start from
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*parent, base] if base else parent)
+            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
             if base == "localrl":  # a front-door name: the submodule that defines it
