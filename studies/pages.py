@@ -174,8 +174,7 @@ class Record:
 # What makes a measured number: every table of measured numbers states each, as a column where it varies
 # across the rows and in the generated caption below the table where it does not (table_problems()).
 CONDITIONS = ("machine", "engine", "training attention", "model", "seeds", "pass", "reference", "publication")
-# What vLLM-CPU's attention is on each kind of machine (provenance.machine_class): another kernel, another
-# rounding.
+# What vLLM-CPU's attention is on each kind of machine (provenance.machine_class): another kernel, another rounding.
 ATTENTION_KERNELS = {"avx512-amx": "AMX tiles: vLLM-CPU runs its AMX attention",
                      "avx512": "AVX-512, no AMX: vLLM-CPU runs its AVX-512 attention",
                      "avx2": "AVX2 only: vLLM-CPU runs its AVX2 attention"}
@@ -313,13 +312,10 @@ class Published:
         and the like override)."""
         record = self.provenance(sub).data
         folder = str(self.path(PROVENANCE, sub).parent.relative_to(ROOT))
-        publication = self.publications[folder].status
-        if record.get("reconstructed"):
-            publication += "; provenance reconstructed"
-        if record.get("uncommitted_changes"):
-            publication += "; measured with uncommitted changes"
-        if post_hoc:
-            publication += f"; post-hoc: {post_hoc}"
+        publication = "; ".join(filter(None, (
+            self.publications[folder].status, record.get("reconstructed") and "provenance reconstructed",
+            record.get("uncommitted_changes") and "measured with uncommitted changes",
+            post_hoc and f"post-hoc: {post_hoc}")))
         return {"machine": machine_text(record.get("machine", {})), "engine": engine_text(record),
                 "training attention": record.get("training_attention", "unknown"), "publication": publication,
                 **_named(given)}
