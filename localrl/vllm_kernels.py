@@ -27,8 +27,7 @@ def attention_isa() -> str:
     """The ISA vLLM-CPU's attention backend picks here for BF16 and head sizes that are multiples of 32
     (its `_get_attn_isa`, x86 only: on ARM it picks other kernels, not reproduced here)."""
     if platform.machine() != "x86_64":
-        raise RuntimeError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; "
-                                  "allowed: x86_64")
+        raise RuntimeError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; allowed: x86_64")
     # AMX tiles need the process's permission (Linux arch_prctl) before the first tile instruction;
     # vLLM's engine gets it from oneDNN's first AMX GEMM, a bare attention call would not have it.
     if torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx():
@@ -127,13 +126,19 @@ def product(gemm, x: torch.Tensor, stepwise: bool, lm_head: bool = False) -> tor
     return torch.cat(out).reshape(*x.shape[:-1], -1)
 
 
+def _engine_gemm(linear: nn.Linear):
+    """`linear`'s product as vLLM-CPU's GEMM computes it."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
+
+    dispatch_cpu_unquantized_gemm(linear, remove_weight=False)
+    return lambda rows: linear.cpu_linear(rows, linear.weight, linear.bias)
+
+
 class _MergedProjections:
     """Several nn.Linear of the same input computed as one engine GEMM (vLLM's merged layers); each
     projection's forward returns its slice of the last input's product."""
 
     def __init__(self, linears: list[nn.Linear], stepwise: bool):
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
-
         biases = [lin.bias for lin in linears]
         merged = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears),
                            bias=biases[0] is not None, dtype=linears[0].weight.dtype)
@@ -141,8 +146,7 @@ class _MergedProjections:
             merged.weight.copy_(torch.cat([lin.weight for lin in linears]))
             if merged.bias is not None:
                 merged.bias.copy_(torch.cat(biases))
-        dispatch_cpu_unquantized_gemm(merged, remove_weight=False)
-        self.merged, self.sizes, self.stepwise = merged, [lin.out_features for lin in linears], stepwise
+        self.gemm, self.sizes, self.stepwise = _engine_gemm(merged), [lin.out_features for lin in linears], stepwise
         self.last_input, self.parts = None, None
         for i, lin in enumerate(linears):
             lin.forward = lambda x, i=i: self.part(x, i)
@@ -150,8 +154,7 @@ class _MergedProjections:
     def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
         if x is not self.last_input:
             self.last_input = x
-            gemm = lambda rows: self.merged.cpu_linear(rows, self.merged.weight, self.merged.bias)
-            self.parts = product(gemm, x, self.stepwise).split(self.sizes, -1)
+            self.parts = product(self.gemm, x, self.stepwise).split(self.sizes, -1)
         return self.parts[i]
 
 
@@ -161,23 +164,17 @@ def use_engine_gemms(model: nn.Module, steps: bool = False) -> nn.Module:
     attention_isa()  # the AMX permission, for SGL's AMX GEMM
     merged = set()
     for module in model.modules():
-        groups = [[getattr(module, n, None) for n in names] for names in (("q_proj", "k_proj", "v_proj"),
-                                                                       ("gate_proj", "up_proj"))]
-        for group in groups:
+        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            group = [getattr(module, n, None) for n in names]
             if all(isinstance(lin, nn.Linear) for lin in group):
                 _MergedProjections(group, steps)
                 merged.update(group)
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
-
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and module not in merged:
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            module.forward = lambda x, m=module, head=name == "lm_head": product(
-                lambda rows: m.cpu_linear(rows, m.weight, m.bias), x, steps, head)
+            module.forward = lambda x, gemm=_engine_gemm(module), head=name == "lm_head": product(gemm, x, steps, head)
     model.engine_gemms_stepwise = steps
     return model
 
 
 def stepwise(model: nn.Module) -> bool:
-    """Whether the model's GEMMs feed rows as the engine's steps did (`use_engine_gemms(steps=True)`)."""
     return getattr(model, "engine_gemms_stepwise", False)

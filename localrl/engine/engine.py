@@ -14,6 +14,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from localrl.device import device as default_device
 from localrl.engine.model import EngineModel, KVCache
+from localrl.kernels import causal_mask
 
 
 @dataclass
@@ -39,9 +40,8 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 def prefill_mask(prompt_mask: Tensor) -> Tensor:
     """(B, 1, P, P): causal, real keys only; a pad query sees itself (no empty softmax rows)."""
     P = prompt_mask.shape[1]
-    causal = torch.ones(P, P, dtype=torch.bool, device=prompt_mask.device).tril()
     eye = torch.eye(P, dtype=torch.bool, device=prompt_mask.device)
-    return (causal & (prompt_mask[:, None, :] | eye))[:, None]
+    return (causal_mask(P, P, prompt_mask.device) & (prompt_mask[:, None, :] | eye))[:, None]
 
 
 class Engine:
@@ -55,8 +55,7 @@ class Engine:
         self.eos_id, self.pad_id = eos_id, pad_id
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Receive the trainer's weights (HF names, any dtype -> the engine's dtype, bf16 or fp16)."""
-        self.model.load_hf_weights(state_dict)
+        self.model.load_hf_weights(state_dict)  # HF names, any dtype -> the engine's (bf16 or fp16)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
