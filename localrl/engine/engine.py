@@ -1,7 +1,6 @@
 """The rollout side: batched sampling with a KV cache on the engine's own model runner, as verl asks of
-vLLM (docs/running.md: "The embedded default"). Prompts are left-padded, positions start at 0 at each
-prompt's first real token; logprobs are the processed ones, `log_softmax(logits.float() / T)`. Nothing
-here imports `patches`: the engine is never patched.
+vLLM (docs/running.md: "The embedded default"): prompts left-padded, positions 0 at each prompt's first
+real token, the processed logprobs `log_softmax(logits.float() / T)`. The engine is never patched.
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ def prefill_mask(prompt_mask: Tensor) -> Tensor:
 
 
 class Engine:
-    """Inference engine: `EngineModel` (compiled engine formulations) + a sampling loop."""
-
     def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
         self.max_positions = max_positions or model_config.max_position_embeddings

@@ -1,9 +1,7 @@
-"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU
-(VLLM_COMPILE: the graph split at the attention ops; docs/patches.md: "Targets"). A piece runs from one
-layer's o_proj through the add + norms and the MLP to the next layer's qkv and RoPE, written with vLLM's
-formulations (ops.py), compiled by Inductor with the token count dynamic; its outputs (q, k, v, the
-residual) are stored in BF16. GEMMs are opaque kernels inside the pieces, attention runs between them.
-Weights are BF16 copies, never trained, never patched.
+"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU (the graph
+split at the attention ops; docs/patches.md: "Targets"). A piece runs from one layer's o_proj to the next
+layer's qkv and RoPE in vLLM's formulations (ops.py), compiled by Inductor; its outputs are stored in BF16.
+GEMMs are opaque kernels inside the pieces, attention runs between them. Weights: BF16, never patched.
 """
 
 from __future__ import annotations
@@ -58,10 +56,8 @@ def middle_piece(attn, residual, positions, o_w, post_attention_layernorm, gate_
 
 
 def compile_piece(fn, token_args: tuple[int, ...]):
-    """Compile a piece as vLLM does: Inductor, one graph (a break is an error), the token count (dim 0
-    of the arguments in `token_args`) dynamic and every other dimension static: vLLM marks only the
-    token dimension dynamic (vllm/compilation/decorators.py, `_mark_dynamic_inputs`). A batch of one
-    token gets its own graph (Dynamo specializes size 1)."""
+    """Compile a piece as vLLM does: one graph, dim 0 of the arguments in `token_args` (the token count)
+    dynamic, every other dimension static (vLLM's `_mark_dynamic_inputs`); one token gets its own graph."""
     graph = torch.compile(fn, dynamic=False, fullgraph=True)
 
     def run(*args):
