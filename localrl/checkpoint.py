@@ -50,9 +50,8 @@ def load_latest(ckpt_dir: str | Path) -> dict | None:
 
 
 class StopFlag:
-    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits non-zero. The
-    signal is acknowledged at once on stderr with `describe()` (what happens before the exit: a step
-    can take long, the first one compiles)."""
+    """SIGTERM/SIGINT set a flag (the loop finishes its step, checkpoints and exits non-zero), acknowledged
+    at once on stderr with `describe()`: a step can take long, the first one compiles."""
 
     def __init__(self, describe=lambda: "finishing the current step"):
         self.signum: int | None = None

@@ -1,8 +1,7 @@
 """The GEMM and attention "kernels" both sides of the local rig share (docs/running.md: "The embedded
-default"): on a CPU, FP32 on the BF16 values with the output rounded once, a GPU kernel's rounding location,
-on every CPU alike; on CUDA tensors the GPU kernels themselves (cuBLAS, `CUDA_ATTENTION`). They are
-`torch.library` custom ops so that Inductor materializes their BF16 outputs, as a GPU GEMM's are, instead
-of fusing the rounding away into the next elementwise op.
+default"): on a CPU, FP32 on the BF16 values rounded once at the output (a GPU kernel's rounding, on every
+CPU alike); on CUDA the GPU kernels themselves (cuBLAS, `CUDA_ATTENTION`). Custom ops, so that Inductor
+materializes their BF16 outputs as a GPU GEMM's are instead of fusing the rounding into the next op.
 """
 
 from __future__ import annotations
@@ -62,8 +61,7 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 CUDA_ATTENTION = "efficient"
 
 
-def causal_mask(q_len: int, k_len: int, device) -> Tensor:
-    """SDPA's `is_causal` as a boolean mask: query i sees keys up to k_len - q_len + i (bottom right)."""
+def causal_mask(q_len: int, k_len: int, device) -> Tensor:  # SDPA's `is_causal`, bottom right
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
@@ -123,8 +121,7 @@ def may_attend(attention_mask: Tensor | None) -> Tensor | None:
 
 
 def register_attention(model: nn.Module, name: str, fn) -> nn.Module:
-    """Register `fn` as the transformers attention `name`, with sdpa's masks (padding, packed sequences;
-    None means plain causal), and switch `model` to it."""
+    """Switch `model` to `fn` registered as the transformers attention `name`, with sdpa's masks."""
     AttentionInterface.register(name, fn)
     AttentionMaskInterface.register(name, sdpa_mask)
     model.set_attn_implementation(name)

@@ -110,24 +110,20 @@ class VllmEngine:
                 f"less when Inductor's cache is warm), or loads the compile it saved for this configuration")
             kwargs = {"compilation_config": compilation_config} if compilation_config else {}
             if self.platform == "cpu":
-                # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks (it rewinds
-                # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
-                # not use offset"); without chunked prefill every prompt is prefilled in one piece.
+                # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks ("CPU
+                # Generator does not use offset"): every prompt is prefilled in one piece.
                 kwargs["enable_chunked_prefill"] = False
-            # What this process holds before the engine (torch, transformers, vLLM's own modules) out of
-            # the collector's way while vLLM starts: its start-up runs full collections, about 1 s of a start
-            # here (vLLM's own helper; it collects first). Collectable again once the engine is up, so that
-            # an engine closed later is freed.
+            # What this process holds out of the way of vLLM's start-up collections (about 1 s of a start);
+            # collectable again once the engine is up, so that an engine closed later is freed.
             freeze_gc_heap()
             try:
                 self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
-                               max_num_seqs=256, enforce_eager=False,
-                               logprobs_mode=LOGPROBS_MODE, enable_prefix_caching=True, **kwargs)
+                               max_num_seqs=256, enforce_eager=False, logprobs_mode=LOGPROBS_MODE,
+                               enable_prefix_caching=True, **kwargs)
             finally:
                 gc.unfreeze()
-                # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it guards its own thread
-                # binding, which an in-process engine does not do); the trainer in this process keeps its
-                # threads.
+                # vLLM's CPU worker replaces torch.set_num_threads with a no-op (guarding its own thread
+                # binding); the trainer in this process keeps its threads.
                 torch.set_num_threads = set_threads
                 torch.set_num_threads(threads)
         self.startup_s = time.perf_counter() - start
