@@ -109,7 +109,6 @@ class EngineModel(nn.Module):
         self.weights: dict[str, Tensor] = {}
         self.layer_outputs: list[Tensor] | None = None  # set to [] to record each layer's stored residual
 
-    # -- weights ----------------------------------------------------------------------------
     @torch.no_grad()
     def load_hf_weights(self, state_dict: dict[str, Tensor]) -> None:
         """HF parameter names in, bf16 engine layout (merged qkv and gate_up, as vLLM loads them)."""
@@ -133,7 +132,6 @@ class EngineModel(nn.Module):
                 raise ValueError("EngineModel: an o_proj bias is not part of Qwen2/Qwen3 (vLLM builds o_proj without one)")
         self.weights = {k: (v.contiguous() if v is not None else None) for k, v in w.items()}
 
-    # -- forward ----------------------------------------------------------------------------
     def _qkv_weights(self, i: int) -> tuple:
         w, p = self.weights, f"layers.{i}."
         return w[p + "qkv"], w[p + "qkv_bias"], w[p + "q_norm"], w[p + "k_norm"]
