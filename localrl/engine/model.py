@@ -38,21 +38,25 @@ def first_piece(h, positions, input_layernorm, qkv_w, qkv_b, q_norm_w, k_norm_w,
     return q, k, v, residual
 
 
-def last_piece(attn, residual, o_w, post_attention_layernorm, gate_up_w, down_w, next_norm, eps):
-    """A layer's o_proj -> add + norm -> MLP -> the next norm's add + norm (the model's final one in the last
-    piece). The residual is returned too (the probe records it; vLLM drops it)."""
-    h = kernels.linear(attn, o_w)
-    x, residual = ops.fused_add_rms_norm(h, residual, post_attention_layernorm, eps)
-    h = _mlp(x, gate_up_w, down_w)
-    return ops.fused_add_rms_norm(h, residual, next_norm, eps)
-
-
 def middle_piece(attn, residual, positions, o_w, post_attention_layernorm, gate_up_w, down_w, input_layernorm,
                  qkv_w, qkv_b, q_norm_w, k_norm_w, cos_sin_cache, sizes, head_dim, eps):
     """Layer i's o_proj -> add + norm -> MLP -> layer i+1's add + norm -> qkv -> RoPE."""
-    x, residual = last_piece(attn, residual, o_w, post_attention_layernorm, gate_up_w, down_w, input_layernorm, eps)
+    h = kernels.linear(attn, o_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, post_attention_layernorm, eps)
+    h = _mlp(x, gate_up_w, down_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, input_layernorm, eps)
     q, k, v = _qkv(x, qkv_w, qkv_b, positions, cos_sin_cache, sizes, head_dim, q_norm_w, k_norm_w, eps)
     return q, k, v, residual
+
+
+def last_piece(attn, residual, o_w, post_attention_layernorm, gate_up_w, down_w, final_norm, eps):
+    """The last layer's o_proj -> add + norm -> MLP -> the model's final add + norm. The residual is
+    returned too (the probe records it; vLLM drops it)."""
+    h = kernels.linear(attn, o_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, post_attention_layernorm, eps)
+    h = _mlp(x, gate_up_w, down_w)
+    x, residual = ops.fused_add_rms_norm(h, residual, final_norm, eps)
+    return x, residual
 
 
 def compile_piece(fn, token_args: tuple[int, ...]):
