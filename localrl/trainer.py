@@ -111,11 +111,11 @@ class Trainer:
         `gemm`: the one equal to the engine's (localrl.gemm_match.CANDIDATES)."""
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
-        self.rl, self.gemm, self.device = rl, gemm, device()
+        self.rl, self.target, self.gemm, self.device = rl, target, gemm, device()
         entry = ablation if isinstance(ablation, names.Ablation) else names.ablation(ablation)
         # Patches replace transformers' classes process-wide: apply before the model is built.
         # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
-        self.regions = patches.apply(entry.regions, target=target, reduction=entry.reduction)
+        self.regions = patches.apply(entry.regions, target=self.target, reduction=entry.reduction)
         self.dtype, self.compiled = compute_dtype(entry), entry.compiled
         self.correction = rollout_correction_config(entry.rollout_correction)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
