@@ -34,10 +34,6 @@ def color(setting: str) -> str:
     return ABLATION_COLORS.get(setting, PAIR_COLOR)
 
 
-# ---------------------------------------------------------------------------------------------
-# Reading
-
-
 def find_probes(root: str | Path) -> dict[str, Path]:
     """{model: dir}: ``root`` itself if it is a probe directory, else its subdirectories that are."""
     root = Path(root)
@@ -47,10 +43,6 @@ def find_probes(root: str | Path) -> dict[str, Path]:
     if not found:
         raise FileNotFoundError(f"no probe results under {root}: expected {root}/MODEL/subsets.csv")
     return found
-
-
-# ---------------------------------------------------------------------------------------------
-# Tables
 
 
 def subsets_table(subsets: pd.DataFrame) -> pd.DataFrame:
@@ -99,10 +91,6 @@ def markdown_report(subsets: pd.DataFrame, title: str) -> str:
         parts += ["\n## Shares of the stock mean |d logprob| (Shapley over the subsets)\n",
                   to_markdown(shares)]
     return "\n".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------
-# Figures
 
 
 def _positive_floor(values: np.ndarray) -> float:
