@@ -119,11 +119,11 @@ class SettingRows:
             references.append((SAMPLING_REFERENCE, layout.sampling))
         for reference, lp in references:
             self.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
-        response_tokens = token_frame(train_lp, ref_lp, layout, "response")
-        self.by_probability.append(metrics.by_probability(response_tokens, binned).assign(setting=setting.name))
-        for scope in ("response", "sequence"):
-            tokens = response_tokens if scope == "response" else token_frame(train_lp, ref_lp, layout, scope)
-            self.by_position.append(metrics.by_position(tokens, self.position_bin, binned).assign(setting=setting.name, scope=scope))
+        tokens = {scope: token_frame(train_lp, ref_lp, layout, scope) for scope in ("response", "sequence")}
+        self.by_probability.append(metrics.by_probability(tokens["response"], binned).assign(setting=setting.name))
+        for scope, frame in tokens.items():
+            by_position = metrics.by_position(frame, self.position_bin, binned)
+            self.by_position.append(by_position.assign(setting=setting.name, scope=scope))
         return self.subsets[-len(references)]
 
     def result(self, layers: pd.DataFrame) -> ProbeResult:
