@@ -70,9 +70,7 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
     if factor == "attention":
         return [at(x, attn_scale=x) for x in (1, 2, 3, 4, 6, 8)]
     if factor == "qk_bias":
-        if arch != "qwen2":
-            return []  # Qwen3 has no q/k biases
-        return [at(b, qk_bias=b) for b in (0.25, 0.5, 1, 2, 4)]
+        return [at(b, qk_bias=b) for b in (0.25, 0.5, 1, 2, 4)] if arch == "qwen2" else []  # Qwen3 has none
     if factor == "update":
         # relative weight-update sizes around an AdamW step at lr 1e-6..1e-4 on weights of ~0.02
         return [at(u, update=u) for u in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)]
@@ -122,21 +120,16 @@ def token_metrics(train: Forward, ref: Forward, layout: Layout) -> dict:
     k3 = torch.expm1(d_tok) - d_tok
     seq = torch.where(sel, d, 0.0).sum(1)  # sequence-level log-ratio: sum over the response
     h_train, h_ref = (entropy_per_token(f.logits, sel).double() for f in (train, ref))
-    return {
-        **summary,
-        "k3_max": k3.max().item(),
-        "signed_mean_dlogprob": d_tok.mean().item(),
-        "signed_mean_se": (d_tok.std() / math.sqrt(d_tok.numel())).item(),
-        "dlogprob_var": d_tok.var().item(),  # per token; x response length = the sequence variance if independent
-        "seq_logratio_mean": seq.mean().item(),
-        "seq_logratio_var": seq.var().item() if seq.numel() > 1 else float("nan"),
-        "seq_logratio_abs_mean": seq.abs().mean().item(),
-        "frac_abs_d_gt_1e-2": (d_tok.abs() > 1e-2).double().mean().item(),
-        "frac_abs_d_gt_1e-1": (d_tok.abs() > 1e-1).double().mean().item(),
-        "entropy_engine": h_ref.mean().item(),
-        "entropy_diff": (h_train - h_ref).mean().item(),  # < 0: the trainer is sharper than the engine
-        "entropy_diff_se": ((h_train - h_ref).std() / math.sqrt(h_ref.numel())).item(),
-    }
+    return {**summary, "k3_max": k3.max().item(), "signed_mean_dlogprob": d_tok.mean().item(),
+            "signed_mean_se": (d_tok.std() / math.sqrt(d_tok.numel())).item(),
+            "dlogprob_var": d_tok.var().item(),  # per token; x response length = the sequence variance if independent
+            "seq_logratio_mean": seq.mean().item(),
+            "seq_logratio_var": seq.var().item() if seq.numel() > 1 else float("nan"),
+            "seq_logratio_abs_mean": seq.abs().mean().item(),
+            "frac_abs_d_gt_1e-2": (d_tok.abs() > 1e-2).double().mean().item(),
+            "frac_abs_d_gt_1e-1": (d_tok.abs() > 1e-1).double().mean().item(), "entropy_engine": h_ref.mean().item(),
+            "entropy_diff": (h_train - h_ref).mean().item(),  # < 0: the trainer is sharper than the engine
+            "entropy_diff_se": ((h_train - h_ref).std() / math.sqrt(h_ref.numel())).item()}
 
 
 def position_bins(tokens: pd.DataFrame) -> pd.DataFrame:

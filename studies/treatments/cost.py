@@ -45,21 +45,17 @@ def peak_bytes(run) -> int:
     return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
-def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
-    """One batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock engine."""
+def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
+    ablations = cfg["ablations"]
+    rl = rl_settings(cfg, "local", model)
+    model_dir, data_dir = results / "models" / model, results / "data"
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts, truths = train_prompts(tok, data_dir)
     with Trainer(str(model_dir), rl, "none") as stock:
         engine = Engine(stock.master.config, tok.eos_token_id, tok.pad_token_id)
         engine.load_weights(stock.weights_for_engine())
-    return sample_batches(engine, tok, prompts, truths, 1, rl, rl["temperature"], rl["max_response_length"], 0)[0]
-
-
-def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
-    ablations = cfg["ablations"]
-    rl = rl_settings(cfg, "local", model)
-    model_dir, data_dir = results / "models" / model, results / "data"
-    sample = rl_batch(model_dir, data_dir, rl)
+    # one batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock engine
+    [sample] = sample_batches(engine, tok, prompts, truths, 1, rl, rl["temperature"], rl["max_response_length"], 0)
     stock_batch, scores, groups = sample.batch, sample.scores, sample.groups
     trainers, batches, first = {}, {}, {}
     for ablation in ablations:
