@@ -1,12 +1,8 @@
 """The trace's tables and figure from the measurement's JSON (no torch); what they show: studies/trace/page.md.
 
-    python -m studies report trace --result trace.json --out DIR
-
-Every comparison is against vLLM-CPU's decode; `compared` names the other side (the engine's own prefill,
-or a training-side setting), except `fused_vs_eager`, a yardstick between two training sides. Per
-architecture x decode batch x compared: `layers.csv` per layer and value (mean over seeds, with min and
-max), `first.csv` where each sequence first differs, `summary.csv` the logprobs' k3 and bit-equal fraction;
-`trace.png` the attention output's difference layer by layer at the largest traced batch.
+`compared` names the side set against vLLM-CPU's decode (`fused_vs_eager`: two training sides). Per arch x
+batch x compared: `layers.csv` per layer and value, `first.csv` where each sequence first differs,
+`summary.csv` the logprobs' k3; `trace.png` the attention output's difference by layer.
 """
 
 from __future__ import annotations
