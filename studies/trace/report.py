@@ -56,11 +56,10 @@ def first_table(firsts: pd.DataFrame) -> pd.DataFrame:
     for (arch, layers, batch, compared), g in firsts.groupby(["arch", "layers", "batch", "compared"]):
         differing = g[g["differs"]]
         values = Counter(differing["first_values"])
+        first = differing["first_layer"]
         rows.append({"arch": arch, "layers": layers, "batch": batch, "compared": compared, "sequences": len(g),
-                     "differing": len(differing),
-                     "first_layer_min": differing["first_layer"].min(),
-                     "first_layer_median": differing["first_layer"].median(),
-                     "first_layer_max": differing["first_layer"].max(),
+                     "differing": len(differing), "first_layer_min": first.min(),
+                     "first_layer_median": first.median(), "first_layer_max": first.max(),
                      # what differs first: the values the layer's input makes (q, k, v), or the attention's output alone
                      "first_inputs": int(differing["first_values"].str.contains("q|k|v").sum()),
                      "first_output_only": int((differing["first_values"] == "out").sum()),
