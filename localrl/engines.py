@@ -18,7 +18,6 @@ from patches import engine_table
 from patches.targets import TARGETS
 from rla.config import ConfigError
 
-IDENTITY_KEYS = ("name", "target", "version", "platform")
 # The rig's vLLM engine is vLLM's CPU build: cells side by side on one GPU would each claim most of its
 # memory, and that path is untested. On a GPU, the probe (`--engine vllm`) and verlrun use a GPU vLLM.
 RIG_VLLM_ON_CPU_ONLY = ("the rig runs vLLM's CPU build only (LOCALRL_DEVICE is not cpu); on a GPU, "
@@ -27,9 +26,8 @@ RIG_VLLM_ON_CPU_ONLY = ("the rig runs vLLM's CPU build only (LOCALRL_DEVICE is n
 
 @functools.cache
 def vllm_unavailable(device_type: str = "cpu") -> str | None:
-    """Why vLLM cannot be the engine on `device_type` here (None: it can). On a CPU first what
-    `localrl.vllm_support` checks (OS, architecture, vector ISA, installed); then, anywhere, that vLLM
-    imports and runs on that device. Imports vLLM to find out."""
+    """Why vLLM cannot be the engine on `device_type` here (None: it can): on a CPU `vllm_support`'s checks;
+    then that vLLM imports and runs on that device."""
     if device_type == "cpu":
         reason = vllm_support.unavailable_reason()
         if reason is not None:
@@ -57,9 +55,8 @@ def vllm_build() -> tuple[str, str]:
 
 
 def default_target(name: str, engine_platform: str) -> str:
-    """The alignment target an engine rounds like. vLLM: its table read off its graph compiled as this
-    rig starts it (default compilation config, not eager: localrl/vllm_engine.py), named after the named
-    target whose table it equals; the local engine, a model of vLLM's GPU graph: vllm."""
+    """The alignment target an engine rounds like: for vLLM, the named target whose table equals the one
+    read off its graph as this rig compiles it; the local engine (a model of vLLM's GPU graph): vllm."""
     if name != "vllm":
         return "vllm"
     table = engine_table.auto_target(engine_table.EngineConfig(device=engine_platform))
@@ -72,8 +69,8 @@ def default_target(name: str, engine_platform: str) -> str:
 
 def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sys.stderr, flush=True),
             compilation: dict | None = None, ablation: str = "none") -> dict:
-    """The cell's engine from its (checked) `engine` settings: `auto` becomes the engine that runs.
-    `compilation`: vLLM compilation_config entries the cell's `ablation` runs the engine with."""
+    """The cell's engine from its (checked) `engine` settings, `auto` resolved; `compilation`: the vLLM
+    compilation_config entries of the cell's `ablation`."""
     requested, reason = settings["name"], None
     if requested == "local":
         name, version, engine_platform = "local", None, device_type
@@ -104,8 +101,7 @@ def resolve(settings: dict, device_type: str, log=lambda msg: print(msg, file=sy
 
 
 def vllm_shape_problem(arch: str, hidden_size: int, heads: int, head_dim: int | None) -> str | None:
-    """Why vLLM's CPU build would refuse this model shape (None: it takes it), from vLLM's own list of
-    the head sizes its CPU attention supports."""
+    """Why vLLM's CPU build would refuse this model shape (None: it takes it)."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # vLLM: optional, asked only for its cells
 
     supported = CPUAttentionBackend.get_supported_head_sizes()
@@ -119,7 +115,6 @@ def vllm_shape_problem(arch: str, hidden_size: int, heads: int, head_dim: int | 
 
 
 def check_shape(engine_cell: dict, model: str, spec: dict) -> None:
-    """A ConfigError naming the model and the value when the cell's vLLM-CPU engine cannot take its shape."""
     if engine_cell["name"] != "vllm" or engine_cell["platform"] != "cpu":
         return
     base = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[spec["arch"]]()  # transformers' defaults for unset keys
@@ -131,7 +126,8 @@ def check_shape(engine_cell: dict, model: str, spec: dict) -> None:
 
 def identity(engine_cell: dict) -> dict:
     """What of the resolved engine a cell's results depend on."""
-    return {k: engine_cell[k] for k in IDENTITY_KEYS + ("compilation_config",) if k in engine_cell}
+    keys = ("name", "target", "version", "platform", "compilation_config")
+    return {k: engine_cell[k] for k in keys if k in engine_cell}
 
 
 def describe(engine_cell: dict) -> str:
@@ -147,7 +143,6 @@ def describe(engine_cell: dict) -> str:
 
 
 def start(engine_cell: dict, model_dir: str | Path, tokenizer, hf_config, dtype, seed: int, log=print):
-    """The cell's engine with the warm-started weights of `model_dir` (the trainer's follow at once)."""
     if engine_cell["name"] == "local":
         return Engine(hf_config, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype)
     return VllmEngine(model_dir, tokenizer.eos_token_id, tokenizer.pad_token_id, dtype=dtype, seed=seed,
@@ -156,8 +151,7 @@ def start(engine_cell: dict, model_dir: str | Path, tokenizer, hf_config, dtype,
 
 
 def trainer_gemm(engine, model_dir: str | Path, hf_config, dtype, device="cpu", log=print) -> str:
-    """The trainer's GEMM: the shared FP32 kernel with the local engine; with vLLM, the candidate found
-    equal to the engine's own GEMM layers (localrl.gemm_match), said in one line."""
+    """The shared FP32 kernel with the local engine; with vLLM, the candidate equal to its GEMM layers."""
     if getattr(engine, "name", "local") != "vllm":
         return "fp32"
     found = gemm_match.match(engine, model_dir, bool(getattr(hf_config, "tie_word_embeddings", False)), dtype,

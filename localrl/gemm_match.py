@@ -1,10 +1,8 @@
-"""Which GEMM the training side must run to compute what the engine's GEMMs compute: measured at run time
-(docs/running.md: "The embedded default"). The patches leave GEMMs alone, and which GEMM equals the engine's
-depends on the machine and the engine build, so it is not assumed: with the engine running, its own GEMM
-layers of decoder layer 0 and its LM head are applied to seeded random inputs, and each of CANDIDATES
-computes the same products from the same BF16 weights, as the trainer would (separate q/k/v and gate/up
-projections, concatenated as vLLM merges them). The first candidate equal to the engine on every value wins
-(`bf16` first: the stock training side); if none is, the closest one, and the line says by how much.
+"""Which GEMM the training side must run to compute what the engine's GEMMs compute, measured at run time
+(it depends on the machine and the engine build; docs/running.md: "The embedded default"): the engine's
+own GEMM layers of decoder layer 0 and its LM head on seeded random inputs against each of CANDIDATES on the
+same BF16 weights, as the trainer computes them. The first candidate equal on every value wins, else the
+closest, and the line says by how much.
 """
 
 from __future__ import annotations
@@ -32,7 +30,6 @@ SEED = 0
 
 
 def _tensor_files(model_dir: Path) -> dict[str, Path]:
-    """tensor name -> safetensors file of a checkpoint directory (one file, or an index of shards)."""
     index = model_dir / "model.safetensors.index.json"
     if index.exists():
         return {k: model_dir / v for k, v in json.loads(index.read_text())["weight_map"].items()}
@@ -72,7 +69,8 @@ def gemm_inputs(weights: dict[str, Tensor], rows: int, seed: int = SEED) -> dict
 
 def trainer_outputs(weights: dict[str, Tensor], inputs: dict[str, Tensor], candidate: str,
                     device: torch.device | str = "cpu") -> dict[str, Tensor]:
-    """Each merged layer's output as the trainer computes it with `candidate`."""
+    """Each merged layer's output as the trainer computes it with `candidate` (separate projections,
+    concatenated as vLLM merges them)."""
     if candidate not in CANDIDATES:
         raise ValueError(f"unknown GEMM candidate {candidate!r}; allowed: {', '.join(CANDIDATES)}")
     gemm = F.linear if candidate == "bf16" else fp32_linear
@@ -109,8 +107,7 @@ class GemmMatch:
 
 
 def engine_gemms(model, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A loaded vLLM model's own GEMM layers of decoder layer 0 and its LM head on `inputs` (one tensor per
-    layer name), on the model's device: what `match` compares each candidate with."""
+    """A loaded vLLM model's own GEMM layers of decoder layer 0 and its LM head on `inputs` (one per name)."""
     device = next(model.parameters()).device
     layer = model.model.layers[0]
     layers = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
@@ -126,7 +123,6 @@ def engine_gemms(model, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def match(engine, model_dir: str | Path, tie_word_embeddings: bool, dtype: torch.dtype,
           device: torch.device | str = "cpu") -> GemmMatch:
-    """Compare the engine's GEMM layers (`engine.gemm_outputs`) with every candidate; see the docstring."""
     weights = layer0_weights(model_dir, tie_word_embeddings, dtype)
     differing = {c: {} for c in CANDIDATES}
     n_values = 0

@@ -1,15 +1,14 @@
 """One patch of torch's Inductor: a process does not load again, in a child Python, a vector-ISA check
 library that an earlier process on this machine loaded already.
 
-Before its first CPU compile Inductor builds, once, a small library per vector ISA the CPU has and then,
-in every process, starts a child Python that loads it (`VecISA._probe_load`): about ten children per
-process on a CPU with AVX-512 and AMX, in dozens of processes. The patch keeps each successful load as an
-empty marker beside the library (`<library>.loaded`); a process that finds it skips the child. The
-library's name hashes its source, the compiler, the ISA's flags and torch's version, so a marker stands
-for that library with that torch; a failed load leaves none. Which ISA Inductor picks is unchanged.
+Before its first CPU compile Inductor starts, in every process, a child Python per vector ISA that loads
+a small check library (`VecISA._probe_load`): about ten children per process on an AVX-512 + AMX CPU. The
+patch keeps each successful load as an empty marker beside the library (`<library>.loaded`) and skips the
+child where it finds one. The library's name hashes its source, compiler, ISA flags and torch's version;
+a failed load leaves no marker. Which ISA Inductor picks is unchanged.
 
-Checked against torch 2.13.0 (`VecISA._probe_load(self, output_path) -> bool`, called by `check_build`
-with the library's path). On another release the patch is not applied and Inductor checks as it does.
+Checked against torch 2.13.0 (`VecISA._probe_load(self, output_path) -> bool`); on another release the
+patch is not applied.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ MARKER = ".loaded"
 
 
 def remember_isa_checks() -> bool:
-    """Apply the patch in this process, before its first compile; False where torch's release is not one
-    checked here. Calling it again changes nothing."""
+    """Apply the patch (idempotent; before the first compile); False where torch's release is not checked."""
     import torch  # here: importing this module loads no torch (the studies' command line imports it)
     from torch._inductor import cpu_vec_isa
 

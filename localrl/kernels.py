@@ -1,8 +1,7 @@
 """The GEMM and attention "kernels" both sides of the local rig share (docs/running.md: "The embedded
-default"): on a CPU, FP32 on the BF16 values with the output rounded once, a GPU kernel's rounding location,
-on every CPU alike; on CUDA tensors the GPU kernels themselves (cuBLAS, `CUDA_ATTENTION`). They are
-`torch.library` custom ops so that Inductor materializes their BF16 outputs, as a GPU GEMM's are, instead
-of fusing the rounding away into the next elementwise op.
+default"): on a CPU, FP32 on the BF16 values rounded once at the output (a GPU kernel's rounding, on every
+CPU alike); on CUDA the GPU kernels themselves (cuBLAS, `CUDA_ATTENTION`). Custom ops, so that Inductor
+materializes their BF16 outputs as a GPU GEMM's are instead of fusing the rounding into the next op.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-# ---------------------------------------------------------------------------------------------
 # linear: y = bf16(x @ w.T + b), fp32 accumulation
 
 
@@ -54,10 +52,7 @@ def _linear_backward(ctx, grad):
 
 linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 
-# ---------------------------------------------------------------------------------------------
 # attention: o = bf16(softmax(q k^T * scale + mask) v), fp32 inside
-
-
 # On CUDA both sides get one kernel: PyTorch's memory-efficient attention (fp32 softmax inside, one
 # rounding at the output, as vLLM's flash attention), pinned, and always given an explicit mask. Left to
 # itself SDPA picks by the call's form: the trainer's unpadded batch (no mask, `is_causal`) would get
@@ -66,27 +61,21 @@ linear.register_autograd(_linear_backward, setup_context=_linear_setup)
 CUDA_ATTENTION = "efficient"
 
 
-def causal_mask(q_len: int, k_len: int, device) -> Tensor:
-    """SDPA's `is_causal` as a boolean mask: query i sees keys up to k_len - q_len + i (bottom right)."""
+def causal_mask(q_len: int, k_len: int, device) -> Tensor:  # SDPA's `is_causal`, bottom right
     return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
 
 
-def _sdpa_cuda(q, k, v, mask, causal: bool, scale: float):
+def _sdpa(q, k, v, mask, causal: bool, scale: float):
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal,
+                                              scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    # the GPU attention kernel on the bf16 values themselves
     if causal:
         mask = causal_mask(q.shape[-2], k.shape[-2], q.device)
     if q.shape[1] != k.shape[1]:  # GQA as repeated KV heads: the pinned kernel's only form on every release
         k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-
-
-def _sdpa(q, k, v, mask, causal: bool, scale: float):
-    if q.is_cuda:  # the GPU attention kernel on the bf16 values themselves
-        return _sdpa_cuda(q, k, v, mask, causal, scale)
-    return F.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=mask, is_causal=causal, scale=scale,
-        enable_gqa=q.shape[1] != k.shape[1],
-    )
 
 
 @torch.library.custom_op("localrl::attention", mutates_args=())
@@ -119,7 +108,6 @@ def _attention_backward(ctx, grad):
 
 attention.register_autograd(_attention_backward, setup_context=_attention_setup)
 
-# ---------------------------------------------------------------------------------------------
 # Plugging the kernels into a transformers model (training side)
 
 HF_ATTENTION_NAME = "localrl_fp32"
@@ -132,34 +120,38 @@ def may_attend(attention_mask: Tensor | None) -> Tensor | None:
     return attention_mask == 0
 
 
-def _hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention interface: (B, H, T, D) in, (B, T, H, D) out."""
-    mask = may_attend(attention_mask)
-    causal = mask is None and query.shape[2] > 1
-    scale = module.scaling if scaling is None else scaling
-    out = attention(query, key, value, mask, causal, float(scale))
-    return out.transpose(1, 2).contiguous(), None
-
-
-def _linear_forward(self, x):
-    return linear(x, self.weight, self.bias)
-
-
 def register_attention(model: nn.Module, name: str, fn) -> nn.Module:
-    """Register `fn` as the transformers attention `name`, with sdpa's masks (padding, packed sequences;
-    None means plain causal), and switch `model` to it."""
+    """Switch `model` to `fn` registered as the transformers attention `name`, with sdpa's masks."""
     AttentionInterface.register(name, fn)
     AttentionMaskInterface.register(name, sdpa_mask)
     model.set_attn_implementation(name)
     return model
 
 
+def register_kernel(model: nn.Module, name: str, kernel) -> nn.Module:
+    """`register_attention` of `kernel(q, k, v, allowed, scale)`: q (B, H, T, D), k and v (B, Hkv, S, D);
+    `allowed` bool (B|1, 1, T, S), True = attend, None = causal; returns (B, H, T, D)."""
+
+    def hf_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        scale = float(module.scaling if scaling is None else scaling)
+        return kernel(query, key, value, may_attend(attention_mask), scale).transpose(1, 2).contiguous(), None
+
+    return register_attention(model, name, hf_attention)
+
+
+def _shared_attention(q, k, v, allowed, scale):
+    return attention(q, k, v, allowed, allowed is None and q.shape[2] > 1, scale)
+
+
+def _linear_forward(self, x):
+    return linear(x, self.weight, self.bias)
+
+
 def use_local_kernels(model: nn.Module, linear: bool = True, attention: bool = True) -> nn.Module:
-    """Route the attention of a transformers model (with `attention`), and with `linear` every nn.Linear,
-    through the shared kernels (`linear=False` keeps torch's own GEMM: localrl.gemm_match decides which
-    one an engine computes; `attention=False` keeps transformers' own)."""
+    """Route a transformers model's attention (`attention`) and every nn.Linear (`linear`) through the shared
+    kernels; False keeps transformers' or torch's own (localrl.gemm_match decides which GEMM an engine runs)."""
     if attention:
-        register_attention(model, HF_ATTENTION_NAME, _hf_attention)
+        register_kernel(model, HF_ATTENTION_NAME, _shared_attention)
     for module in model.modules():
         if linear and isinstance(module, nn.Linear):
             module.forward = _linear_forward.__get__(module)

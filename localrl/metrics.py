@@ -41,9 +41,9 @@ def data_metrics(scores: torch.Tensor, advantages: torch.Tensor, response_mask: 
 
 
 class MetricsLog:
-    """A cell's metric lines in verl's file-logger format: appended to `metrics.running.jsonl` as the
-    steps go, kept in memory too (they go into every checkpoint, so a resumed cell rewrites exactly
-    its checkpoint's lines), and written as `metrics.jsonl` when the cell has finished its steps."""
+    """A cell's metric lines: appended to `metrics.running.jsonl` as the steps go, kept in memory too (every
+    checkpoint holds them: a resumed cell rewrites exactly its checkpoint's lines), and written as
+    `metrics.jsonl` when the cell has finished its steps."""
 
     def __init__(self, cell_dir: str | Path, lines: list[bytes] = ()):
         self.cell_dir, self.lines = Path(cell_dir), list(lines)

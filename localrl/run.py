@@ -35,9 +35,7 @@ log = logging.getLogger("localrl")
 
 
 def resolve(cell: Cell) -> dict:
-    """The resolved config of one cell (written as the cell's config.yaml); checks every value first (the
-    checks themselves are `rla.config`'s and `Cell.of`'s). `engine` is resolved on this machine (`auto`
-    becomes the engine that runs: localrl.engines)."""
+    """The resolved config of one cell (its config.yaml), every value checked; `engine` resolved here."""
     spec = model_spec(cell.cfg, cell.model, "local")
     resolved = engines.resolve(engine_settings(cell.cfg), device().type,
                                compilation=ablation(cell.ablation).engine_compilation, ablation=cell.ablation)
@@ -124,10 +122,9 @@ def _check_engine(engine, config: dict, model_dir: Path, dtype: torch.dtype) -> 
 
 
 def build_rig(cell: Cell, model_dir: str | Path, engine=None, config: dict | None = None) -> Rig:
-    """Engine, trainer (patched for the cell's ablation and target, with the engine's GEMM), tokenized
-    prompts and seeded generators; `model_dir` is the warm-started model. `engine`: an already started
-    engine of the cell's kind to use (and leave running) instead of starting one; it gets the
-    trainer's weights here. `config`: the cell's resolved config, if resolved already."""
+    """Engine, patched trainer, tokenized prompts and seeded generators of a cell; `model_dir`: the
+    warm-started model; `engine`: a started engine of the cell's kind to use (and leave running);
+    `config`: the cell's resolved config, if resolved already."""
     config = config or resolve(cell)
     seed, rl, model_dir = cell.seed, config["rl"], Path(model_dir)
     torch.manual_seed(seed)
@@ -215,10 +212,6 @@ def rl_step(rig: Rig, step: int) -> dict[str, float]:
     return metrics
 
 
-# ---------------------------------------------------------------------------------------------
-# One cell, start to end
-
-
 def cell_identity(config: dict, model_dir: Path, data_dir: Path) -> dict:
     """What the cell's results depend on (besides `steps`), from its resolved config: see `rla.cells`."""
     return cells.canonical({
@@ -231,7 +224,7 @@ def cell_identity(config: dict, model_dir: Path, data_dir: Path) -> dict:
 
 
 def _previous(out_dir: Path) -> tuple[dict | None, int | None, dict | None, bool]:
-    """(identity, steps, last checkpoint, anything there?) of what the cell folder holds."""
+    """(identity, steps, last checkpoint, anything there?) of the cell folder."""
     state = checkpoint.load_latest(out_dir / "checkpoints")
     if state is not None:
         return state.get("identity"), state.get("steps"), state, True
@@ -242,7 +235,6 @@ def _previous(out_dir: Path) -> tuple[dict | None, int | None, dict | None, bool
 
 
 def _setup_logging(path: Path) -> list[logging.Handler]:
-    """train.log in the cell (appended across resumes) and stderr (the workflow's log of the job)."""
     handlers: list[logging.Handler] = [logging.FileHandler(path, mode="a"), logging.StreamHandler(sys.stderr)]
     for h in handlers:
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -271,10 +263,9 @@ def _duration(seconds: float) -> str:
 
 def train_cell(cell: Cell, model_dir: str | Path | None = None, stop_after: int | None = None,
                engine=None) -> int:
-    """Run (or resume) one cell in `cell.out`; returns the last completed step. `model_dir`: the
-    warm-started model (default: the profile's, `rla.layout`). `stop_after` stops like a preemption
-    after that many steps of this call (checkpoint, return); `engine`: a started engine of the
-    cell's kind to use instead of starting one (`build_rig`)."""
+    """Run (or resume) one cell in `cell.out`; returns the last completed step. `model_dir`: default the
+    profile's (`rla.layout`); `stop_after`: stop like a preemption after that many steps of this call;
+    `engine`: as `build_rig`'s."""
     out_dir = cell.out
     model_dir = Path(model_dir if model_dir is not None else layout.model_dir(cell.cfg, cell.model))
     if not (model_dir / "model.safetensors").exists():

@@ -43,8 +43,7 @@ class Batch:
     def to(self, device: torch.device) -> "Batch":
         return Batch(**{k: (None if v is None else v.to(device)) for k, v in vars(self).items()})
 
-    def kept_mask(self) -> Tensor:
-        """The tokens the loss and the advantages count."""
+    def kept_mask(self) -> Tensor:  # the tokens the loss and the advantages count
         return self.response_mask if self.loss_mask is None else self.loss_mask
 
 
@@ -57,13 +56,11 @@ def sequence_inputs(batch: Batch) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def compute_dtype(ablation: names.Ablation) -> torch.dtype:
-    """The dtype both sides compute in: FP16 under the `fp16` treatment, else BF16."""
     return torch.float16 if ablation.precision == "fp16" else torch.bfloat16
 
 
 def rollout_correction_config(preset: str | None):
-    """verl's RolloutCorrectionConfig of a preset (an ablation's `rollout_correction`), with the preset's
-    defaults (None: none)."""
+    """verl's RolloutCorrectionConfig of a preset (an ablation's `rollout_correction`; None: none)."""
     if preset is None:
         return None
     from verl.trainer.config.algorithm import RolloutCorrectionConfig  # verl: the GPU image has none
@@ -72,9 +69,8 @@ def rollout_correction_config(preset: str | None):
 
 
 def correct_rollout(batch: Batch, config) -> dict[str, float]:
-    """verl's rollout correction in decoupled mode, as its trainer applies it once the old log-probs are
-    known: importance weights and rejections from (old, rollout) log-probs, into `batch.rollout_is_weights`
-    and `batch.loss_mask`; returns verl's `rollout_corr/*` metrics."""
+    """verl's rollout correction in decoupled mode, once the old log-probs are known: weights and rejections
+    into `batch.rollout_is_weights` and `batch.loss_mask`; returns verl's `rollout_corr/*` metrics."""
     from verl import DataProto  # verl: the GPU image has none (this module must import without it)
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
@@ -97,8 +93,7 @@ def policy_loss_config(rl: dict):
 
 
 def policy_loss(batch: Batch, log_prob: Tensor, rl: dict) -> tuple[Tensor, dict]:
-    """verl's vanilla PPO loss (clip-higher, dual-clip) over the kept tokens, weighted by the rollout
-    correction's importance weights when there are any."""
+    """verl's vanilla PPO loss over the kept tokens, with the rollout correction's weights if any."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn  # verl: the GPU image has none
 
     return get_policy_loss_fn("vanilla")(batch.old_log_probs, log_prob, batch.advantages, batch.kept_mask().float(),
@@ -112,21 +107,16 @@ class Trainer:
 
     def __init__(self, model_dir: str, rl: dict, ablation: names.Ablation | str, target: Target | str = "vllm",
                  gemm: str = "fp32"):
-        """`ablation`: its entry (rla.names.ABLATIONS) or name; `target`: the engine build the aligned
-        regions round like (patches.apply: a table, a name of one or "auto"); `gemm`: the GEMM
-        that equals the engine's (localrl.gemm_match: "fp32" the shared FP32-rounded-once kernel,
-        "bf16" torch's own F.linear); attention is the shared FP32-rounded-once kernel either way."""
+        """`ablation`: its entry or name; `target`: what the aligned regions round like (patches.apply);
+        `gemm`: the one equal to the engine's (localrl.gemm_match.CANDIDATES)."""
         if gemm not in CANDIDATES:
             raise ValueError(f"unknown trainer GEMM {gemm!r}; allowed: {', '.join(CANDIDATES)}")
-        self.rl, self.target, self.gemm = rl, target, gemm
-        self.device = device()
+        self.rl, self.target, self.gemm, self.device = rl, target, gemm, device()
         entry = ablation if isinstance(ablation, names.Ablation) else names.ablation(ablation)
         # Patches replace transformers' classes process-wide: apply before the model is built.
         # `engine_order` (all+engine_order): the norm's variance summed in the compiled engine's order
-        self.reduction = entry.reduction
-        self.regions = patches.apply(entry.regions, target=self.target, reduction=self.reduction)
-        self.dtype = compute_dtype(entry)
-        self.compiled = entry.compiled
+        self.regions = patches.apply(entry.regions, target=self.target, reduction=entry.reduction)
+        self.dtype, self.compiled = compute_dtype(entry), entry.compiled
         self.correction = rollout_correction_config(entry.rollout_correction)
         self.master = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(self.device)
         self.model = self._numerics(compute_copy(self.master, self.dtype))
@@ -136,8 +126,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.master.parameters(), lr=rl["lr"], betas=tuple(rl["betas"]),
                                            weight_decay=rl["weight_decay"])
         # FP16 gradients underflow without loss scaling; verl's FSDP engine: ShardedGradScaler(growth_interval=400).
-        fp16 = self.dtype == torch.float16
-        self.scaler = torch.amp.GradScaler(self.device.type, growth_interval=400) if fp16 else None
+        self.scaler = torch.amp.GradScaler(self.device.type, growth_interval=400) if entry.precision == "fp16" else None
 
     def close(self) -> None:
         patches.remove()
@@ -162,11 +151,9 @@ class Trainer:
         for p, m in zip(self.model.parameters(), self.master.parameters()):
             p.copy_(m)  # fp32 -> bf16, round to nearest
 
-    def weights_for_engine(self) -> dict[str, Tensor]:
-        """What the engine receives after each update: the bf16 (fp16) compute weights."""
+    def weights_for_engine(self) -> dict[str, Tensor]:  # the bf16 (fp16) compute weights
         return {k: v.detach() for k, v in self.model.state_dict().items() if v.dtype == self.dtype}
 
-    # -- log-probs --------------------------------------------------------------------------
     def logits(self, model, batch: Batch, fp32_temperature: bool = False) -> Tensor:
         """bf16 logits predicting each response token, divided by the temperature in bf16 (as verl), or
         (`fp32_temperature`) cast to fp32 first, as the engine divides."""
@@ -191,7 +178,6 @@ class Trainer:
         labels = batch.responses.to(self.device)
         return self.token_log_probs(logits, labels).cpu(), entropy_from_logits(logits.float()).cpu()
 
-    # -- update -----------------------------------------------------------------------------
     @staticmethod
     def grpo_advantages(scores: Tensor, response_mask: Tensor, group_ids: np.ndarray) -> Tensor:
         from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage  # verl: the GPU image has none
@@ -206,8 +192,7 @@ class Trainer:
     def update(self, batch: Batch) -> dict[str, float]:
         """One PPO epoch over the batch, one optimizer step per `ppo_mini_batch_size` prompts (with their
         samples, as verl splits); returns verl-named metrics."""
-        # verl: the GPU image has none
-        from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+        from verl.trainer.ppo.core_algos import agg_loss, kl_penalty  # verl: the GPU image has none
         from verl.utils.torch_functional import entropy_from_logits
 
         rl = self.rl
@@ -254,7 +239,6 @@ class Trainer:
         out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         return out
 
-    # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         state = {"master": self.master.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.scaler is not None:

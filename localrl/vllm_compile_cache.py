@@ -1,25 +1,19 @@
 """Two patches of vLLM, so that the suite's many engine starts reuse what an earlier start compiled
-(docs/running.md, "Make targets": what each saved). Nothing the engine computes changes: the same generated
-code runs, with the weights it is given.
+(docs/running.md, "Make targets"). Nothing the engine computes changes: the same generated code runs.
 
-1. **One Inductor cache, shared.** vLLM points TORCHINDUCTOR_CACHE_DIR at a folder of each compile's own,
-   unconditionally (no setting keeps the caller's), so the same kernels of the suite's few small models
-   are built again in every folder. Inductor names a kernel after a hash of its source and compile flags
-   and keys a graph by the graph and its configuration, so a shared cache hands a compile only what it
-   would have built itself.
-2. **A saved compile that loads on the CPU.** Loading a saved compile calls `finalize_loading` on the
-   compiled function, a method of vLLM's own compile backend only; vLLM-CPU compiles with Inductor as
-   torch.compile's backend (DYNAMO_TRACE_ONCE), so every load fails ("'function' object has no attribute
-   'finalize_loading'", a warning) and every start compiles again. The patch gives such a function a
-   `finalize_loading` that does nothing: Inductor's function is complete once loaded. The weights are the
-   graph's inputs, not constants in it, so a model saved from one checkpoint runs another of the same
-   configuration (tests/test_vllm_engine.py: bit for bit). The rounding-table reads switch vLLM's compile
-   cache off: they must compile.
+1. **One Inductor cache, shared.** vLLM points TORCHINDUCTOR_CACHE_DIR at each compile's own folder,
+   unconditionally, so the same kernels are built again in every folder. Inductor keys kernels and graphs
+   by their source, flags and configuration, so a shared cache hands a compile only what it would build.
+2. **A saved compile that loads on the CPU.** Loading one calls `finalize_loading` on the compiled
+   function, a method of vLLM's own compile backend only; vLLM-CPU compiles with Inductor as
+   torch.compile's backend, so every load fails (a warning) and every start compiles again. The patch
+   gives such a function a no-op `finalize_loading`: Inductor's function is complete once loaded. The
+   weights are graph inputs, so a saved model runs another checkpoint of the same configuration
+   (tests/test_vllm_engine.py: bit for bit).
 
-Checked against vllm-cpu 0.32.0 with torch 2.13.0: vllm/compilation/decorators.py
-(`_try_load_aot_compiled_fn`, called right after `__call__` writes the variable and before anything is
-compiled or loaded) and vllm/compilation/compiler_interface.py (`InductorAdaptor.initialize_cache`). On
-another release neither patch is applied: vLLM keeps its own folders and loads as it does.
+Checked against vllm-cpu 0.32.0 with torch 2.13.0 (vllm/compilation/decorators.py
+`_try_load_aot_compiled_fn`, compiler_interface.py `InductorAdaptor.initialize_cache`); on another release
+neither patch is applied.
 """
 
 from __future__ import annotations
@@ -36,9 +30,8 @@ VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def reuse_compiles() -> str | None:
-    """Apply both patches in this process; returns the Inductor cache vLLM's compiles now share, or None
-    where vLLM's release is not one checked here. Call it before the engine starts; calling it again
-    changes nothing."""
+    """Apply both patches (idempotent; before the engine starts); returns the shared Inductor cache, or None
+    where vLLM's release is not one checked here."""
     import vllm  # vLLM: optional, patched only where the engine starts
     from vllm.compilation import compiler_interface, decorators
 

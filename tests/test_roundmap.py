@@ -22,7 +22,7 @@ ARCHS = ["qwen2", "qwen3"]
 
 def assert_matches(counts, target):
     rows = engine_table.compare(counts, target)
-    unread = set(roundmap.UNREAD) | ({"qk_norm.normalized", "qk_norm.out"} if "qk_norm.out" not in counts else set())
+    unread = set(engine_table.FROM_SOURCE) | ({"qk_norm.normalized", "qk_norm.out"} if "qk_norm.out" not in counts else set())
     assert set(rows) >= set(VALUES) - unread
     differing = {value: row for value, row in rows.items() if row[0] != row[1]}
     assert not differing, f"graph vs target {target!r}: {differing}"

@@ -1,7 +1,6 @@
 """The rollout side: batched sampling with a KV cache on the engine's own model runner, as verl asks of
-vLLM (docs/running.md: "The embedded default"). Prompts are left-padded, positions start at 0 at each
-prompt's first real token; logprobs are the processed ones, `log_softmax(logits.float() / T)`. Nothing
-here imports `patches`: the engine is never patched.
+vLLM (docs/running.md: "The embedded default"): prompts left-padded, positions 0 at each prompt's first
+real token, the processed logprobs `log_softmax(logits.float() / T)`. The engine is never patched.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from localrl.device import device as default_device
 from localrl.engine.model import EngineModel, KVCache
+from localrl.kernels import causal_mask
 
 
 @dataclass
@@ -39,14 +39,11 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 def prefill_mask(prompt_mask: Tensor) -> Tensor:
     """(B, 1, P, P): causal, real keys only; a pad query sees itself (no empty softmax rows)."""
     P = prompt_mask.shape[1]
-    causal = torch.ones(P, P, dtype=torch.bool, device=prompt_mask.device).tril()
     eye = torch.eye(P, dtype=torch.bool, device=prompt_mask.device)
-    return (causal & (prompt_mask[:, None, :] | eye))[:, None]
+    return (causal_mask(P, P, prompt_mask.device) & (prompt_mask[:, None, :] | eye))[:, None]
 
 
 class Engine:
-    """Inference engine: `EngineModel` (compiled engine formulations) + a sampling loop."""
-
     def __init__(self, model_config, eos_id: int, pad_id: int, max_positions: int | None = None,
                  device: torch.device | str | None = None, dtype: torch.dtype = torch.bfloat16):
         self.max_positions = max_positions or model_config.max_position_embeddings
@@ -55,8 +52,7 @@ class Engine:
         self.eos_id, self.pad_id = eos_id, pad_id
 
     def load_weights(self, state_dict: dict[str, Tensor]) -> None:
-        """Receive the trainer's weights (HF names, any dtype -> the engine's dtype, bf16 or fp16)."""
-        self.model.load_hf_weights(state_dict)
+        self.model.load_hf_weights(state_dict)  # HF names, any dtype -> the engine's (bf16 or fp16)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,

@@ -1,9 +1,7 @@
-"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU
-(VLLM_COMPILE: the graph split at the attention ops; docs/patches.md: "Targets"). A piece runs from one
-layer's o_proj through the add + norms and the MLP to the next layer's qkv and RoPE, written with vLLM's
-formulations (ops.py), compiled by Inductor with the token count dynamic; its outputs (q, k, v, the
-residual) are stored in BF16. GEMMs are opaque kernels inside the pieces, attention runs between them.
-Weights are BF16 copies, never trained, never patched.
+"""The engine's model runner: Qwen2/Qwen3 compiled piece by piece, as vLLM compiles them on a GPU (the graph
+split at the attention ops; docs/patches.md: "Targets"). A piece runs from one layer's o_proj to the next
+layer's qkv and RoPE in vLLM's formulations (ops.py), compiled by Inductor; its outputs are stored in BF16.
+GEMMs are opaque kernels inside the pieces, attention runs between them. Weights: BF16, never patched.
 """
 
 from __future__ import annotations
@@ -62,10 +60,8 @@ def last_piece(attn, residual, o_w, post_attention_layernorm, gate_up_w, down_w,
 
 
 def compile_piece(fn, token_args: tuple[int, ...]):
-    """Compile a piece as vLLM does: Inductor, one graph (a break is an error), the token count (dim 0
-    of the arguments in `token_args`) dynamic and every other dimension static: vLLM marks only the
-    token dimension dynamic (vllm/compilation/decorators.py, `_mark_dynamic_inputs`). A batch of one
-    token gets its own graph (Dynamo specializes size 1)."""
+    """Compile a piece as vLLM does: one graph, dim 0 of the arguments in `token_args` (the token count)
+    dynamic, every other dimension static (vLLM's `_mark_dynamic_inputs`); one token gets its own graph."""
     graph = torch.compile(fn, dynamic=False, fullgraph=True)
 
     def run(*args):
@@ -117,7 +113,6 @@ class EngineModel(nn.Module):
         self.weights: dict[str, Tensor] = {}
         self.layer_outputs: list[Tensor] | None = None  # set to [] to record each layer's stored residual
 
-    # -- weights ----------------------------------------------------------------------------
     @torch.no_grad()
     def load_hf_weights(self, state_dict: dict[str, Tensor]) -> None:
         """HF parameter names in, bf16 engine layout (merged qkv and gate_up, as vLLM loads them)."""
@@ -141,7 +136,6 @@ class EngineModel(nn.Module):
                 raise ValueError("EngineModel: an o_proj bias is not part of Qwen2/Qwen3 (vLLM builds o_proj without one)")
         self.weights = {k: (v.contiguous() if v is not None else None) for k, v in w.items()}
 
-    # -- forward ----------------------------------------------------------------------------
     def _qkv_weights(self, i: int) -> tuple:
         w, p = self.weights, f"layers.{i}."
         return w[p + "qkv"], w[p + "qkv_bias"], w[p + "q_norm"], w[p + "k_norm"]

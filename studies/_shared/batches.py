@@ -1,5 +1,4 @@
-"""RL batches as the loop draws them, sampled from the engine (`sample_batches`): the gradient probe's
-batches and the treatments' cost batch."""
+"""RL batches as the loop draws them, sampled from the engine: the gradient probe's and treatments' batches."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from tinyqwen.task import render_prompt, score
 
 @dataclass
 class Sample:
-    """One batch of engine samples: the RL batch, its scores and GRPO groups."""
 
     batch: Batch
     scores: Tensor
@@ -33,8 +31,8 @@ def train_prompts(tokenizer, data_dir: Path) -> tuple[list[list[int]], list[str]
 
 def sample_batches(engine, tokenizer, prompts: list[list[int]], truths: list[str], n_batches: int, rl: dict,
                    temperature: float, max_new_tokens: int, seed: int) -> list[Sample]:
-    """`n_batches` RL batches as the loop draws them: prompts in the seeded epoch order of the train
-    split, `samples_per_prompt` responses each from the engine at `temperature`, verl's gsm8k scores."""
+    """`n_batches` RL batches: prompts in the seeded epoch order, `samples_per_prompt` responses each, verl's
+    gsm8k scores."""
     sampler = PromptSampler(len(prompts), torch.Generator().manual_seed(seed))
     gen = torch.Generator().manual_seed(seed + 1)
     n, group = rl["prompts_per_step"], rl["samples_per_prompt"]

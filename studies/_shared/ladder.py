@@ -1,6 +1,5 @@
-"""The depth measurement's rows and their pooling over seeds, from its JSON only (no torch): the depth and
-leftover reports' tables (`points`, `ladder`). What each column shows: studies/depth/page.md (Result).
-"""
+"""The depth measurement's rows and their pooling over seeds (no torch): the depth and leftover reports'
+tables. Columns: studies/depth/page.md (Result)."""
 
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ def points(result: dict) -> tuple[pd.DataFrame, dict]:
 
 
 def _intervals(pairs: list[np.ndarray], rng: np.random.Generator) -> dict[str, tuple[float, float]]:
-    """LEVEL percentile intervals of the pooled sequence log-ratio's mean and variance and of its variance
-    over stock's; sequences resampled within each seed, each pair (this setting, stock) drawn together."""
+    """LEVEL percentile intervals of the pooled sequence log-ratio's mean, variance and variance over stock's;
+    resampled within each seed, each pair (this setting, stock) drawn together."""
     drawn = np.concatenate([p[rng.integers(0, len(p), (BOOTSTRAP, len(p)))] for p in pairs], axis=1)
     var = drawn.var(axis=1, ddof=1)  # (BOOTSTRAP, 2)
     with np.errstate(divide="ignore", invalid="ignore"):  # a resample of a few equal sequences: no variance
@@ -42,10 +41,8 @@ def _intervals(pairs: list[np.ndarray], rng: np.random.Generator) -> dict[str, t
 
 
 def ladder(frame: pd.DataFrame, sums: dict) -> pd.DataFrame:
-    """Per architecture x layers x attention x setting, over seeds: k3 and the bit-equal fraction (mean, min,
-    max); `k3_vs_none`, the mean per-seed ratio of stock's k3 to this setting's (infinite where it is 0); the
-    sequence log-ratio (the sum of a sequence's log(train / engine)) pooled over seeds: mean and variance,
-    and the variance over stock's, with paired intervals (both settings score the same sequences)."""
+    """Per KEYS, over seeds: k3 and bit-equal fraction (mean, min, max), `k3_vs_none` (mean per-seed stock k3
+    over this one's), the sequence log-ratio pooled: mean, variance, variance over stock's, paired intervals."""
     out = []
     stock_rows = frame[(frame["spec"] == "none") & (frame["target"] == "vllm-cpu")]
     stock_of = {(r.point, r.kernels, r.reduction): r for r in stock_rows.itertuples()}

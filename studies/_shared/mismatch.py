@@ -1,6 +1,5 @@
-"""The mismatch of one side's logprobs against the other's over a layout's tokens: verl's metrics
-(`mismatch_summary`), the per-token frame (`token_frame`) and the aggregate of its bins (`binned`: the bins
-by the engine's probability and by position are the diagnosis's, diagnose/metrics.py)."""
+"""The mismatch of one side's logprobs against the other's: verl's metrics, the per-token frame and its bins
+(by the engine's probability and position: the diagnosis's, diagnose/metrics.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +11,15 @@ from torch import Tensor
 from localrl import mismatch_metrics
 from studies._shared.scored import Layout
 
+VERL_METRICS = {"k3_kl": "rollout_corr/k3_kl", "kl": "rollout_corr/kl",
+                "log_ppl_abs_diff": "rollout_corr/log_ppl_abs_diff",
+                "probs_diff_mean": "training/rollout_probs_diff_mean",
+                "probs_diff_max": "training/rollout_probs_diff_max",
+                "probs_pearson": "training/rollout_actor_probs_pearson_corr"}
+
 
 def mismatch_summary(train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> dict[str, float]:
-    """verl's mismatch metrics over the response tokens (d = logp_train - logp_rollout; k3 = mean(exp(d)
-    - 1 - d), an estimate of KL(rollout || train)), plus |d logprob| and the bit-identical fraction."""
+    """verl's mismatch metrics over the response tokens, plus |d logprob| and the bit-identical fraction."""
     sel, cols = layout.response, layout.response_cols
     # verl's masked means multiply by the mask: masked entries must be finite, so zero them; verl
     # holds response-aligned (B, R) tensors.
@@ -23,18 +27,9 @@ def mismatch_summary(train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> dict[s
     train_r, ref_r = (torch.where(sel, lp, 0.0)[:, cols].double() for lp in (train_lp, ref_lp))
     verl = mismatch_metrics(train_r, ref_r, sel[:, cols], layout.responses)
     d = (train_lp - ref_lp)[sel].double()
-    return {
-        "n_tokens": int(sel.sum()),
-        "mean_abs_dlogprob": d.abs().mean().item(),
-        "max_abs_dlogprob": d.abs().max().item(),
-        "k3_kl": verl["rollout_corr/k3_kl"],
-        "kl": verl["rollout_corr/kl"],
-        "log_ppl_abs_diff": verl["rollout_corr/log_ppl_abs_diff"],
-        "probs_diff_mean": verl["training/rollout_probs_diff_mean"],
-        "probs_diff_max": verl["training/rollout_probs_diff_max"],
-        "probs_pearson": verl["training/rollout_actor_probs_pearson_corr"],
-        "frac_identical": (d == 0).double().mean().item(),
-    }
+    return {"n_tokens": int(sel.sum()), "mean_abs_dlogprob": d.abs().mean().item(),
+            "max_abs_dlogprob": d.abs().max().item(), **{name: verl[key] for name, key in VERL_METRICS.items()},
+            "frac_identical": (d == 0).double().mean().item()}
 
 
 def binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:

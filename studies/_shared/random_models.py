@@ -1,6 +1,5 @@
-"""Random models at a shape with the scaling study's output and attention scales (`Point`,
-`build_model`), their BF16 compute copy (`cast_copy`), the engine beside it (`cast_pair`) and the responses
-the engine samples for them (`sample`): the scaling study and the GPU check."""
+"""Random models at a shape with the scaling study's output and attention scales, their BF16 copy, the
+engine beside it and its samples: the scaling study and the GPU check."""
 
 from __future__ import annotations
 
@@ -40,23 +39,21 @@ def base_point(arch: str) -> Point:
 
 
 def matched_scale(base: Point, hidden: int) -> float:
-    """The output-layer scale that gives a model of width `hidden` the base's logit scale: the final
-    norm's output has unit RMS, so the logits' spread grows as sqrt(hidden) at a fixed scale."""
+    """The output scale giving width `hidden` the base's logit spread (unit-RMS norm output: it grows as sqrt)."""
     return base.logit_scale * math.sqrt(base.shape.hidden / hidden)
 
 
 def gpu_point(name: str, shape: Shape, n_seq: int, prompt_len: int, response_len: int,
               sharpen: float = 1.0) -> Point:
-    """The GPU check's point at `shape`: the output layer at the base's logit scale (matched for the
-    width) times `sharpen`; norm weights spread as the scaling study's."""
+    """The GPU check's point at `shape`: the base's matched logit scale times `sharpen`."""
     base = base_point(shape.arch)
     return replace(base, factor="gpu_check", shape=shape, shape_name=name, n_seq=n_seq, prompt_len=prompt_len,
                    response_len=response_len, logit_scale=sharpen * matched_scale(base, shape.hidden))
 
 
 def build_model(point: Point, max_positions: int, device: str | torch.device = "cpu"):
-    """fp32 master weights of a random model with the point's output and attention scales, initialised on
-    `device` (the CPU: the same weights anywhere; the GPU check builds a 7B model on the GPU)."""
+    """fp32 master weights of a random model at the point's scales, initialised on `device` (the CPU: the
+    same weights anywhere)."""
     torch.manual_seed(point.seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_config(point.shape, max_positions), dtype=torch.float32)
@@ -77,8 +74,7 @@ def build_model(point: Point, max_positions: int, device: str | torch.device = "
 
 
 def cast_copy(master, keep_master: bool = True):
-    """bf16 parameters from the fp32 master, buffers fp32 (as FSDP), with the shared kernels. Without
-    `keep_master` the master itself is cast (real shapes: no second fp32 copy in memory)."""
+    """bf16 parameters, fp32 buffers (as FSDP), shared kernels; without `keep_master` the master is cast."""
     if keep_master:
         return use_local_kernels(compute_copy(master))
     for p in master.parameters():
@@ -87,8 +83,8 @@ def cast_copy(master, keep_master: bool = True):
 
 
 def cast_pair(point: Point, device: torch.device) -> tuple:
-    """(BF16 training model, BF16 engine) of a random model built on `device`, with no fp32 master kept:
-    it is cast in place (an 8B model's master and copies would not fit beside each other)."""
+    """(BF16 training model, BF16 engine) built on `device`, cast in place (an 8B model's master and copies
+    would not fit beside each other)."""
     max_positions = point.prompt_len + point.response_len
     train = cast_copy(build_model(point, max_positions, device), keep_master=False)
     engine = Engine(train.config, eos_id=-1, pad_id=0, max_positions=max_positions, device=device)
@@ -97,7 +93,7 @@ def cast_pair(point: Point, device: torch.device) -> tuple:
 
 
 def sample(engine, point: Point):
-    """Random prompts, then responses sampled from the engine at temperature 1 (no eos: full length)."""
+    """Random prompts, then full-length responses sampled from the engine at temperature 1."""
     gen = torch.Generator().manual_seed(point.seed + 1)
     prompts = torch.randint(1, point.shape.vocab, (point.n_seq, point.prompt_len), generator=gen).tolist()
     return engine.generate(prompts, point.response_len, temperature=1.0, generator=gen)

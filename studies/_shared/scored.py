@@ -1,6 +1,5 @@
-"""Which tokens are scored (`Layout`, in the (B, T-1) coordinates of `sides.next_token_logprobs`) and the
-per-token measures over them that need torch only: the GPU check's image has no verl or orjson
-(studies._shared.mismatch holds verl's metrics)."""
+"""Which tokens are scored (`Layout`, in (B, T-1) coordinates) and the measures over them needing torch only:
+the GPU check's image has no verl or orjson (studies._shared.mismatch holds verl's metrics)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class Layout:
 
     @classmethod
     def from_samples(cls, samples, pad_id: int) -> "Layout":
-        """The layout of an engine's samples (`diagnose.engine.Sample`s: prompt, tokens, the logprobs it
-        sampled them with), laid out as an engine's Rollout: prompts left-padded, responses after them."""
+        """The layout of `diagnose.engine.Sample`s, laid out as an engine's Rollout."""
         tokens = [s.tokens for s in samples]
         return cls.from_rollout(Rollout(*left_pad([s.prompt for s in samples], pad_id), pad(tokens, pad_id, torch.long),
                                         pad([[True] * len(t) for t in tokens], False, torch.bool),
@@ -49,22 +47,19 @@ class Layout:
 
     @property
     def scored_positions(self) -> Tensor:
-        """RoPE position of each scored token."""
         return self.positions[:, 1:]
 
 
 def token_mismatch(train_lp: Tensor, ref_lp: Tensor, selected: Tensor) -> dict:
-    """Over the selected tokens, d = train - ref: k3 = mean(exp(d) - 1 - d) (verl's rollout_corr/k3_kl,
-    checked equal to verl's in tests/test_gpu_check.py), mean |d|, the share with d == 0. float64: in
-    fp32, exp(d) - 1 - d cancels to 0 for |d| below ~1e-4."""
+    """Over the selected tokens, d = train - ref: verl's k3 (tests/test_gpu_check.py), mean |d|, the share with
+    d == 0. float64: in fp32, exp(d) - 1 - d cancels to 0 for |d| below ~1e-4."""
     d = (train_lp.double() - ref_lp.double())[selected.to(train_lp.device)]
     return {"n_tokens": int(d.numel()), "k3": (torch.expm1(d) - d).mean().item(),
             "mean_abs_dlogprob": d.abs().mean().item(), "bit_equal": (d == 0).double().mean().item()}
 
 
 def entropy_per_token(logits: Tensor, sel: Tensor) -> Tensor:
-    """Entropy (nats) of the fp32 softmax of bf16 logits (B, T, V) at the positions `sel` (B, T-1)
-    that predict a scored token, row by row to bound memory; on the CPU."""
+    """Entropy (nats) of the fp32 softmax of logits (B, T, V) at the positions `sel`, row by row (memory)."""
     sel = sel.to(logits.device)
     out = []
     for row in range(logits.shape[0]):

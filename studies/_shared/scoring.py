@@ -1,7 +1,5 @@
-"""The training side teacher-forcing vLLM-CPU's samples: the HF model on a set of training kernels
-(TRAINING_KERNELS, `training_model`), the per-token and per-sequence log(train / engine) of one setting
-(`score_sequences`), and every setting of the patches' grid (`grid`).
-"""
+"""The training side teacher-forcing vLLM-CPU's samples, on a set of training kernels, under one setting or
+every setting of the patches' grid."""
 
 from __future__ import annotations
 
@@ -26,7 +24,8 @@ TRAINING_KERNELS = {
     "engine_attention": ("vLLM-CPU's own attention kernel and torch's bf16 F.linear", use_engine_attention),
     "engine_gemm": ("FP32 attention rounded once and vLLM-CPU's own GEMMs",
                     lambda model: use_engine_gemms(use_local_kernels(model, linear=False))),
-    "engine": ("vLLM-CPU's own attention kernel and GEMMs", lambda model: use_engine_gemms(use_engine_attention(model))),
+    "engine": ("vLLM-CPU's own attention kernel and GEMMs",
+               lambda model: use_engine_gemms(use_engine_attention(model))),
     "engine_steps": ("vLLM-CPU's own attention kernel and GEMMs, each GEMM row in a product of its engine step's rows",
                      lambda model: use_engine_gemms(use_engine_attention(model), steps=True)),
     # what a training side can run: trainable, rounding where the AMX kernel rounds (localrl/amx_attention.py)
@@ -38,8 +37,7 @@ TRAINING_KERNELS = {
 
 
 def training_model(model_dir: str, kernels: str):
-    """The HF model as verl's FSDP workers hold it (bf16 parameters, fp32 buffers), on the training
-    kernels `kernels` (a TRAINING_KERNELS name)."""
+    """The HF model as verl's FSDP workers hold it (bf16 parameters, fp32 buffers), on TRAINING_KERNELS[kernels]."""
     if kernels not in TRAINING_KERNELS:
         raise ValueError(f"unknown training kernels {kernels!r}; allowed: {', '.join(TRAINING_KERNELS)}")
     model = to_bf16_fsdp_style(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)).eval()
@@ -48,8 +46,7 @@ def training_model(model_dir: str, kernels: str):
 
 @torch.no_grad()
 def score_sequences(model, samples: dict, spec: str, target: str, reduction: str) -> tuple[dict, list[float]]:
-    """The per-token summary of log(train / engine) on the engine's samples, and each sequence's sum of it
-    (the sequence log-ratio that sequence-level rollout correction and collapse read)."""
+    """The per-token summary of log(train / engine) on the engine's samples, and each sequence's sum of it."""
     ref = torch.tensor([x for row in samples["logprobs"] for x in row], dtype=torch.float64)
     got = []
     steps = engine_steps(samples) if stepwise(model) else [None] * len(samples["prompts"])
@@ -70,9 +67,8 @@ def score_sequences(model, samples: dict, spec: str, target: str, reduction: str
 
 def grid(model, samples, target_of_all: tuple[str, ...], main_target: str,
          sequences: list[list[float]] | None = None) -> list[dict]:
-    """Every region subset at `main_target` and `all` at each other target, in every summation order
-    (patches.REDUCTIONS; the graph's order only where it differs, with the rmsnorm region, and stock
-    beside them); `sequences`, if given, gets each row's per-sequence log-ratio sums, in row order."""
+    """Every region subset at `main_target` and `all` at each other target, in every summation order (the
+    graph's only with rmsnorm, and stock); `sequences` gets each row's per-sequence sums."""
     rows = []
     for reduction in REDUCTIONS:
         settings = [(spec, main_target) for spec in SUBSETS] + [("all", other) for other in target_of_all]

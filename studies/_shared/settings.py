@@ -1,6 +1,4 @@
-"""The settings both sides are compared under (`Setting`, `probe_settings`), the training side's numerics
-under one (`numerics`) and the loop over them (`run_settings`): the probe (both engines), the scaling
-study, the gradient probe and the GPU check."""
+"""The settings both sides are compared under, the training side's numerics under one and the loop over them."""
 
 from __future__ import annotations
 
@@ -22,10 +20,8 @@ GPU_TARGET = "vllm"  # the engine build a GPU engine's graph rounds like (the GP
 
 @dataclass(frozen=True)
 class Setting:
-    """One configuration of both sides: the aligned regions, the RMSNorm summation order, decoder
-    layers compiled or not, the dtype both sides compute in, the engine build the regions round like
-    (`target`), and verl's rollout-correction preset of the loss (`correction`: read by the gradient
-    probe; a forward does not see it)."""
+    """One configuration of both sides; `correction`, verl's rollout-correction preset, is the gradient
+    probe's (a forward does not see it)."""
 
     name: str
     regions: tuple[str, ...]
@@ -50,9 +46,8 @@ class Setting:
 
 def probe_settings(target: str = patches.DEFAULT_TARGET, other: str | None = None,
                    engine_order: bool = True) -> list[Setting]:
-    """Every subset of the regions rounding like `target`, all + engine order, then (with `other`, the
-    other target) every subset with rmsnorm rounding like it - the targets differ only in where the
-    residual stream is stored - and the treatments."""
+    """Every region subset at `target`, all + engine order, then at `other` the subsets with rmsnorm (the
+    targets differ only in where the residual stream is stored), and the treatments."""
     settings = [Setting(subset_name(c), c, target=target) for c in SUBSETS]
     if engine_order:
         settings.append(Setting(ENGINE_ORDER, REGIONS, "inductor_cpu", target=target))
@@ -65,8 +60,7 @@ def probe_settings(target: str = patches.DEFAULT_TARGET, other: str | None = Non
 
 @contextlib.contextmanager
 def numerics(model, setting: Setting):
-    """The training side under `setting` inside the block: its regions rounding like its target, the
-    norm's summation order, its decoder layers compiled (`compile`); the previous state after it."""
+    """The training side under `setting` inside the block; the previous state after it."""
     with patches.aligned(setting.regions, target=setting.target, reduction=setting.reduction):
         if setting.compiled:  # the forward each layer has under these regions
             compiled_layers.compile_layers(model)
@@ -79,10 +73,8 @@ def numerics(model, setting: Setting):
 
 def run_settings(settings: list[Setting], sides, step: Callable, log=print,
                  describe: Callable = lambda result: "") -> dict[str, float]:
-    """The loop over settings: for each setting its sides in its dtype (`sides.get(dtype)`: a
-    studies._shared.sides.Sides, or a dict {dtype: (training model, engine side)}), `step(setting,
-    train_model, engine_side)` called under the setting's numerics, and one progress line
-    (`describe(step's result)`). Returns each setting's seconds."""
+    """`step(setting, train_model, engine_side)` under each setting's numerics, on `sides.get(dtype)` (a Sides,
+    or a dict {dtype: pair}), with a progress line each (`describe(result)`); each setting's seconds."""
     seconds = {}
     for i, setting in enumerate(settings, 1):
         start = time.perf_counter()

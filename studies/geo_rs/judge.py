@@ -1,11 +1,8 @@
 """The rejection-stall study (experiments/geo_rs.yaml): its pre-registered predictions judged on the runs.
 
-Per run: the mean rejected fraction of sequences (verl's `rollout_corr/rollout_rs_seq_masked_fraction`)
-and the validation-score gain (`val/score/mean` at the last validation minus the first, which the rig
-takes before step 1's update). Then S1 (rejection ranges), S2 (the baseline's mean gain at most
-`gain_ratio_max` of the aligned one's), S3 (a one-sided sign test over the (model, seed) pairs).
-
-    python -m studies report geo_rs --config experiments/geo_rs.yaml --runs results/geo_rs/runs --out results/geo_rs/tables
+Per run: the mean rejected fraction of sequences and the validation-score gain (last validation minus the
+first, taken before step 1's update). S1: rejection ranges; S2: the baseline's mean gain at most
+`gain_ratio_max` of the aligned one's; S3: a one-sided sign test over the (model, seed) pairs.
 """
 
 from __future__ import annotations
@@ -41,7 +38,6 @@ def sign_test(wins: int, n: int) -> float:
 
 
 def judge(runs: pd.DataFrame, prereg: dict) -> pd.DataFrame:
-    """One row per pre-registered check: what was predicted, what was measured, whether it held."""
     base, aligned = prereg["baseline"], prereg["aligned"]
     missing = {base, aligned} - set(runs["ablation"])
     if missing:

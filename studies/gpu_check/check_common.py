@@ -1,7 +1,7 @@
 """What the second GPU check's steps (check_preflight.py ... check_cost.py, run as modules) share: one command line
 (--device, --quick, --out), a JSON report rewritten after every part (a step stopped at its time limit
-leaves what it measured), a skip that names its reason, and bitwise comparisons that refuse all-zero inputs
-(two zero tensors are equal whatever the kernels do).
+leaves what it measured), and bitwise comparisons that refuse all-zero inputs (two zero tensors are equal
+whatever the kernels do).
 """
 
 from __future__ import annotations
@@ -13,19 +13,27 @@ from pathlib import Path
 
 import torch
 
+from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES
 
-def step_parser(doc: str) -> argparse.ArgumentParser:
+MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")  # the paper's two shapes
+
+
+def step_args(doc: str, argv, *hidden: str) -> tuple[argparse.Namespace, torch.device]:
+    """The step's command line (`hidden`: flags of its own child processes) and its checked device."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="tiny shapes and lengths: a dry run")
     p.add_argument("--out", type=Path, required=True, help="JSON path (rewritten after each part)")
-    return p
-
-
-def checked_device(p: argparse.ArgumentParser, args: argparse.Namespace) -> torch.device:
+    for flag in hidden:
+        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device visible to torch; allowed here: --device cpu")
-    return torch.device(args.device)
+    return args, torch.device(args.device)
+
+
+def shapes(quick: bool) -> dict:
+    return dict(QUICK_SHAPES) if quick else {n: PAPER_SHAPES[n] for n in MODELS}
 
 
 def empty_cache(device: torch.device) -> None:
@@ -34,27 +42,25 @@ def empty_cache(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 class Report:
     """One step's JSON: a head (device, versions, conditions) and named parts, each written to disk as
-    soon as it is measured; a part that cannot run holds {"skipped": why}."""
+    soon as it is measured; `lists` name the parts that grow a row at a time."""
 
-    def __init__(self, path: Path, step: str, device: torch.device, quick: bool, **head):
-        self.path, self.start = path, time.perf_counter()
-        self.data = {"step": step, "device": device_name(device), "torch": torch.__version__, "quick": quick,
-                     **head, "parts": {}}
+    def __init__(self, args: argparse.Namespace, step: str, device: torch.device, lists=(), **head):
+        self.path, self.start = args.out, time.perf_counter()
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.data = {"step": step, "device": name, "torch": torch.__version__, "quick": args.quick, **head,
+                     "parts": {part: [] for part in lists}}
+        self.parts = self.data["parts"]
         self.write()
 
     def add(self, part: str, value) -> None:
-        self.data["parts"][part] = value
+        self.parts[part] = value
         self.write()
 
-    def skip(self, part: str, why: str) -> None:
-        print(f"{part}: skipped: {why}", flush=True)
-        self.add(part, {"skipped": why})
+    def extend(self, part: str, rows: list[dict]) -> None:
+        self.parts[part] += rows
+        self.write()
 
     def write(self) -> None:
         self.data["seconds"] = round(time.perf_counter() - self.start, 1)

@@ -17,22 +17,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import patches
-from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
-from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES, hf_config
+from studies.gpu_check.check_common import Report, empty_cache, shapes, step_args
+from studies._shared.shapes import hf_config
 
-MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 BATCH, SEQ_LEN, REPEATS = 2, 4096, 3
 QUICK_BATCH, QUICK_SEQ_LEN, QUICK_REPEATS = 2, 64, 2
 IMPLS = ("stock", "all-fused", "all-eager", "liger")  # Liger last: it patches transformers' classes for good
-
-
-def liger_skip(device: torch.device) -> str:
-    """Why Liger does not run here, or "" when it does."""
-    if device.type != "cuda":
-        return "Liger's kernels are Triton: CUDA only"
-    if importlib.util.find_spec("liger_kernel") is None:
-        return "liger_kernel not installed (no wheel in benchmarks/wheels)"
-    return ""
 
 
 def build(shape, seq_len: int, device: torch.device):
@@ -45,13 +35,10 @@ def build(shape, seq_len: int, device: torch.device):
 
 
 def select(impl: str, model) -> None:
-    """The patch state (or Liger's kernels) one implementation runs under."""
-    if impl == "stock":
-        patches.remove()
-    elif impl.startswith("all-"):
+    """Patch stock transformers for `impl` (measure removes the patches after each)."""
+    if impl.startswith("all-"):
         patches.apply("all", impl=impl.removeprefix("all-"))
     elif impl == "liger":
-        patches.remove()
         # optional: only the liger case needs its wheel
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2, apply_liger_kernel_to_qwen3
 
@@ -89,31 +76,30 @@ def timed(model, ids: torch.Tensor, repeats: int, device: torch.device) -> dict:
 def measure(name: str, shape, batch: int, seq_len: int, repeats: int, device: torch.device, report: Report) -> None:
     model = build(shape, seq_len, device)
     ids = torch.randint(0, shape.vocab, (batch, seq_len), generator=torch.Generator().manual_seed(1)).to(device)
-    rows = report.data["parts"]["rows"]
+    liger_skip = ("Liger's kernels are Triton: CUDA only" if device.type != "cuda"
+                  else "liger_kernel not installed (no wheel in benchmarks/wheels)"
+                  if importlib.util.find_spec("liger_kernel") is None else "")
     for impl in IMPLS:
         head = {"model": name, "layers": shape.layers, "hidden": shape.hidden, "tokens": batch * seq_len, "impl": impl}
-        why = liger_skip(device) if impl == "liger" else ""
-        if why:
-            rows.append({**head, "skipped": why})
-            report.write()
-            continue
+        why = liger_skip if impl == "liger" else ""
         try:
-            select(impl, model)
-            row = {**head, **timed(model, ids, repeats, device)}
+            if not why:
+                select(impl, model)
+                row = {**head, **timed(model, ids, repeats, device)}
         except Exception as error:  # noqa: BLE001 - another project's kernels: a failure is a note, not a lost step
             if impl != "liger":
                 raise
-            rows.append({**head, "skipped": f"Liger failed: {type(error).__name__}: {str(error)[:200]}"})
-            report.write()
-            continue
+            why = f"Liger failed: {type(error).__name__}: {str(error)[:200]}"
         finally:
             patches.remove()
-        stock = next((r for r in rows if r["model"] == name and r["impl"] == "stock"), row)  # stock runs first
-        row["time_x_stock"] = row["step_s"] / stock["step_s"]
+        if why:
+            report.extend("rows", [{**head, "skipped": why}])
+            continue
+        stock = next((r for r in report.parts["rows"] if r["model"] == name and r["impl"] == "stock"), row)
+        row["time_x_stock"] = row["step_s"] / stock["step_s"]  # stock runs first
         if "peak_bytes" in row:
             row["peak_x_stock"] = row["peak_bytes"] / stock["peak_bytes"]
-        rows.append(row)
-        report.write()
+        report.extend("rows", [row])
         print(f"{name} {impl:9s} {row['step_s'] * 1e3:.0f} ms ({row['time_x_stock']:.2f}x stock)"
               + (f", peak {row['peak_bytes'] / 2**30:.2f} GiB" if "peak_bytes" in row else ""), flush=True)
     del model
@@ -121,17 +107,13 @@ def measure(name: str, shape, batch: int, seq_len: int, repeats: int, device: to
 
 
 def main(argv=None) -> int:
-    p = step_parser(__doc__)
-    args = p.parse_args(argv)
-    device = checked_device(p, args)
-    shapes = dict(QUICK_SHAPES) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
+    args, device = step_args(__doc__, argv)
     batch, seq_len, repeats = (QUICK_BATCH, QUICK_SEQ_LEN, QUICK_REPEATS) if args.quick else (BATCH, SEQ_LEN, REPEATS)
-    report = Report(args.out, "cost", device, args.quick, batch=batch, seq_len=seq_len, repeats=repeats,
+    report = Report(args, "cost", device, ("rows",), batch=batch, seq_len=seq_len, repeats=repeats,
                     gradient_checkpointing=True, attention="transformers' sdpa", weights="random BF16, no optimizer",
                     peak_memory="torch.cuda.max_memory_allocated" if device.type == "cuda"
                     else "not measured: torch keeps no allocator peak on a CPU")
-    report.data["parts"]["rows"] = []
-    for name, shape in shapes.items():
+    for name, shape in shapes(args.quick).items():
         measure(name, shape, batch, seq_len, repeats, device, report)
     return 0
 

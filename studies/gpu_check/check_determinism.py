@@ -13,7 +13,6 @@ could change), random weights, 4 sequences of 16 + 48 tokens.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -25,12 +24,10 @@ from pathlib import Path
 
 import torch
 
-import patches
 from rla.digest import tensor_digest
 from studies.gpu_check import testbed
-from studies.gpu_check.check_common import Report, checked_device, step_parser
+from studies.gpu_check.check_common import Report, step_args
 from studies._shared.random_models import cast_pair, gpu_point
-from studies._shared.settings import GPU_TARGET
 from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES
 from studies._shared.sides import strict_recompiles
 
@@ -72,17 +69,15 @@ def model_step(device: torch.device, quick: bool) -> dict:
     point = gpu_point(name, shape, **(QUICK_LENGTHS if quick else LENGTHS))
     train, engine = cast_pair(point, device)
     layout = testbed.sampled(engine, point)
-    ref, _ = testbed.engine_reference(engine, layout)
+    refs, _ = testbed.references(engine, layout)
     digests = {"responses": tensor_digest(layout.ids), "engine_sampling": tensor_digest(layout.sampling),
-               "engine_forward": tensor_digest(ref)}
+               "engine_forward": tensor_digest(refs["engine_forward"])}
     for regions, impl in (("none", "eager"), ("all", "fused")):
-        with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET, impl=impl):
-            digests[f"train_{regions}"] = tensor_digest(testbed.train_logprobs(train, layout))
+        digests[f"train_{regions}"] = tensor_digest(testbed.aligned_logprobs(train, layout, regions, impl))
     return {"model": name, "layers": shape.layers, "hidden": shape.hidden, **digests}
 
 
-def child(args) -> int:
-    device = torch.device(args.device)
+def child(args, device: torch.device) -> int:
     applied = autotuning_off() if args.autotuning_off else {}
     strict_recompiles()
     start = time.perf_counter()
@@ -119,27 +114,22 @@ def compare(a: dict, b: dict, pair: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = step_parser(__doc__)
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one run, in a fresh process
-    p.add_argument("--autotuning-off", action="store_true", help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    device = checked_device(p, args)
+    args, device = step_args(__doc__, argv, "--child", "--autotuning-off")  # --child: one run, in a fresh process
     if args.child:
-        return child(args)
-    report = Report(args.out, "determinism", device, args.quick, lengths=QUICK_LENGTHS if args.quick else LENGTHS,
+        return child(args, device)
+    report = Report(args, "determinism", device, ("runs", "comparisons"),
+                    lengths=QUICK_LENGTHS if args.quick else LENGTHS,
                     caches="one Inductor and Triton cache for every run (--quick)" if args.quick
                     else "an empty Inductor and Triton cache per process")
-    report.data["parts"].update(runs=[], comparisons=[])
     runs = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label in RUNS:
             runs[label] = run_child(args.device, args.quick, label.startswith("autotuning off"), Path(tmp), label)
-            report.data["parts"]["runs"].append(runs[label])
+            report.parts["runs"].append(runs[label])
             print(f"{label}: {runs[label].get('failed') or {d: runs[label][d] for d in DIGESTS}}", flush=True)
-            report.data["parts"]["comparisons"] += [compare(runs[a], runs[b], pair) for pair, a, b in PAIRS
-                                                    if label in (a, b) and a in runs and b in runs]
-            report.write()
-    for c in report.data["parts"]["comparisons"]:
+            report.extend("comparisons", [compare(runs[a], runs[b], pair) for pair, a, b in PAIRS
+                                          if label in (a, b) and a in runs and b in runs])
+    for c in report.parts["comparisons"]:
         print(f"{c['pair']}: {c.get('skipped') or ('bit-equal' if c['all_equal'] else 'DIFFERS')}")
     return 0
 

@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from studies.gpu_check.check_common import Report, bit_compare, checked_device, step_parser
+from studies.gpu_check.check_common import MODELS, Report, bit_compare, step_args
 from studies._shared.shapes import PAPER_SHAPES, Shape, qwen_shape
 
-MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 QUICK_SHAPES = {"tiny-qwen2": qwen_shape("qwen2", 256, 2, 512)}
 QUICK_ROWS = (1, 2, 8, 32, 128)
@@ -77,44 +76,32 @@ def merged_vs_separate(name: str, shape: Shape, w: dict[str, torch.Tensor], rows
     return out
 
 
-def flags(device: torch.device) -> list[tuple[str, bool | None]]:
-    """(name, value of allow_bf16_reduced_precision_reduction) to run under; on a CPU only the default."""
-    if device.type != "cuda":
-        return [("not applicable (CPU)", None)]
-    return [("allowed", True), ("not allowed", False)]
-
-
-def first_differing(rows: list[dict]) -> str:
-    moved = [r["rows"] for r in rows if not r["bit_equal"]]
-    return "bit-equal at every row count" if not moved else f"differs from {min(moved)} rows"
-
-
 def main(argv=None) -> int:
-    p = step_parser(__doc__)
-    args = p.parse_args(argv)
-    device = checked_device(p, args)
+    args, device = step_args(__doc__, argv)
     shapes = QUICK_SHAPES if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
     rows = QUICK_ROWS if args.quick else ROWS
-    report = Report(args.out, "gemm", device, args.quick, row_counts=list(rows), decode_rows=DECODE_ROWS,
+    report = Report(args, "gemm", device, ("row_invariance", "merged_vs_separate"), row_counts=list(rows),
+                    decode_rows=DECODE_ROWS,
                     gemm="torch.nn.functional.linear on BF16 tensors (cuBLAS on a GPU, oneDNN/ATen on a CPU)")
     matmul = torch.backends.cuda.matmul
     default = matmul.allow_bf16_reduced_precision_reduction
-    invariance, merged = [], []
+    # (name, value of allow_bf16_reduced_precision_reduction) to run under; on a CPU only the default
+    flags = [("allowed", True), ("not allowed", False)] if device.type == "cuda" else [("not applicable (CPU)", None)]
     for name, shape in shapes.items():
         gen = torch.Generator(device).manual_seed(0)
         w = weights(shape, gen)
-        for flag, value in flags(device):
+        for flag, value in flags:
             if value is not None:
                 matmul.allow_bf16_reduced_precision_reduction = value
             try:
-                invariance += row_invariance(name, w, rows, flag, gen)
-                merged += merged_vs_separate(name, shape, w, (DECODE_ROWS, max(rows)), flag, gen)
-                report.add("row_invariance", invariance)
-                report.add("merged_vs_separate", merged)
+                invariance = row_invariance(name, w, rows, flag, gen)
+                report.parts["merged_vs_separate"] += merged_vs_separate(name, shape, w, (DECODE_ROWS, max(rows)),
+                                                                         flag, gen)
+                report.extend("row_invariance", invariance)
                 for proj in ("q_proj", "gate_proj", "down_proj", "lm_head"):
-                    found = [r for r in invariance if (r["model"], r["projection"], r["reduced_precision"]) ==
-                             (name, proj, flag)]
-                    print(f"{name} {proj} (reduced precision {flag}): {first_differing(found)}", flush=True)
+                    moved = [r["rows"] for r in invariance if r["projection"] == proj and not r["bit_equal"]]
+                    found = f"differs from {min(moved)} rows" if moved else "bit-equal at every row count"
+                    print(f"{name} {proj} (reduced precision {flag}): {found}", flush=True)
             finally:
                 matmul.allow_bf16_reduced_precision_reduction = default
         del w

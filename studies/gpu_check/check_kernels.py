@@ -20,16 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import patches
 from localrl import CUDA_ATTENTION, causal_mask, may_attend, register_attention
 from studies.gpu_check import testbed
-from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
+from studies.gpu_check.check_common import Report, empty_cache, shapes, step_args
 from studies._shared.random_models import cast_pair, gpu_point
 from studies._shared.settings import GPU_TARGET
-from studies._shared.shapes import PAPER_SHAPES, QUICK_SHAPES
 from studies._shared.sides import strict_recompiles
 
-MODELS = ("r1-distill-qwen-1.5b", "qwen3-8b")
 LENGTHS = dict(n_seq=8, prompt_len=32, response_len=128)
 QUICK_LENGTHS = dict(n_seq=2, prompt_len=8, response_len=8)
 SETTINGS = (("none", "-"), ("all", "fused"))
@@ -66,8 +63,7 @@ def measure(name: str, shape, lengths: dict, device: torch.device, report: Repor
     point = gpu_point(name, shape, **lengths)
     train, engine = cast_pair(point, device)
     layout = testbed.sampled(engine, point)
-    ref, entropy = testbed.engine_reference(engine, layout)
-    refs = {"engine_forward": ref, "engine_sampling": layout.sampling}
+    refs, entropy = testbed.references(engine, layout)
     print(f"{name}: sampled {lengths['n_seq']} x {lengths['response_len']} tokens, engine entropy "
           f"{entropy.mean():.3f} nats ({time.perf_counter() - start:.0f} s)", flush=True)
     head = {"model": name, "layers": shape.layers, "hidden": shape.hidden, **lengths,
@@ -76,13 +72,10 @@ def measure(name: str, shape, lengths: dict, device: torch.device, report: Repor
         if train_attention == "sdpa_flash":
             register_attention(train, FLASH_NAME, flash_attention)
         for regions, impl in SETTINGS:
-            with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET,
-                                 impl="eager" if impl == "-" else impl):
-                lp = testbed.train_logprobs(train, layout)
-            report.data["parts"]["rows"].append({**head, "train_attention": train_attention, "regions": regions,
-                                                 "impl": impl, **testbed.against_both(lp, refs, layout)})
-            report.write()
-            row = report.data["parts"]["rows"][-1]
+            lp = testbed.aligned_logprobs(train, layout, regions, impl)
+            row = {**head, "train_attention": train_attention, "regions": regions, "impl": impl,
+                   **testbed.against_both(lp, refs, layout)}
+            report.extend("rows", [row])
             print(f"  {train_attention:13s} {regions:4s} k3 {row['engine_forward/k3']:.3e} "
                   f"(sampling {row['engine_sampling/k3']:.3e})", flush=True)
     del train, engine
@@ -90,15 +83,11 @@ def measure(name: str, shape, lengths: dict, device: torch.device, report: Repor
 
 
 def main(argv=None) -> int:
-    p = step_parser(__doc__)
-    args = p.parse_args(argv)
-    device = checked_device(p, args)
+    args, device = step_args(__doc__, argv)
     strict_recompiles()
-    shapes = dict(QUICK_SHAPES) if args.quick else {n: PAPER_SHAPES[n] for n in MODELS}
-    report = Report(args.out, "kernels", device, args.quick, target=GPU_TARGET, kernels=kernel_names(device),
+    report = Report(args, "kernels", device, ("rows",), target=GPU_TARGET, kernels=kernel_names(device),
                     weights="random (the scaling study's builder)")
-    report.data["parts"]["rows"] = []
-    for name, shape in shapes.items():  # the 1.5B testbed first
+    for name, shape in shapes(args.quick).items():  # the 1.5B testbed first
         measure(name, shape, QUICK_LENGTHS if args.quick else LENGTHS, device, report)
     return 0
 

@@ -18,11 +18,10 @@ import time
 
 import torch
 
-import patches
 from localrl import CUDA_ATTENTION
 from rla.digest import tensor_digest
 from studies.gpu_check import testbed
-from studies.gpu_check.check_common import Report, checked_device, empty_cache, step_parser
+from studies.gpu_check.check_common import Report, empty_cache, step_args
 from studies._shared.random_models import build_model, gpu_point
 from studies._shared.settings import GPU_TARGET
 from studies._shared.shapes import PAPER_SHAPES, qwen_shape
@@ -40,17 +39,12 @@ def scored(train, layout, settings, head: dict, refs: dict, entropy: torch.Tenso
     """Each setting's rows against both references, overall and per position bin, added to the report."""
     for regions, impl in settings:
         start = time.perf_counter()
-        with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET,
-                             impl="eager" if impl == "-" else impl):
-            lp = testbed.train_logprobs(train, layout)
+        lp = testbed.aligned_logprobs(train, layout, regions, impl)
         keys = {**head, "regions": regions, "impl": impl}
         finite = torch.isfinite(lp[layout.response]).double().mean().item()
-        report.data["parts"]["rows"].append({**keys, "finite_share": finite,
-                                             **testbed.against_both(lp, refs, layout)})
-        report.data["parts"]["by_position"] += [{**keys, **row}
-                                                for row in testbed.by_position(lp, refs, layout, entropy)]
-        report.write()
-        row = report.data["parts"]["rows"][-1]
+        row = {**keys, "finite_share": finite, **testbed.against_both(lp, refs, layout)}
+        report.parts["rows"].append(row)
+        report.extend("by_position", [{**keys, **b} for b in testbed.by_position(lp, refs, layout, entropy)])
         print(f"  {head['scale']:8s} {head['dtype']} {regions:5s} {impl:6s} k3 {row['engine_forward/k3']:.3e} "
               f"(sampling {row['engine_sampling/k3']:.3e})  {time.perf_counter() - start:.0f} s", flush=True)
 
@@ -61,20 +55,18 @@ def measure_scale(name: str, shape, lengths: dict, scale: str, device: torch.dev
     master = build_model(point, point.prompt_len + point.response_len, device)
     train, engine = testbed.pair_of(master, point, device)
     layout = testbed.sampled(engine, point)
-    ref, entropy = testbed.engine_reference(engine, layout)
+    refs, entropy = testbed.references(engine, layout)
     head = {"model": name, "layers": shape.layers, "hidden": shape.hidden, "scale": scale,
             "logit_scale": point.logit_scale, **lengths, "attention": CUDA_ATTENTION if device.type == "cuda"
             else "fp32 SDPA, rounded once", "responses_digest": tensor_digest(layout.ids)}
     print(f"{name} {scale} scale ({point.logit_scale:.3g}): sampled {lengths['n_seq']} x {lengths['response_len']}"
           f" tokens, engine entropy {entropy.mean():.3f} nats ({time.perf_counter() - start:.0f} s)", flush=True)
-    refs = {"engine_forward": ref, "engine_sampling": layout.sampling}
     scored(train, layout, BF16_SETTINGS, {**head, "dtype": "bf16", "entropy_engine": entropy.mean().item()},
            refs, entropy, report)
     del train, engine
     empty_cache(device)
     train16, engine16 = testbed.pair_of(master, point, device, torch.float16)
-    ref16, entropy16 = testbed.engine_reference(engine16, layout)
-    refs16 = {"engine_forward": ref16, "engine_sampling": testbed.replayed_sampling(engine16, layout)}
+    refs16, entropy16 = testbed.references(engine16, layout, replay=True)
     scored(train16, layout, (("none", "-"),), {**head, "dtype": "fp16",
            "entropy_engine": entropy16.mean().item()}, refs16, entropy16, report)
     del train16, engine16, master
@@ -82,15 +74,12 @@ def measure_scale(name: str, shape, lengths: dict, scale: str, device: torch.dev
 
 
 def main(argv=None) -> int:
-    p = step_parser(__doc__)
-    args = p.parse_args(argv)
-    device = checked_device(p, args)
+    args, device = step_args(__doc__, argv)
     strict_recompiles()
     name, shape = (QUICK_MODEL, QUICK_SHAPE) if args.quick else (MODEL, PAPER_SHAPES[MODEL])
     lengths = QUICK_LENGTHS if args.quick else LENGTHS
-    report = Report(args.out, "long", device, args.quick, target=GPU_TARGET, scales=SCALES,
+    report = Report(args, "long", device, ("rows", "by_position"), target=GPU_TARGET, scales=SCALES,
                     weights="random (the scaling study's builder)")
-    report.data["parts"].update(rows=[], by_position=[])
     for scale in SCALES:  # the matched scale first: its rows are written when time runs out
         measure_scale(name, shape, lengths, scale, device, report)
     return 0

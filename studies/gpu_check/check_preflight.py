@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from studies.gpu_check.check_common import Report, bit_compare, checked_device, step_parser
+from studies.gpu_check.check_common import Report, bit_compare, step_args
 
 PACKAGES = ("torch", "triton", "transformers", "numpy", "pandas", "liger_kernel")
 NORM_ROWS, NORM_WIDTH = 256, 1536  # one R1-Distill-Qwen-1.5B hidden state per row
@@ -88,16 +88,14 @@ def norm_probe(device: torch.device) -> dict:
 
 
 def main(argv=None) -> int:
-    p = step_parser(__doc__)
-    args = p.parse_args(argv)
-    device = checked_device(p, args)
-    report = Report(args.out, "preflight", device, args.quick)
+    args, device = step_args(__doc__, argv)
+    report = Report(args, "preflight", device)
     report.add("versions", versions(device))
     report.add("sdpa_backends", sdpa_backends(device))
     report.add("reduced_precision", reduced_precision(device))
     probe = norm_probe(device)
     report.add("norm_cast", probe)
-    print(f"versions {report.data['parts']['versions']}\nSDPA {report.data['parts']['sdpa_backends']}\n"
+    print(f"versions {report.parts['versions']}\nSDPA {report.parts['sdpa_backends']}\n"
           f"norm probe: Inductor {probe['verdict']}")
     return 0
 

@@ -226,8 +226,8 @@ def gemm_view(gemm: pd.DataFrame) -> pd.DataFrame:
     """Per run, model, comparison, projection and reduction flag: at how many row counts the bits differ,
     and the smallest such row count."""
     keys = ["run", "model", "comparison", "projection", "reduced_precision"]
-    moved = gemm.assign(moved_at=gemm["rows"].where(~gemm["bit_equal"].astype(bool)))
-    moved["differs"] = ~moved["bit_equal"].astype(bool)
+    differs = ~gemm["bit_equal"].astype(bool)
+    moved = gemm.assign(moved_at=gemm["rows"].where(differs), differs=differs)
     return moved.groupby(keys, sort=False).agg(row_counts=("rows", "size"), differing_at=("differs", "sum"),
                                                first_differing_rows=("moved_at", "min"),
                                                max_differing=("differing", "max")).reset_index()
@@ -248,14 +248,12 @@ def long_view(long: pd.DataFrame) -> pd.DataFrame:
 def positions_view(positions: pd.DataFrame) -> pd.DataFrame:
     """Per run, scale, position bin and reference: each setting's k3 side by side, the engine's entropy
     there, and the share of stock's k3 that `rope` alone removes (1 - rope / none) against `all`'s."""
-    frame = positions.assign(setting=positions["dtype"] + " " + positions["regions"])
+    keys = ["run", "model", "scale", "position_low", "position_high"]
+    frame = positions.assign(setting="k3 " + positions["dtype"] + " " + positions["regions"])
+    entropy = frame[frame["dtype"] == "bf16"].groupby(keys, sort=False)["entropy_engine"].first()
     rows = []
     for ref in REFERENCES:
-        wide = frame.pivot_table(index=["run", "model", "scale", "position_low", "position_high"], columns="setting",
-                                 values=f"{ref}_k3", aggfunc="first", sort=False)
-        wide.columns = [f"k3 {c}" for c in wide.columns]
-        entropy = frame[frame["dtype"] == "bf16"].groupby(["run", "model", "scale", "position_low", "position_high"],
-                                                          sort=False)["entropy_engine"].first()
+        wide = frame.pivot_table(index=keys, columns="setting", values=f"{ref}_k3", aggfunc="first", sort=False)
         wide.insert(0, "reference", ref)
         wide.insert(1, "entropy_engine", entropy.reindex(wide.index).to_numpy())
         if {"k3 bf16 none", "k3 bf16 rope", "k3 bf16 all"} <= set(wide.columns):

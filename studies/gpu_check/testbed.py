@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import patches
 from localrl import Engine, compute_copy, use_local_kernels
 from studies._shared.random_models import Point, sample
 from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token, token_mismatch
+from studies._shared.settings import GPU_TARGET
 from studies._shared.sides import engine_forward, train_forward
-
-REFERENCES = ("engine_forward", "engine_sampling")  # the engine's prefill logprobs; its decode (sampling) ones
 
 
 def pair_of(master, point: Point, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> tuple:
@@ -43,16 +43,21 @@ def replayed_sampling(engine: Engine, layout: Layout) -> torch.Tensor:
     return out
 
 
-def engine_reference(engine: Engine, layout: Layout) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's prefill logprobs (B, T-1) and its entropy (nats) at each scored response token, in
+def references(engine: Engine, layout: Layout, replay: bool = False) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The engine's prefill logprobs (B, T-1) and its decode-path ones (its own sampling logprobs, or with
+    `replay` its decode of the layout's tokens), and its entropy (nats) at each scored response token, in
     the order of `layout.response`'s true entries."""
     forward = engine_forward(engine.model, layout.ids, layout.mask, layout.positions)
     entropy = entropy_per_token(forward.logits, layout.response)
-    return forward.logprobs.cpu(), entropy
+    sampling = replayed_sampling(engine, layout) if replay else layout.sampling
+    return {"engine_forward": forward.logprobs.cpu(), "engine_sampling": sampling}, entropy
 
 
-def train_logprobs(model, layout: Layout) -> torch.Tensor:
-    return train_forward(model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
+def aligned_logprobs(model, layout: Layout, regions: str, impl: str) -> torch.Tensor:
+    """The training side's logprobs under one setting: `regions` "none" is stock, `impl` "-" eager."""
+    with patches.aligned(None if regions == "none" else regions, target=GPU_TARGET,
+                         impl="eager" if impl == "-" else impl):
+        return train_forward(model, layout.ids, layout.mask, layout.positions).logprobs.cpu()
 
 
 def against_both(train_lp: torch.Tensor, refs: dict[str, torch.Tensor], layout: Layout) -> dict:

@@ -31,8 +31,7 @@ def preregistration(plan_file: str | Path) -> tuple[dict, dict]:
 
 
 def seeded(plan_file: str | Path, plan: dict, points: dict[str, dict]) -> dict[str, dict]:
-    """The plan's points, each at each of its `seeds` (named POINT-sSEED: the batches drawn anew, the model
-    the same) where it gives seeds; else as they are."""
+    """The plan's points, each at each of its `seeds` if it gives some (named POINT-sSEED: the batches drawn anew)."""
     if "seeds" not in plan:
         return points
     seeds = plan["seeds"]
@@ -83,9 +82,8 @@ def points_table(points: dict[str, dict], out: Path) -> str:
 
 
 def lead_checks(frame: pd.DataFrame, lead: dict, seeds: list[int]) -> list[dict]:
-    """The RoPE lead (a plan's `preregistration: lead:`) on the points' HA4 ratios: at each pair, the Qwen3
-    point's ratio is below `below` at every seed and its Qwen2 counterpart's is not, at any seed; the lead
-    reproduces where that holds at `pairs_min` pairs or more. A pair with a point not measured does not hold."""
+    """The RoPE lead (a plan's `preregistration: lead:`): at each pair, the Qwen3 point's HA4 ratio is below
+    `below` at every seed and its Qwen2 counterpart's at none; it reproduces at `pairs_min` pairs or more."""
     ha4 = frame[frame["check"].str.startswith("HA4")].set_index("point")["value"]
     below, rows = lead["below"], []
     for qwen3, qwen2 in lead["pairs"].values():

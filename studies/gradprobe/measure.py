@@ -1,37 +1,13 @@
 """The gradient probe: how far the mismatch moves the policy gradient, against the batch's own noise.
 
-For one model (a warm start, or an RL checkpoint of it), batches of samples from the local engine
-(prompts of the train split, `samples_per_prompt` responses each, at a temperature) and, per setting,
-the policy gradient the RL trainer would take from them: its log-probs with gradients, the old
-log-probs equal to them (verl recomputes them with the same model), verl's rollout correction where the
-setting has one, GRPO advantages, verl's PPO loss, backward; the BF16 parameter gradients, as the
-trainer hands them to its FP32 master, flattened.
-
-The reference is a training side whose forward equals the engine's: all three regions rounding like
-the local engine's graph (target `vllm`), the norm's variance summed in Inductor's order
-(`all+engine_order`) and the logits divided by the temperature in FP32, as the engine does (the RL
-trainer divides in BF16, as verl's actor: at T != 1 a mismatch of its own). The RL trainer's
-`all+engine_order` is also a setting. How exact the reference is, is measured per point: the fraction
-of response tokens whose reference log-prob equals the engine's full forward and its sampling
-log-probs (KV-cache decode: the engine's own prefill-vs-decode difference, which no training side
-removes, shows up there).
-
-Per setting s and batch b, with g the gradient and ḡ the reference's mean over batches:
-- `e`: sqrt(mean_b |g_s,b - g_ref,b|^2) / |ḡ_ref| (the mismatch's error, relative to the mean gradient);
-- `noise`: sqrt(sum_b |g_ref,b - ḡ_ref|^2 / (B - 1)) / |ḡ_ref| (one batch's sampling noise, same scale);
-- `mnr`: e / noise; `e_rms`: the error relative to the RMS batch gradient (free of ḡ's own noise);
-- `e_systematic`: |mean_b (g_s,b - g_ref,b)| / |ḡ_ref| and its noise floor `e_systematic_floor`
-  (the same for a zero-mean error of this size: e / sqrt(B));
-- `is_size`: sqrt(mean_b |g_IS - g|^2) / sqrt(mean_b |g|^2), where g_IS reweights each sequence by
-  verl's sequence-level IS (`decoupled_seq_is`: exp of the summed log-ratio to the engine's sampling
-  log-probs, truncated at 2): the off-policy correction the mismatch calls for, to compare with
-  sqrt(2 k3 L) (`sqrt_2k3L`: k3 per token, verl's estimator, L the mean response length);
-  `is_bias`: |mean_b (g_IS - g)| / |ḡ_ref| (its systematic part);
-- per-token mismatch to the reference (`mean_abs_d_ref`, `frac_identical_ref`) and to the sampling
-  log-probs (verl's `rollout_corr/*` and `training/*` names), the largest token |log-ratio|, the
-  variance of the sequence log-ratio, and the rejected / truncated fraction of a correction.
-
-Run by a plan's points (studies/gradprobe/plan.py).
+Per setting, the policy gradient the RL trainer would take from engine-sampled batches (verl's PPO loss,
+GRPO advantages, the setting's rollout correction), against a reference whose forward equals the local
+engine's: all+engine_order with the logits divided by the temperature in FP32, as the engine does (the
+trainer divides in BF16, as verl's actor). Per setting s and batch b, with ḡ the reference's batch mean:
+`e` = sqrt(mean_b |g_s,b - g_ref,b|^2) / |ḡ|, `noise` = one batch's sampling noise on that scale, `mnr`
+= e / noise; `is_size`: verl's sequence-level IS (`decoupled_seq_is`) against the uncorrected gradient,
+to compare with sqrt(2 k3 L) (`sqrt_2k3L`). The rest: `summarize`, `token_stats`; the points:
+studies/gradprobe/plan.py; what it found: studies/gradprobe/page.md.
 """
 
 from __future__ import annotations
@@ -84,10 +60,8 @@ class BatchGradient:
 
 
 def batch_gradient(trainer: Trainer, model, sample: Sample, setting: Setting, with_is: bool) -> BatchGradient:
-    """The RL trainer's policy gradient of one batch under `setting` (its numerics are applied by the
-    caller: run_settings): its log-probs with gradients (the exact reference divides by the temperature
-    in FP32, as the engine), the old log-probs equal to them, the setting's rollout correction, GRPO
-    advantages, verl's PPO loss."""
+    """The RL trainer's policy gradient of one batch under `setting` (its numerics: the caller's, run_settings);
+    the old log-probs equal the new ones, as verl recomputes them with the same model."""
     params = [p for p in model.parameters() if p.requires_grad]
     batch = sample.batch.to(trainer.device)
     log_prob = trainer.token_log_probs(trainer.logits(model, batch, fp32_temperature=setting.name == EXACT),
@@ -102,15 +76,8 @@ def batch_gradient(trainer: Trainer, model, sample: Sample, setting: Setting, wi
 
     loss, metrics = loss_of(setting.correction)
     grad = _flat(torch.autograd.grad(loss, params, retain_graph=with_is, allow_unused=False))
-    grad_is = None
-    if with_is:
-        loss_is, _ = loss_of(IS_PRESET)
-        grad_is = _flat(torch.autograd.grad(loss_is, params))
+    grad_is = _flat(torch.autograd.grad(loss_of(IS_PRESET)[0], params)) if with_is else None
     return BatchGradient(grad, grad_is, log_prob.detach().cpu(), {k: float(v) for k, v in metrics.items()})
-
-
-# ---------------------------------------------------------------------------------------------
-# Statistics over batches
 
 
 def _sq(t: Tensor) -> float:
@@ -137,7 +104,7 @@ def token_stats(log_prob: Tensor, ref: Tensor, batch: Batch) -> dict:
 
 
 def summarize(name: str, grads: list[BatchGradient], ref: list[BatchGradient], tokens: list[dict]) -> dict:
-    """One row of the table for one setting (the module docstring defines every column)."""
+    """One row of the table for one setting (e, noise, mnr, is_size: the module docstring)."""
     B = len(ref)
     ref_mean = torch.stack([r.grad for r in ref]).double().mean(0)
     mean_norm = float(ref_mean.norm())
@@ -171,10 +138,6 @@ def summarize(name: str, grads: list[BatchGradient], ref: list[BatchGradient], t
         if key in corrections:
             row[column] = float(corrections[key].mean())
     return row
-
-
-# ---------------------------------------------------------------------------------------------
-# One point
 
 
 @dataclass
@@ -235,55 +198,39 @@ def _reference_check(engine_model, samples: list[Sample], ref: list[BatchGradien
             "response_tokens": total}
 
 
-# ---------------------------------------------------------------------------------------------
-# Building a point from a config
-
-
-@dataclass
-class PointSpec:
-    """What one measurement needs: a config's model (and optionally an RL checkpoint of it)."""
-
-    config: str
-    model: str
-    checkpoint: str | None = None
-    temperature: float = 1.0
-    batches: int = DEFAULT_BATCHES
-    max_new_tokens: int | None = None
-    seed: int = 0
-    settings: tuple[str, ...] = SETTINGS
-
-
-def run_point(spec: PointSpec, log=print) -> PointResult:
-    cfg = load(spec.config)
-    model_spec(cfg, spec.model, "local")
-    rl = {**rl_settings(cfg, "local", spec.model), "temperature": float(spec.temperature)}
-    data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, spec.model)
+def run_point(point: dict, checkpoint: str | None = None, log=print) -> PointResult:
+    """One point of a plan (plan.py: its keys, every one given) on its config's model or an RL checkpoint of it."""
+    config, model, settings = point["config"], point["model"], list(point["settings"])
+    temperature, batches, seed = float(point["temperature"]), int(point["batches"]), int(point["seed"])
+    cfg = load(config)
+    model_spec(cfg, model, "local")
+    rl = {**rl_settings(cfg, "local", model), "temperature": temperature}
+    data_dir, model_dir = layout.data_dir(cfg), layout.model_dir(cfg, model)
     if not (model_dir / "model.safetensors").exists():
-        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --config {spec.config} "
-                          f"--model {spec.model} --out {model_dir}` first")
-    max_new = spec.max_new_tokens or rl["max_response_length"]
+        raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --config {config} "
+                          f"--model {model} --out {model_dir}` first")
+    max_new = point.get("max_new_tokens") or rl["max_response_length"]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     prompts, truths = train_prompts(tokenizer, data_dir)
     started = time.perf_counter()
     with Trainer(str(model_dir), rl, REFERENCE_ABLATION, target="vllm", gemm="fp32") as trainer:
         step = 0
-        if spec.checkpoint:
-            state = torch.load(spec.checkpoint, weights_only=False)
+        if checkpoint:
+            state = torch.load(checkpoint, weights_only=False)
             trainer.master.load_state_dict(state["trainer"]["master"])
             trainer.sync_compute_weights()
             step = int(state["step"])
         positions = max(trainer.master.config.max_position_embeddings, max(map(len, prompts)) + max_new)
         engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id, max_positions=positions)
         engine.load_weights(trainer.weights_for_engine())
-        log(f"gradprobe {spec.model} (step {step}, T {spec.temperature}): sampling {spec.batches} batches of "
+        log(f"gradprobe {model} (step {step}, T {temperature}): sampling {batches} batches of "
             f"{rl['prompts_per_step']} x {rl['samples_per_prompt']} (the engine compiles on first use)")
-        samples = sample_batches(engine, tokenizer, prompts, truths, spec.batches, rl, spec.temperature, max_new,
-                                 spec.seed)
-        result = measure(trainer, engine, samples, list(spec.settings), log)
+        samples = sample_batches(engine, tokenizer, prompts, truths, batches, rl, temperature, max_new, seed)
+        result = measure(trainer, engine, samples, settings, log)
     lengths = torch.cat([s.batch.response_mask.sum(1) for s in samples]).double()
-    result.meta.update({"config": spec.config, "model": spec.model, "checkpoint": spec.checkpoint, "rl_step": step,
-                        "temperature": spec.temperature, "batches": spec.batches, "max_new_tokens": max_new,
-                        "seed": spec.seed, "prompts_per_batch": rl["prompts_per_step"],
+    result.meta.update({"config": config, "model": model, "checkpoint": checkpoint, "rl_step": step,
+                        "temperature": temperature, "batches": batches, "max_new_tokens": max_new,
+                        "seed": seed, "prompts_per_batch": rl["prompts_per_step"],
                         "samples_per_prompt": rl["samples_per_prompt"],
                         "hidden": trainer.master.config.hidden_size, "layers": trainer.master.config.num_hidden_layers,
                         "arch": trainer.master.config.model_type,
@@ -297,9 +244,7 @@ def run_point(spec: PointSpec, log=print) -> PointResult:
 
 
 def write(result: PointResult, out: str | Path) -> list[Path]:
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "gradprobe.csv", out / "batches.csv", out / "gradprobe.json"]
+    paths = [Path(out) / name for name in ("gradprobe.csv", "batches.csv", "gradprobe.json")]
     write_csv(result.rows, paths[0])
     write_csv(result.batches, paths[1])
     write_text(paths[2], json.dumps(result.meta, indent=1, default=str) + "\n")

@@ -9,15 +9,11 @@ experiments/gradprobe.yaml), run one after the other.
       w256-qwen2: {model: qwen2-w256, settings: [none, rope, all]}  # fewer settings than the plan's
     seeds: [0, 1, 2]      # optional: every point at each seed, named POINT-sSEED (the batches drawn anew)
 
-A point's model is its config's warm start (`{results_dir}/models/{model}`, made with its data on
-first use, as the workflow makes them); `rl_step: N` is that
-model after N RL steps of the rig (`rl_ablation`, default none, seed 0, the config's RL settings and
-engine), trained here on first use: the cell runs to N steps, its checkpoint is copied to
-`{out}/checkpoints/{model}/step_N.pt`, and a later N continues the same cell. Each point writes
-`{out}/{point}/` (studies.gradprobe.measure.write), or `no_signal.txt` when every batch's groups scored alike
-(a zero gradient: nothing to compare); a point whose folder holds either is not measured again.
-
-    python -m studies run gradprobe --plan PLAN [--points a,b] --out DIR
+A point's model is its config's warm start (made with its data on first use, as the workflow makes them);
+`rl_step: N` is that model after N RL steps of the rig (`rl_ablation`, default none), trained on first use
+and kept in `{out}/checkpoints/{model}/step_N.pt`. Each point writes `{out}/{point}/`, or `no_signal.txt`
+when every batch's groups scored alike (a zero gradient); a point whose folder holds either is not measured
+again.
 """
 
 from __future__ import annotations
@@ -36,7 +32,7 @@ from rla.cells import Cell
 from rla.config import ConfigError, load, model_spec, warmstart_settings
 from rla.files import write_text
 from studies.gradprobe.judge import seeded
-from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, PointSpec, run_point, write
+from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, run_point, write
 from tinyqwen.data import write_splits
 from tinyqwen.task import TaskSettings
 
@@ -117,13 +113,10 @@ def run_plan(plan_file: str | Path, out: str | Path, only: str | None = None, lo
             continue
         log(f"[point {i}/{len(names)}] {name}: {point}")
         ensure_warm_start(point, log)
-        spec = PointSpec(point["config"], point["model"], checkpoint_of(point, out, log),
-                         float(point.get("temperature", 1.0)),
-                         int(point.get("batches", plan.get("batches", DEFAULT_BATCHES))),
-                         point.get("max_new_tokens"), int(point.get("seed", 0)),
-                         tuple(point.get("settings", plan.get("settings", SETTINGS))))
+        point = {"temperature": 1.0, "batches": plan.get("batches", DEFAULT_BATCHES), "seed": 0,
+                 "settings": plan.get("settings", SETTINGS), **point}
         try:
-            result = run_point(spec, log)
+            result = run_point(point, checkpoint_of(point, out, log), log)
         except NoSignal as err:  # recorded, and the plan goes on: a pre-registered point is reported either way
             write_text(out / name / "no_signal.txt", f"{err}\n")
             log(f"[point {i}/{len(names)}] {name}: no learning signal: {err}")

@@ -1,12 +1,7 @@
-"""What `all` leaves at depth, by component: its tables and figure from the measurement's JSON (no torch).
+"""What `all` leaves at depth, by component: its tables and figure from the depth study's JSON (no torch).
 
-    python -m studies report leftover --result depth.json --out DIR
-
-The measurement is the depth study's (`python -m studies run depth`) at the goal depth with more training
-kernels (setup: studies/leftover/page.md).
-
-`points.csv`, `summary.csv`: as the depth study's `points.csv` and `ladder.csv`; `shares.csv`: `shares`;
-`leftover.png` / `.pdf`: `all`'s k3 per training kernels set and summation order, against stock's.
+`points.csv`, `summary.csv`: as depth's `points.csv` and `ladder.csv`; `shares.csv`: `shares`; `leftover.png`:
+`all`'s k3 per training kernels set and summation order, against stock's (studies/leftover/page.md).
 """
 
 from __future__ import annotations
@@ -30,10 +25,8 @@ ORDERS = {"eager": "eager order", "inductor_cpu": "engine order", "vllm_cpu_grap
 
 
 def shares(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per point x kernels x order (for `all` at target vllm-cpu): k3 and the bit-equal fraction over
-    seeds, and `left`, this k3 over the baseline's (the goal's condition: rounded-once attention, torch's
-    GEMMs, the engine's order) on the same samples (mean, min and max over seeds). Where one engine kernel
-    is swapped in, `1 - left` is the share it removes."""
+    """Per point x kernels x order of `all` at vllm-cpu: k3, bit-equal fraction and `left`, this k3 over
+    BASELINE's on the same samples, over seeds. With one engine kernel swapped in, `1 - left` is its share."""
     aligned = frame[(frame["spec"] == "all") & (frame["target"] == "vllm-cpu")]
     point = ["arch", "width", "layers"]
     baseline = aligned[(aligned["kernels"] == BASELINE[0]) & (aligned["reduction"] == BASELINE[1])]

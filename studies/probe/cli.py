@@ -1,9 +1,5 @@
 """`python -m studies run probe`: against the local engine `measure.probe_local`, against vLLM
-`vllm.probe_vllm`; which one runs is the config's engine unless --engine names one.
-
-    python -m studies run probe --config CFG --model NAME --out results/tiny/probe/NAME
-    python -m studies run probe --engine vllm --model CHECKPOINT_DIR --out DIR     # any Qwen2/2.5/3 checkpoint
-"""
+`vllm.probe_vllm` (also any Qwen2/2.5/3 checkpoint directory); the config's engine unless --engine names one."""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ from tinyqwen.task import TaskSettings, render_prompt
 
 
 def log(msg: str) -> None:
-    """A progress line on stderr."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -33,9 +32,8 @@ class Inputs:
 
 
 def probe_inputs(args, cfg: dict | None, checkpoint_tokens: int | None = None) -> Inputs:
-    """What the probe reads, every option checked before any engine starts: `--model` a model of the
-    config, or (no config) a checkpoint directory (checked by cli.engine_of), whose responses are
-    `checkpoint_tokens` long unless --max-new-tokens says otherwise."""
+    """What the probe reads, every option checked before any engine starts; a checkpoint directory's responses
+    are `checkpoint_tokens` long unless --max-new-tokens says otherwise."""
     if cfg is None:
         rl, data_dir, model_dir, tokens = None, args.data, Path(args.model), checkpoint_tokens
     else:
@@ -49,8 +47,7 @@ def probe_inputs(args, cfg: dict | None, checkpoint_tokens: int | None = None) -
 
 
 def config_model(args, cfg: dict) -> tuple[dict, Path, Path]:
-    """(rl settings, data dir, warm-started model dir) of `--model`, a model of the config; an unknown
-    model or a model not yet warm-started is a ConfigError."""
+    """(rl settings, data dir, warm-started model dir) of `--model`, a model of the config."""
     model_spec(cfg, args.model, "local")
     model_dir = Path(args.model_dir or layout.model_dir(cfg, args.model))
     if not (model_dir / "config.json").exists():
@@ -89,8 +86,7 @@ def check_checkpoint(path: str | Path):
 
 
 def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
-    """Token ids of each chat: the checkpoint's own chat template if it has one, else the task's
-    rendering (`tinyqwen.task.render_prompt`, what the tiny models were trained on)."""
+    """Token ids of each chat: the checkpoint's own chat template, else the task's (the tiny models')."""
     if getattr(tokenizer, "chat_template", None):
         return [list(tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
                 for m in messages]
@@ -98,8 +94,7 @@ def chat_prompts(tokenizer, messages: list[list[dict]]) -> list[list[int]]:
 
 
 def task_messages(data_dir: str | Path | None, n: int, seed: int) -> list[list[dict]]:
-    """`n` chats, a seeded choice in file order, from a verl-schema test.parquet (`data_dir`), or from the
-    generated task's test split."""
+    """`n` chats, a seeded choice in file order, from `data_dir`'s test.parquet or the generated task's."""
     if data_dir is None:
         test = split_frame(TaskSettings(n_test=max(n, 200)), "test")
     else:

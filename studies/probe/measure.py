@@ -1,8 +1,5 @@
-"""The mismatch probe against the local engine (`probe_local`) on the shared harness (studies._shared):
-`SettingRows` holds each setting's rows against the engine's full forward (`engine_forward`) and its
-sampling logprobs (`engine_sampling`); vllm.py runs the same rows against vLLM. What it measures and
-found: studies/probe/page.md.
-"""
+"""The mismatch probe against the local engine (`probe_local`); `SettingRows` also serves vllm.py. What it
+measures and found: studies/probe/page.md."""
 
 from __future__ import annotations
 
@@ -35,16 +32,14 @@ def layer_rows(train: Forward, ref: Forward, mask: Tensor) -> list[dict]:
     """Divergence of the bf16 residual stream at the embedding and every layer output, and of the
     logits, over real tokens. Row `layer` 0 = embedding output (= first layer's input)."""
     real = mask.bool()
-    stages = [("embedding", 0)] + [("layer", i + 1) for i in range(len(ref.residuals) - 1)]
+    n = len(ref.residuals)
+    stages = [("embedding", 0)] + [("layer", i) for i in range(1, n)] + [("logits", n)]
     pairs = list(zip(train.residuals, ref.residuals)) + [(train.logits, ref.logits)]
-    stages.append(("logits", len(ref.residuals)))
     rows = []
     for (stage, index), (a, b) in zip(stages, pairs):
         a, b = a[real].double(), b[real].double()
-        rows.append({"layer": index, "stage": stage,
-                     "rel_l2": ((a - b).norm() / b.norm()).item(),
-                     "max_abs": (a - b).abs().max().item(),
-                     "frac_identical": (a == b).double().mean().item(),
+        rows.append({"layer": index, "stage": stage, "rel_l2": ((a - b).norm() / b.norm()).item(),
+                     "max_abs": (a - b).abs().max().item(), "frac_identical": (a == b).double().mean().item(),
                      "n_values": a.numel()})
     return rows
 
@@ -78,8 +73,7 @@ def describe(setting: Setting) -> dict:
 
 def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int = DEFAULT_POSITION_BIN,
               log=print, master=None) -> ProbeResult:
-    """Score `rollout` on the training model under every setting and compare with the engine. `master`
-    (the fp32 weights the BF16 model was cast from) is needed for FP16 settings."""
+    """Every setting's training side against the engine on `rollout`; FP16 settings need the fp32 `master`."""
     layout = Layout.from_rollout(rollout)
     refs = {torch.bfloat16: engine_forward(engine.model, layout.ids, layout.mask, layout.positions)}
     rows = SettingRows(refs[torch.bfloat16].logprobs, layout, position_bin)
@@ -104,12 +98,11 @@ def describe_main(main: dict) -> str:
 
 
 class SettingRows:
-    """The probe's rows of one layout as the settings are scored (compare), then its tables (result).
-    The first row compares the engine's BF16 forward (`engine_lp`) with its own sampling logprobs: the
-    engine's prefill-vs-decode part, which no training-side alignment can remove; `columns` are the
-    engine's columns of the table beyond `describe`'s."""
+    """The probe's rows of one layout as the settings are scored (compare), then its tables (result). The
+    first row: the engine's BF16 forward against its own sampling logprobs (prefill vs decode, which no
+    training-side alignment can remove); `columns`: the engine's columns beyond `describe`'s."""
 
-    def __init__(self, engine_lp: Tensor, layout: Layout, position_bin: int, **columns):
+    def __init__(self, engine_lp: Tensor, layout: Layout, position_bin: int = DEFAULT_POSITION_BIN, **columns):
         self.layout, self.position_bin = layout, position_bin
         self.subsets = [{"setting": MAIN_REFERENCE, "regions": "", "n_regions": np.nan, "reduction": "",
                          "treatment": "", "dtype": "bfloat16", **columns, **{region: np.nan for region in REGIONS},
@@ -117,8 +110,7 @@ class SettingRows:
         self.by_probability, self.by_position = [], []
 
     def compare(self, setting: Setting, described: dict, train_lp: Tensor, ref_lp: Tensor) -> dict:
-        """One setting's training-side logprobs against the engine's forward (and, for BF16, its sampling
-        logprobs: the responses were sampled by the BF16 engine); returns the main row."""
+        """Against the engine's forward (and for BF16, which sampled the responses, its sampling); the main row."""
         layout = self.layout
         if not torch.isfinite(train_lp[layout.sequence]).all():
             raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
@@ -127,11 +119,11 @@ class SettingRows:
             references.append((SAMPLING_REFERENCE, layout.sampling))
         for reference, lp in references:
             self.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
-        response_tokens = token_frame(train_lp, ref_lp, layout, "response")
-        self.by_probability.append(metrics.by_probability(response_tokens, binned).assign(setting=setting.name))
-        for scope in ("response", "sequence"):
-            tokens = response_tokens if scope == "response" else token_frame(train_lp, ref_lp, layout, scope)
-            self.by_position.append(metrics.by_position(tokens, self.position_bin, binned).assign(setting=setting.name, scope=scope))
+        tokens = {scope: token_frame(train_lp, ref_lp, layout, scope) for scope in ("response", "sequence")}
+        self.by_probability.append(metrics.by_probability(tokens["response"], binned).assign(setting=setting.name))
+        for scope, frame in tokens.items():
+            by_position = metrics.by_position(frame, self.position_bin, binned)
+            self.by_position.append(by_position.assign(setting=setting.name, scope=scope))
         return self.subsets[-len(references)]
 
     def result(self, layers: pd.DataFrame) -> ProbeResult:
@@ -141,10 +133,6 @@ class SettingRows:
         return ProbeResult(subsets=pd.DataFrame(self.subsets), layers=layers,
                            by_probability=front(pd.concat(self.by_probability, ignore_index=True), ["setting"]),
                            by_position=front(pd.concat(self.by_position, ignore_index=True), ["setting", "scope"]))
-
-
-# ---------------------------------------------------------------------------------------------
-# The probe of one model of an experiment config against the local engine (studies/probe/cli.py: the command)
 
 
 def probe_local(args, cfg: dict) -> int:

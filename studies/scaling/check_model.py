@@ -1,12 +1,8 @@
 """Target `vllm` against the local engine at the paper models' shapes: how far the training side is
 from an engine compiled as vLLM compiles on a GPU, per region setting.
 
-Run as a script by benchmarks/gpu_check.py; setup and results: docs/studies/gpu_check.md ("The `vllm`
-target at full depth"). Random weights; both sides share the GEMMs and one attention kernel. Imports torch,
-transformers, pandas and this repository only (no vLLM, verl or orjson).
-
-    python3 studies/scaling/check_model.py --device cuda --out $OUT/model.json      # qwen3-8b, qwen2.5-math-7b
-    .venv/bin/python studies/scaling/check_model.py --device cpu --quick            # a dry run, tiny shapes
+Run as a script by benchmarks/gpu_check.py (setup and results: docs/studies/gpu_check.md); random weights,
+both sides sharing the GEMMs and one attention kernel. Imports no vLLM, verl or orjson (the GPU image's).
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ MODELS = ("qwen3-8b", "qwen2.5-math-7b")
 
 def measure(name: str, shape: Shape, lengths: dict, device: torch.device, log=print) -> tuple[list[dict], dict]:
     """The rows of every setting and reference, and the rounding map of the engine's compiled graphs
-    (value -> stored as bf16 there, and in target `vllm`); `lengths`: n_seq, prompt_len, response_len."""
+    (value -> stored as bf16 there, and in target `vllm`)."""
     point = gpu_point(name, shape, **lengths)
     start = time.perf_counter()
     # built on the device (a 7B model's fp32 init on a CPU would take minutes), cast to bf16 in place

@@ -1,9 +1,5 @@
 """Mismatch scaling: the training-vs-engine mismatch as one factor grows (`FACTORS`), the others at a
-base, on the probe family's harness (`studies._shared`). Setup, factors and metrics: studies/scaling/page.md.
-
-    python -m studies run scaling --out results/scaling [--factors depth,width] [--archs qwen2,qwen3]
-                              [--big] [--real] [--quick]
-"""
+base. Setup, factors and metrics: studies/scaling/page.md; options: --help."""
 
 from __future__ import annotations
 
@@ -21,7 +17,7 @@ import torch
 import patches
 from diagnose import metrics
 from localrl import Engine, rig_device as default_device
-from rla.config import ConfigError, load
+from rla.config import ConfigError
 from rla.files import write_csv
 from studies._shared.mismatch import binned, mismatch_summary, token_frame
 from studies._shared.names import ENGINE_ORDER
@@ -30,14 +26,11 @@ from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token
 from studies._shared.settings import Setting, probe_settings, run_settings
 from studies._shared.shapes import ARCHS, qwen_shape, shape_of
 from studies._shared.sides import Forward, Sides, engine_forward, strict_recompiles, train_forward
+from studies._shared.vllm_cpu import tiny_grid_shapes
 from tinyqwen import models
 
 FACTORS = ("depth", "width", "vocab", "length", "sharpness", "attention", "qk_bias", "update", "shape")
 MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no FP16 settings)
-
-
-# ---------------------------------------------------------------------------------------------
-# Shapes
 
 
 # Published configurations (config.json of Qwen/Qwen2.5-1.5B and Qwen/Qwen3-1.7B: the rig's REAL_SHAPES);
@@ -45,8 +38,7 @@ MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no 
 REAL_SHAPES = {name: shape_of(arch, models.REAL_SHAPES[name], 151936)
                for name, arch in (("qwen2.5-1.5b", "qwen2"), ("qwen3-1.7b", "qwen3"))}
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
-TINY_SPECS = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
-TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA) for name, spec in TINY_SPECS.items()}
+TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA) for name, spec in tiny_grid_shapes().items()}
 
 
 def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
@@ -78,9 +70,7 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
     if factor == "attention":
         return [at(x, attn_scale=x) for x in (1, 2, 3, 4, 6, 8)]
     if factor == "qk_bias":
-        if arch != "qwen2":
-            return []  # Qwen3 has no q/k biases
-        return [at(b, qk_bias=b) for b in (0.25, 0.5, 1, 2, 4)]
+        return [at(b, qk_bias=b) for b in (0.25, 0.5, 1, 2, 4)] if arch == "qwen2" else []  # Qwen3 has none
     if factor == "update":
         # relative weight-update sizes around an AdamW step at lr 1e-6..1e-4 on weights of ~0.02
         return [at(u, update=u) for u in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)]
@@ -97,13 +87,9 @@ def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
     raise ValueError(f"unknown factor {factor!r}; allowed: {list(FACTORS)}")
 
 
-# ---------------------------------------------------------------------------------------------
-# Models
-
-
 def adam_like_update(master, size: float, seed: int) -> None:
-    """An AdamW-shaped step in place: every weight moves by `size` x (its tensor's RMS) in a random
-    sign direction (Adam's normalised update has magnitude ~lr for every coordinate)."""
+    """An AdamW-shaped step in place: each weight moves by `size` x its tensor's RMS, in a random sign (Adam's
+    normalised update has magnitude ~lr in every coordinate)."""
     if size == 0:
         return
     gen = torch.Generator().manual_seed(seed + 7919)
@@ -113,14 +99,9 @@ def adam_like_update(master, size: float, seed: int) -> None:
             p.add_(sign * (size * p.pow(2).mean().sqrt()))
 
 
-# ---------------------------------------------------------------------------------------------
-# One point
-
-
 def _settings(device: torch.device, fp16: bool) -> list[Setting]:
-    """Every subset of the regions, `compile`, `fp16` (only with the fp32 master weights at hand: the
-    real shapes cast theirs in place), plus all + the compiled engine's norm summation order - on the
-    CPU only: that order is Inductor's C++ loop, and no eager code reproduces a Triton kernel's order."""
+    """The probe's settings; `fp16` only with the fp32 master at hand, all+engine_order on the CPU only (that
+    order is Inductor's C++ loop: no eager code reproduces a Triton kernel's order)."""
     return [s for s in probe_settings()
             if (device.type == "cpu" or s.name != ENGINE_ORDER) and (fp16 or s.dtype == torch.bfloat16)]
 
@@ -139,21 +120,16 @@ def token_metrics(train: Forward, ref: Forward, layout: Layout) -> dict:
     k3 = torch.expm1(d_tok) - d_tok
     seq = torch.where(sel, d, 0.0).sum(1)  # sequence-level log-ratio: sum over the response
     h_train, h_ref = (entropy_per_token(f.logits, sel).double() for f in (train, ref))
-    return {
-        **summary,
-        "k3_max": k3.max().item(),
-        "signed_mean_dlogprob": d_tok.mean().item(),
-        "signed_mean_se": (d_tok.std() / math.sqrt(d_tok.numel())).item(),
-        "dlogprob_var": d_tok.var().item(),  # per token; x response length = the sequence variance if independent
-        "seq_logratio_mean": seq.mean().item(),
-        "seq_logratio_var": seq.var().item() if seq.numel() > 1 else float("nan"),
-        "seq_logratio_abs_mean": seq.abs().mean().item(),
-        "frac_abs_d_gt_1e-2": (d_tok.abs() > 1e-2).double().mean().item(),
-        "frac_abs_d_gt_1e-1": (d_tok.abs() > 1e-1).double().mean().item(),
-        "entropy_engine": h_ref.mean().item(),
-        "entropy_diff": (h_train - h_ref).mean().item(),  # < 0: the trainer is sharper than the engine
-        "entropy_diff_se": ((h_train - h_ref).std() / math.sqrt(h_ref.numel())).item(),
-    }
+    return {**summary, "k3_max": k3.max().item(), "signed_mean_dlogprob": d_tok.mean().item(),
+            "signed_mean_se": (d_tok.std() / math.sqrt(d_tok.numel())).item(),
+            "dlogprob_var": d_tok.var().item(),  # per token; x response length = the sequence variance if independent
+            "seq_logratio_mean": seq.mean().item(),
+            "seq_logratio_var": seq.var().item() if seq.numel() > 1 else float("nan"),
+            "seq_logratio_abs_mean": seq.abs().mean().item(),
+            "frac_abs_d_gt_1e-2": (d_tok.abs() > 1e-2).double().mean().item(),
+            "frac_abs_d_gt_1e-1": (d_tok.abs() > 1e-1).double().mean().item(), "entropy_engine": h_ref.mean().item(),
+            "entropy_diff": (h_train - h_ref).mean().item(),  # < 0: the trainer is sharper than the engine
+            "entropy_diff_se": ((h_train - h_ref).std() / math.sqrt(h_ref.numel())).item()}
 
 
 def position_bins(tokens: pd.DataFrame) -> pd.DataFrame:
@@ -243,22 +219,16 @@ def measure(point: Point, log=print) -> PointResult:
                 unchanged = (before == after).double().mean().item()
             row.update(persistence_corr=corr, frac_error_unchanged=unchanged, frac_bf16_weights_changed=changed)
 
-    head = describe(point)
-    out_rows = [{**head, **row} for row in rows]
+    out_rows = [{**describe(point), **row} for row in rows]
     none = next(r for r in out_rows if r["setting"] == "none")
     log(f"{point.factor}={point.value:g} {point.shape_name or point.shape.arch} "
         f"(L{point.shape.layers} h{point.shape.hidden} V{point.shape.vocab} R{point.response_len}): "
         f"none |d| {none['mean_abs_dlogprob']:.2e} k3 {none['k3_kl']:.2e} H {none['entropy_engine']:.2f}; "
         f"all |d| {next(r for r in out_rows if r['setting'] == 'all')['mean_abs_dlogprob']:.2e} "
         f"(sampling {t_sample:.1f} s)")
-    pos = pd.concat(pos_frames, ignore_index=True)
-    prob = pd.concat(prob_frames, ignore_index=True)
     keys = {"factor": point.factor, "value": point.value, "arch": point.shape.arch, "shape_name": point.shape_name}
-    return PointResult(out_rows, pos.assign(**keys), prob.assign(**keys))
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line
+    pos, prob = (pd.concat(frames, ignore_index=True).assign(**keys) for frames in (pos_frames, prob_frames))
+    return PointResult(out_rows, pos, prob)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -307,11 +277,10 @@ def plan(factors: list[str], archs: list[str], big: bool, real: bool, is_quick: 
     for factor in factors:
         for arch in archs:
             if is_quick:  # the first two points of each ladder, around a small base
-                pts = [replace(p, response_len=min(p.response_len, 24), n_seq=4)
-                       for p in factor_points(factor, arch, base=quick_base(arch))[:2]]
+                points += [replace(p, response_len=min(p.response_len, 24), n_seq=4)
+                           for p in factor_points(factor, arch, base=quick_base(arch))[:2]]
             else:
-                pts = factor_points(factor, arch, big, real, real_length=real_length)
-            points += pts
+                points += factor_points(factor, arch, big, real, real_length=real_length)
     return points
 
 
@@ -330,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     if "mismatch_scaling" in kept:
         done = set(map(tuple, kept["mismatch_scaling"][KEY].fillna("").itertuples(index=False)))
-        skipped = [p for p in points if point_key(p) in done]
-        points = [p for p in points if point_key(p) not in done]
-        log(f"--append: {len(skipped)} point(s) already in {out}/mismatch_scaling.csv, {len(points)} to measure")
+        todo = [p for p in points if point_key(p) not in done]
+        log(f"--append: {len(points) - len(todo)} point(s) already in {out}/mismatch_scaling.csv, "
+            f"{len(todo)} to measure")
+        points = todo
         rows = kept["mismatch_scaling"].to_dict("records")
     pos, prob = ([kept[n]] if n in kept else [] for n in TABLES[1:])
     start = time.perf_counter()

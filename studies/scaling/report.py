@@ -1,8 +1,5 @@
 """Fits, shares, figures and tables of the mismatch scaling study from its CSV files only (what they show:
-studies/scaling/page.md).
-
-    python -m studies report scaling --tables results/studies/scaling/measure --out results/studies/scaling/report
-"""
+studies/scaling/page.md)."""
 
 from __future__ import annotations
 
@@ -23,21 +20,11 @@ from rla import names
 
 log = logging.getLogger(__name__)
 
-FACTORS = {  # factor -> x-axis label
-    "depth": "layers",
-    "width": "hidden size",
-    "vocab": "vocabulary",
-    "length": "response tokens",
-    "sharpness": "output-layer scale",
-    "attention": "q/k scale",
-    "qk_bias": "q/k bias std (Qwen2)",
-}
-METRICS = {
-    "mean_abs_dlogprob": "mean |Δ logprob|",
-    "k3_kl": "k3 KL per token",
-    "seq_logratio_var": "var of sequence log-ratio",
-    "frac_abs_d_gt_1e-2": "fraction |Δ| > 1e-2",
-}
+# factor -> x-axis label
+FACTORS = {"depth": "layers", "width": "hidden size", "vocab": "vocabulary", "length": "response tokens",
+           "sharpness": "output-layer scale", "attention": "q/k scale", "qk_bias": "q/k bias std (Qwen2)"}
+METRICS = {"mean_abs_dlogprob": "mean |Δ logprob|", "k3_kl": "k3 KL per token",
+           "seq_logratio_var": "var of sequence log-ratio", "frac_abs_d_gt_1e-2": "fraction |Δ| > 1e-2"}
 ABLATIONS = ("none", *names.REGIONS, "all", *names.FORWARD_TREATMENTS)  # those present are drawn
 # The error of one region alone: the setting that aligns the other two.
 ALONE = {r: names.subset_name(set(names.REGIONS) - {r}) for r in names.REGIONS}
@@ -60,9 +47,8 @@ def _treatment(setting: str) -> str:
 
 
 def point_shares(table: pd.DataFrame) -> pd.DataFrame:
-    """Per point, the Shapley shares (`studies._shared.shares.region_shares`) of the stock mean |Δ logprob|
-    (`share_*`) and k3 (`k3_share_*`): one per region, the summation order's, what remains. A point
-    without every region subset has none (a warning names it)."""
+    """Per point, the Shapley shares of the stock mean |Δ logprob| (`share_*`) and k3 (`k3_share_*`): one per
+    region, the summation order's, what remains; a point without every region subset has none (a warning)."""
     rows = []
     if not {"regions", "reduction"} <= set(table.columns):
         log.warning("no shares: the table has no regions / reduction columns")
@@ -152,22 +138,20 @@ def scaling_figure(table: pd.DataFrame, out_dir: Path) -> list[Path]:
 def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: dict) -> pd.DataFrame:
     """Per error (none, each region alone, all): its growth with position (log-log slope of mean |d|
     over the position bins), first and last bin, and its size on unlikely vs likely tokens."""
-    pos, prob = _at(by_position, point), _at(by_probability, point)
+    pos, prob = (frame[(frame[list(point)] == pd.Series(point)).all(axis=1)] for frame in (by_position, by_probability))
     rows = []
     for name, setting in {"none": "none", **{f"{r} alone": s for r, s in ALONE.items()}, "all": "all"}.items():
         g = pos[pos["setting"] == setting].sort_values("position_low")
         mid = (g["position_low"] + g["position_high"] + 1) / 2
-        keep = g["mean_abs_dlogprob"] > 0
-        slope = (np.polyfit(np.log(mid[keep]), np.log(g.loc[keep, "mean_abs_dlogprob"]), 1)[0] if keep.sum() >= 3
-                 else np.nan)
+        mean_abs, signed = g["mean_abs_dlogprob"], g["mean_dlogprob"]
+        keep = mean_abs > 0
+        slope = np.polyfit(np.log(mid[keep]), np.log(mean_abs[keep]), 1)[0] if keep.sum() >= 3 else np.nan
         pr = prob[prob["setting"] == setting]
         unlikely, likely = pr[pr["p_high"] <= 0.1], pr[pr["p_low"] >= 0.9]
         rows.append({"error_of": name, "setting": setting, "position_slope": slope,
-                     "abs_first_bin": float(g["mean_abs_dlogprob"].iloc[0]),
-                     "abs_last_bin": float(g["mean_abs_dlogprob"].iloc[-1]),
+                     "abs_first_bin": float(mean_abs.iloc[0]), "abs_last_bin": float(mean_abs.iloc[-1]),
                      "last_bin": f"{int(g['position_low'].iloc[-1])}-{int(g['position_high'].iloc[-1])}",
-                     "signed_first_bin": float(g["mean_dlogprob"].iloc[0]),
-                     "signed_last_bin": float(g["mean_dlogprob"].iloc[-1]),
+                     "signed_first_bin": float(signed.iloc[0]), "signed_last_bin": float(signed.iloc[-1]),
                      "abs_p_below_0.1": _weighted(unlikely), "abs_p_above_0.9": _weighted(likely)})
     return pd.DataFrame(rows)
 
@@ -175,10 +159,6 @@ def where_table(by_position: pd.DataFrame, by_probability: pd.DataFrame, point: 
 def _weighted(frame: pd.DataFrame) -> float:
     n = frame["n_tokens"].sum()
     return float((frame["mean_abs_dlogprob"] * frame["n_tokens"]).sum() / n) if n else np.nan
-
-
-def _at(frame: pd.DataFrame, point: dict) -> pd.DataFrame:
-    return frame[(frame[list(point)] == pd.Series(point)).all(axis=1)]
 
 
 def fits_markdown(fits: pd.DataFrame) -> str:
@@ -200,16 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     report = {"mismatch_scaling_fits.csv": fits, "mismatch_scaling_fits.md": fits_markdown(fits)}
     if len(shares):
         report["mismatch_scaling_shares.csv"] = shares
-    pos_path = args.tables / "mismatch_scaling_by_position.csv"
-    prob_path = args.tables / "mismatch_scaling_by_probability.csv"
+    pos_path, prob_path = (args.tables / f"mismatch_scaling_by_{name}.csv" for name in ("position", "probability"))
     if pos_path.exists() and prob_path.exists():
         pos, prob = pd.read_csv(pos_path), pd.read_csv(prob_path)
         lengths = pos[pos["factor"] == "length"]
         if len(lengths):  # the longest responses of the first arch: the widest range of positions
             arch = sorted(set(lengths["arch"]))[0]
             point = {"factor": "length", "arch": arch, "value": lengths[lengths["arch"] == arch]["value"].max()}
-            where = where_table(pos, prob, point)
-            report["mismatch_where.csv"] = where
+            report["mismatch_where.csv"] = where = where_table(pos, prob, point)
             report["mismatch_where.md"] = to_markdown(where, float_format="{:.3g}")
     write_tables(args.out, report)
     scaling_figure(table, args.out)

