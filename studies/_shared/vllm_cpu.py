@@ -28,11 +28,16 @@ from studies.provenance import versions
 from tinyqwen.models import HIDDEN_256, sharpen
 
 
-SPEC_KEYS = ("arch", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "head_dim")
-SHAPES = {  # the tiny grid's model shapes (experiments/tiny.yaml), then hidden-256 ones; weights random
-    **{name: {k: spec[k] for k in SPEC_KEYS}
-       for name, spec in load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"].items()},
+def tiny_grid_shapes() -> dict[str, dict]:
+    """The tiny grid's model shapes (experiments/tiny.yaml), at random weights."""
+    specs = load(Path(__file__).resolve().parents[2] / "experiments/tiny.yaml")["model_specs"]
+    keys = ("arch", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim")
+    return {name: {k: spec[k] for k in keys} for name, spec in specs.items()}
+
+
+SHAPES = {  # the tiny grid's model shapes, then hidden-256 ones; weights random
+    **tiny_grid_shapes(),
     "qwen2-256": dict(arch="qwen2", **HIDDEN_256, num_hidden_layers=4),
     "qwen3-256": dict(arch="qwen3", **HIDDEN_256, num_hidden_layers=4),
     # Qwen3's long-context recipe: YaRN, factor 4 over 256 original positions (vLLM's table: 1024 rows)

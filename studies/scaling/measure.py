@@ -38,7 +38,8 @@ MASTER_KEPT_BELOW = 10**9  # parameters: above, the master is cast in place (no 
 REAL_SHAPES = {name: shape_of(arch, models.REAL_SHAPES[name], 151936)
                for name, arch in (("qwen2.5-1.5b", "qwen2"), ("qwen3-1.7b", "qwen3"))}
 # The tiny grid's models (experiments/tiny.yaml), random weights, its 384-token vocabulary.
-TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA) for name, spec in tiny_grid_shapes().items()}
+TINY_SHAPES = {name: shape_of(spec["arch"], spec, 384, models.ROPE_THETA)
+               for name, spec in tiny_grid_shapes().items()}
 
 
 def factor_points(factor: str, arch: str, big: bool = False, real: bool = False,
