@@ -152,4 +152,4 @@ def test_the_workflow_stages_each_paper_model_once_on_the_submitting_node(tmp_pa
         assert f"output: {paper['verl']['models_dir']}/{model}\n" in out.stdout
     # Each cell waits for its model; the rule runs where Snakemake runs (internet), not in a job.
     assert out.stdout.count(f"{paper['verl']['models_dir']}/qwen3-8b,") + out.stdout.count(f"{paper['verl']['models_dir']}/qwen3-8b\n") >= 1 + 9
-    assert "localrule: True" in (REPO / "workflows/rules/models.smk").read_text()
+    assert "localrule: True" in (REPO / "workflows/rules/grid.smk").read_text()

@@ -10,15 +10,10 @@ import yaml
 from jsonschema import Draft202012Validator
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
+from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
 import studies as declared_studies
 from studies import STUDIES
-
-STUDY_ROOT = declared_studies.HERE.parent  # the repository the studies are declared in
-# the studies the grid runs on each of its models (their study.yaml's `per_model:`)
-PER_MODEL = {name: s.workflow["per_model"] for name, s in STUDIES.items() if "per_model" in s.workflow}
-from snakemake_interface_executor_plugins.settings import DeploymentMethod
-
 from rla import config as settings
 from rla import files
 from rla import layout
@@ -26,9 +21,10 @@ from rla import names
 from rla.names import ABLATIONS
 import verlrun.models as staging
 
-BACKEND_MODULES = {"local": "localrl", "verl": "verlrun"}
+STUDY_ROOT = declared_studies.HERE.parent  # the repository the studies are declared in
+# the studies the grid runs on each of its models (their study.yaml's `per_model:`)
+PER_MODEL = {name: s.workflow["per_model"] for name, s in STUDIES.items() if "per_model" in s.workflow}
 CPU_ENV = "../../envs/cpu.yaml"
-GPU_ENV = "../../envs/verl-gpu.yaml"
 SCHEMA = "../schemas/config.schema.yaml"
 CLI = workflow.config_settings.config  # the --config values, as Snakemake parsed them
 CONFIG_FILES = [os.path.relpath(f) for f in workflow.config_settings.configfiles] or ["experiments/tiny.yaml"]
@@ -66,13 +62,9 @@ def _origin(path):
 def _check_schema(cfg):
     """The schema's verdict in a few lines: the key, the value, what is allowed, where it came from
     (Snakemake's own message is followed by the whole schema and config)."""
-    with open(workflow.source_path(SCHEMA)) as f:
-        schema = yaml.safe_load(f)
-    errors = sorted(Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))
-    if not errors:
-        return
+    schema = yaml.safe_load(Path(workflow.source_path(SCHEMA)).read_text())
     lines = []
-    for error in errors[:5]:
+    for error in sorted(Draft202012Validator(schema).iter_errors(cfg), key=lambda e: list(e.path))[:5]:
         where = ".".join(str(p) for p in error.path) or "config"
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
@@ -81,19 +73,18 @@ def _check_schema(cfg):
                          f"allowed: {', '.join(allowed)}")
         else:  # an enum's message names the allowed values
             lines.append(f"{where} = {error.instance!r} (from {_origin(list(error.path))}): {error.message}")
-    raise WorkflowError("invalid config:\n  " + "\n  ".join(lines))
+    if lines:
+        raise WorkflowError("invalid config:\n  " + "\n  ".join(lines))
 
 
 def _check_sections(cfg):
     """What a JSON schema cannot say: names that must exist elsewhere in the config, and every
     section's keys and values, checked as the backend's CLIs check them (rla.config)."""
     specs, backend = cfg["model_specs"], cfg["backend"]
-    unknown = [m for m in cfg["models"] if m not in specs]
-    if unknown:
+    if unknown := [m for m in cfg["models"] if m not in specs]:
         raise WorkflowError(f"models {unknown} have no entry in model_specs; defined: {sorted(specs)}")
     if backend == "verl":
-        local = [a for a in cfg["ablations"] if names.local_only(a)]
-        if local:
+        if local := [a for a in cfg["ablations"] if names.local_only(a)]:
             raise WorkflowError(f"ablations {local} run on the local backend only (from {_origin(['ablations'])}); "
                                 f"{names.TREATMENTS['engine_order']}")
     needed = "data" if backend == "verl" else "task"
@@ -102,13 +93,10 @@ def _check_sections(cfg):
     checks = {"model_specs": lambda m: settings.model_spec(cfg, m, backend),
               "rl": lambda m: settings.rl_settings(cfg, backend, m),
               "engine": lambda m: settings.engine_settings(cfg, backend),
-              "collapse": lambda m: settings.collapse_settings(cfg)}
-    if backend == "verl":
-        checks["verl"] = lambda m: settings.verl_settings(cfg, m)
-        checks["data"] = lambda m: settings.data_settings(cfg)
-    else:
-        checks["warmstart"] = lambda m: settings.warmstart_settings(cfg)
-        checks["task"] = lambda m: settings.task_settings(cfg.get("task"))
+              "collapse": lambda m: settings.collapse_settings(cfg),
+              **({"verl": lambda m: settings.verl_settings(cfg, m), "data": lambda m: settings.data_settings(cfg)}
+                 if backend == "verl" else {"warmstart": lambda m: settings.warmstart_settings(cfg),
+                                            "task": lambda m: settings.task_settings(cfg.get("task"))})}
     for section, check in checks.items():
         for model in cfg["models"]:
             try:
@@ -124,7 +112,7 @@ validate(config, schema=SCHEMA, set_default=True)
 _check_sections(config)
 
 BACKEND = config["backend"]
-BACKEND_MODULE = BACKEND_MODULES[BACKEND]
+BACKEND_MODULE = {"local": "localrl", "verl": "verlrun"}[BACKEND]
 PROFILE = config["profile"]
 RESULTS = str(layout.results_dir(config))  # each profile its own
 RUNS = str(layout.runs_dir(config))
@@ -135,29 +123,23 @@ FIGURES = f"{config['figures_dir'].rstrip('/')}/{PROFILE}"
 # verl cells run on GPUs (envs/verl-gpu.yaml) unless the profile says verl.platform: cpu
 # (vLLM's CPU build, envs/cpu.yaml); the local backend runs on CPU.
 PLATFORM = settings.verl_settings(config)["platform"] if BACKEND == "verl" else "cpu"
-TRAIN_ENV = GPU_ENV if PLATFORM == "cuda" else CPU_ENV
+TRAIN_ENV = "../../envs/verl-gpu.yaml" if PLATFORM == "cuda" else CPU_ENV
 TRAIN_RESOURCES = config["resources"]["train"]
 
 
-def _resolved_config_file(cfg):
-    """The validated config (with the --config values) for the jobs' CLIs, named by its content: a
-    later run with other values writes another file, never the one running jobs read. It lives with
-    Snakemake's own metadata, so a dry run writes nothing under the results directory."""
-    text = yaml.safe_dump({**cfg, "results_dir": RESULTS}, sort_keys=False)
-    path = Path(".snakemake/configs") / f"{PROFILE}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
-    if not path.exists():
-        files.write_text(path, text)
-    return str(path)
+# The validated config (with the --config values) for the jobs' CLIs, named by its content: a later run with
+# other values writes another file, never the one running jobs read. It lives with Snakemake's own metadata,
+# so a dry run writes nothing under the results directory.
+_text = yaml.safe_dump({**config, "results_dir": RESULTS}, sort_keys=False)
+CONFIG_FILE = f".snakemake/configs/{PROFILE}-{hashlib.sha256(_text.encode()).hexdigest()[:12]}.yaml"
+if not Path(CONFIG_FILE).exists():
+    files.write_text(CONFIG_FILE, _text)
 
 
 # Jobs find the file in $RLA_CONFIG, not in params: a config change reruns only the jobs whose own settings
 # (params) changed. Each command that reads it exports it first (configured(...)): the shell prefix is one for
 # the whole run, and a grid study's rules (a module: workflows/rules/studies.smk) read their own file.
-CONFIG_FILE = _resolved_config_file(config)
-
-
 def configured(command):
-    """`command` with $RLA_CONFIG exported before it."""
     return f"export RLA_CONFIG={shlex.quote(CONFIG_FILE)}; {command}"
 
 
@@ -179,12 +161,10 @@ GRID_CELLS = [(m, a, s) for m in config["models"] for a in config["ablations"] f
 
 
 def grid_metrics():
-    """metrics.jsonl of every cell of the configured grid."""
     return [f"{layout.cell_dir(config, m, a, s)}/metrics.jsonl" for m, a, s in GRID_CELLS]
 
 
-def train_benchmarks():
-    """The configured grid's training cells' benchmark files (the train rule's `benchmark:`)."""
+def train_benchmarks():  # the train rule's `benchmark:` of each cell
     return [f"{RESULTS}/benchmarks/train/{m}/{a}/seed{s}.tsv" for m, a, s in GRID_CELLS]
 
 
@@ -207,11 +187,8 @@ def per_model_tables():
 
 
 def all_targets():
-    return grid_metrics() + [
-        f"{TABLES}/metrics.parquet",
-        f"{TABLES}/stability.csv",
-        f"{TABLES}/summary.csv",
-    ] + per_model_targets() + per_model_tables()
+    return (grid_metrics() + [f"{TABLES}/{name}" for name in ("metrics.parquet", "stability.csv", "summary.csv")]
+            + per_model_targets() + per_model_tables())
 
 
 def cell_settings(model):
@@ -244,29 +221,18 @@ def cell_inputs(wildcards):
     return inputs
 
 
-def _cell_resource(name):
-    def value(wildcards):
-        spec = config["model_specs"][wildcards.model].get("resources") or {}
-        return spec.get(name, TRAIN_RESOURCES[name])
-
-    return value
-
-
-cell_runtime = _cell_resource("runtime")
-cell_mem_mb = _cell_resource("mem_mb")
+def cell_resource(name):
+    return lambda wildcards: (config["model_specs"][wildcards.model].get("resources") or {}).get(
+        name, TRAIN_RESOURCES[name])
 
 
 def cell_nodes(wildcards):
-    if BACKEND != "verl":
-        return 1
-    return settings.verl_settings(config, wildcards.model)["nnodes"]
+    return settings.verl_settings(config, wildcards.model)["nnodes"] if BACKEND == "verl" else 1
 
 
 def train_gpus(wildcards):
     """GPUs one cell holds: all of its verl nodes' GPUs; the local backend and verl on a CPU hold none."""
     if BACKEND != "verl":
         return TRAIN_RESOURCES.get("gpu", 0)
-    if PLATFORM == "cpu":
-        return 0
     verl = settings.verl_settings(config, wildcards.model)
-    return verl["nnodes"] * verl["n_gpus_per_node"]
+    return 0 if PLATFORM == "cpu" else verl["nnodes"] * verl["n_gpus_per_node"]

@@ -4,9 +4,6 @@ import glob
 import json
 import itertools
 
-import studies as declarations
-from studies import STUDIES
-
 STUDY_OUT = "results/studies"
 # the config's `studies:` section (experiments/micro-studies.yaml): whether the studies run their `micro:`
 # settings, whether a publish step renders the docs' pages after it and whether the timing and engine studies'
@@ -25,14 +22,6 @@ SNAKEMAKE_NAMES = {"input", "output", "log", "threads", "params", "wildcards", "
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
-def study_log(name, step):
-    return f"{STUDY_OUT}/{name}/logs/{step}.log"
-
-
-def study_benchmark(name, step):
-    return f"{STUDY_OUT}/{name}/benchmarks/{step}.tsv"
-
-
 def published(name):
     """The publish step's output: a copy of its provenance record. Not the tracked provenance.json, which a
     fresh clone already has: Snakemake would take the study for done."""
@@ -42,7 +31,7 @@ def published(name):
 def placeholders(name):
     """What a study's declared paths and commands may name: its results folder (`out`), its code's folder, the
     embedded grid's folders, its own grid's and its settings (a list of options shell-quoted)."""
-    values = {"name": name, "out": f"{STUDY_OUT}/{name}", "folder": str(declarations.HERE.parent / STUDIES[name].folder),
+    values = {"name": name, "out": f"{STUDY_OUT}/{name}", "folder": str(STUDY_ROOT / STUDIES[name].folder),
               "results": RESULTS, "tables": TABLES, "figures": FIGURES, "per_model_tables": per_model_tables(),
               "train_benchmarks": train_benchmarks()}
     if name in GRIDS:
@@ -88,13 +77,9 @@ def paths(entries, values, where, wildcards=()):
 
 def every_cell(path_list, cells):
     """Each path once per combination of the study's cells (an engine x architecture map's, say)."""
-    found = []
-    for combination in itertools.product(*cells.values()):
-        for path in path_list:
-            for wildcard, value in zip(cells, combination):
-                path = path.replace(f"{{{wildcard}}}", value)
-            found.append(path)
-    return list(dict.fromkeys(found))
+    combinations = [dict(zip(cells, values)) for values in itertools.product(*cells.values())]
+    return list(dict.fromkeys(PLACEHOLDER.sub(lambda m: combination.get(m[1], m[0]), path)
+                              for combination in combinations for path in path_list))
 
 
 def step_output(key, path, how):
@@ -104,27 +89,18 @@ def step_output(key, path, how):
     return touch(path) if key == how.get("flag") else path
 
 
-def step_threads(declared):
-    """`all`: every core where the studies run exclusive, else one; a number: that many, capped the same way."""
-    return EXCLUSIVE_THREADS if declared == "all" else min(declared, EXCLUSIVE_THREADS)
-
-
-def step_command(how, values, where, wildcards):
-    """The step's shell command; a step of several runs (`runs`) gets them one after the other as {runs}."""
-    if "runs" in how:
-        runs = how["runs"]
-        values = {**values, "runs": " && ".join(
-            filled(runs["then"] if i else runs["first"], {**values, "run": options}, where, wildcards)
-            for i, options in enumerate(values[runs["setting"]]))}
-    return filled(how["shell"], values, where, wildcards)
-
-
 def step_rule(name, step, how, values, cells):
     """One declared step's rule, NAME_STEP. A function: its command is read again when its job runs, and a
     loop's variable would hold the last step's by then."""
     at = f"{STUDIES[name].folder}/study.yaml: steps.{step}"
     log_as = how.get("log_as", step)
-    command = step_command(how, values, at, cells)
+    if runs := how.get("runs"):  # a step of several runs gets them one after the other as {runs}
+        values = {**values, "runs": " && ".join(
+            filled(runs["then"] if i else runs["first"], {**values, "run": options}, at, cells)
+            for i, options in enumerate(values[runs["setting"]]))}
+    command = filled(how["shell"], values, at, cells)
+    # threads `all`: every core where the studies run exclusive, else one; a number: that many, capped the same way
+    threads = how.get("threads", 1)
 
     rule:
         name:
@@ -134,12 +110,12 @@ def step_rule(name, step, how, values, cells):
         output:
             **{key: step_output(key, filled(path, values, at, cells), how) for key, path in how["output"].items()},
         log:
-            study_log(name, log_as),
+            f"{STUDY_OUT}/{name}/logs/{log_as}.log",
         benchmark:
-            study_benchmark(name, log_as)
+            f"{STUDY_OUT}/{name}/benchmarks/{log_as}.tsv"
         wildcard_constraints:
             **{wildcard: "|".join(re.escape(v) for v in allowed) for wildcard, allowed in cells.items()},
-        threads: step_threads(how.get("threads", 1))
+        threads: EXCLUSIVE_THREADS if threads == "all" else min(threads, EXCLUSIVE_THREADS)
         params:
             # the filled command as a param: other settings (studies.options) rerun the step, not only its publication
             command=lambda wildcards, text=command: text,
@@ -157,7 +133,7 @@ def publish_rule(name, steps, values, cells):
     logs = [h.get("log_as", step) for step, h in steps.items()]
     grid = ["{grid_train_benchmarks}"] if name in GRIDS else []
     benchmarks = [path for entry in how.get("benchmarks", grid + logs)
-                  for path in (every_cell([study_benchmark(name, entry)], cells) if entry in logs
+                  for path in (every_cell([f"{STUDY_OUT}/{name}/benchmarks/{entry}.tsv"], cells) if entry in logs
                                else paths(entry, values, at))]
 
     rule:
@@ -172,7 +148,7 @@ def publish_rule(name, steps, values, cells):
         output:
             report(published(name), caption="../report/published.rst", category="Published"),
         log:
-            study_log(name, "publish"),
+            f"{STUDY_OUT}/{name}/logs/publish.log",
         params:
             name=name,
             sources=paths(how["sources"], values, at),

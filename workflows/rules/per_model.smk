@@ -18,7 +18,6 @@ def per_model_rules(name, how):
             directory(f"{RESULTS}/{name}/{{model}}"),
         log:
             f"{LOGS}/{name}/{{model}}.log",
-        threads: 1
         conda:
             CPU_ENV
         shell:
@@ -34,7 +33,7 @@ def per_model_rules(name, how):
                    category=name.title()),
         log:
             f"{LOGS}/{name}_figures.log",
-        localrule: True  # light: where Snakemake runs, as the other figures rules (plots.smk)
+        localrule: True  # light: where Snakemake runs, as the other figures rules (grid.smk)
         conda:
             CPU_ENV
         shell:

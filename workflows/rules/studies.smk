@@ -23,20 +23,15 @@ for _name, _files in GRID_CONFIGS.items():
     GRIDS[_name] = _by_results[_results]
 
 
-localrules:
-    studies,
-
-
 rule studies:
     input:
         [published(name) for name in STUDIES],
+    localrule: True
 
 
 # each study's steps (its measurement and its report: `python -m studies run/report NAME ...`), then its
 # publishing step: what it waits for, where its measuring machine and benchmarks are, and what it copies into
 # its tracked folder (globs of the sources' files; a file source is copied as it is)
-
-
 for name, study in STUDIES.items():
     values = placeholders(name)
     cells = {wildcard: STUDY_SETTINGS[name][key] for wildcard, key in study.workflow.get("cells", {}).items()}
