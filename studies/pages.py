@@ -14,7 +14,7 @@ import operator
 import os
 import re
 from dataclasses import dataclass
-from functools import partial, partialmethod
+from functools import partialmethod
 from pathlib import Path
 
 import jinja2
@@ -69,7 +69,11 @@ class Column:
             raise ValueError(f"{how} of no rows: {self.source}")
         return Num(float(getattr(self.values, how)()), f"{how} of {self.source} over {len(self.values)} rows")
 
-    min, max, median, mean, sum = map(partial(partialmethod, _summary), ("min", "max", "median", "mean", "sum"))
+    min = partialmethod(_summary, "min")
+    max = partialmethod(_summary, "max")
+    median = partialmethod(_summary, "median")
+    mean = partialmethod(_summary, "mean")
+    sum = partialmethod(_summary, "sum")
 
     def distinct(self) -> Num:
         return Num(int(self.values.nunique()), f"distinct values of {self.source} over {len(self.values)} rows")
@@ -346,7 +350,9 @@ class Ledger:
     """Every number a page printed: its text, its value, where it came from."""
 
     def __init__(self, marking: bool):
-        self.marking, self.rows, self.tables = marking, [], []  # rows: dicts; tables: the files shown verbatim
+        self.marking = marking
+        self.rows: list[dict] = []
+        self.tables: list[str] = []  # the files shown verbatim
 
     def printed(self, text: str, num: Num) -> str:
         self.rows.append({"text": text, "value": repr(num.value), "source": num.source})

@@ -2,8 +2,10 @@
 
 A study's code is its folder's Python files (not its page, not what it published), its experiment config,
 and every project module its measurement and report import, followed import by import (function-level
-imports included), each compared by content with the provenance commit (`git diff --name-only COMMIT --
-FILES`, the working tree on the right). Torch-free: it reads source files and git, never imports the study.
+imports included), each compared with the provenance commit (`git diff --name-only COMMIT -- FILES`, the
+working tree on the right). A Python file whose code is the same but for its docstrings, comments and layout
+(equal ASTs without docstrings) has not changed: what runs is the same. Torch-free: it reads source files and
+git, never imports the study.
 """
 
 from __future__ import annotations
@@ -94,6 +96,29 @@ def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
 
 
+def _code(text: str) -> str:
+    """What a module runs: its AST without docstrings (comments and layout are not in an AST)."""
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _same_code(root: Path, commit: str, file: str) -> bool:
+    """Whether a Python file runs the same code in the working tree as at `commit`."""
+    then, now = _git(root, "show", f"{commit}:{file}"), root / file
+    if not file.endswith(".py") or then.returncode or not now.is_file():
+        return False
+    try:
+        return _code(then.stdout) == _code(now.read_text())
+    except SyntaxError:
+        return False
+
+
 @cache
 def _publications(root: Path, _state: str) -> tuple[Publication, ...]:
     found = []
@@ -103,7 +128,8 @@ def _publications(root: Path, _state: str) -> tuple[Publication, ...]:
             commit = json.loads(record.read_text()).get("commit", "unknown")
             diff = _git(root, "diff", "--name-only", commit, "--", *files)
             # a commit this history lacks: nothing says the code is the same
-            changed = tuple(files) if diff.returncode else tuple(sorted(set(diff.stdout.split())))
+            changed = tuple(files) if diff.returncode else tuple(
+                sorted(f for f in set(diff.stdout.split()) if not _same_code(root, commit, f)))
             found.append(Publication(name, str(record.parent.relative_to(root)), commit, changed))
     return tuple(found)
 

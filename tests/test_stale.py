@@ -44,7 +44,14 @@ def test_touching_a_studys_code_in_a_scratch_commit_makes_its_publication_stale(
     assert not before.stale and before.status.startswith("current at")
 
     measure = work / "studies/roundmap/measure.py"
-    measure.write_text(measure.read_text() + "\n# a change\n")
+    text = measure.read_text()
+    # a comment, a docstring and another layout: the same code runs
+    docstring_end = text.index('"""', 3)
+    measure.write_text(text[:docstring_end] + "More words.\n" + text[docstring_end:] + "\n# a comment\n\n\n")
+    _git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "reword the measurement")
+    assert not stale.publication("studies/roundmap/published", work).stale
+
+    measure.write_text(measure.read_text() + "CHANGED = 1\n")
     _git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "touch the measurement")
     after = stale.publication("studies/roundmap/published", work)
     assert after.changed == ("studies/roundmap/measure.py",) and after.status.startswith("stale: 1 file since")
