@@ -21,9 +21,9 @@ from rla.names import REGIONS
 from studies._shared.mismatch import binned, mismatch_summary, token_frame
 from studies._shared.names import MAIN_REFERENCE, SAMPLING_REFERENCE
 from studies._shared.scored import Layout
-from studies._shared.settings import Setting, probe_settings, run_settings
+from studies._shared.settings import Setting, log, probe_settings, run_settings
 from studies._shared.sides import Forward, Sides, engine_forward, sample_rollout, train_forward
-from studies.probe.inputs import log, probe_inputs
+from studies.probe.inputs import probe_inputs
 
 DEFAULT_POSITION_BIN = 16
 

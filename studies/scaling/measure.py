@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from studies._shared.mismatch import binned, mismatch_summary, token_frame
 from studies._shared.names import ENGINE_ORDER
 from studies._shared.random_models import Point, base_point, build_model, cast_copy, matched_scale, sample
 from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token
-from studies._shared.settings import Setting, probe_settings, run_settings
+from studies._shared.settings import Setting, log, probe_settings, run_settings
 from studies._shared.shapes import ARCHS, qwen_shape, shape_of
 from studies._shared.sides import Forward, Sides, engine_forward, strict_recompiles, train_forward
 from studies._shared.vllm_cpu import tiny_grid_shapes
@@ -290,7 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one process per core
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.real_length < 1:
         raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
     points = plan(factors, archs, args.big, args.real, args.quick, args.real_length)

@@ -31,6 +31,7 @@ from rla import files
 from rla.config import load_all, rl_settings
 from rla.machine import describe
 from rla.names import regions_of
+from studies._shared.settings import log
 from studies._shared.batches import sample_batches, train_prompts
 
 CONFIGS = ("experiments/tiny.yaml", "experiments/treatments.yaml")
@@ -127,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no warm-started model for {missing} under {results / 'models'}: run the grid first "
               f"(snakemake ... --config profile={results.name})", file=sys.stderr)
         return 2
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"command": "python -m studies run treatments " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": {**describe(), "threads": torch.get_num_threads()},
               "rounds": args.rounds, "warmup": WARMUP, "models": {}}
