@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
+from diagnose import metrics
 from localrl import mismatch_metrics
 from studies._shared.scored import Layout
 
@@ -41,6 +41,14 @@ def binned(frame: pd.DataFrame, key: str) -> pd.DataFrame:
     total = out["sum_abs"].sum()
     out["share_of_abs_dlogprob"] = out["sum_abs"] / total if total > 0 else 0.0
     return out.drop(columns="sum_abs").reset_index()
+
+
+def response_tokens(name: str, train_lp: Tensor, ref_lp: Tensor, layout: Layout) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The response tokens' frame and its bins by the engine's probability, once the training side is finite."""
+    if not torch.isfinite(train_lp[layout.sequence]).all():
+        raise FloatingPointError(f"non-finite training-side logprobs under setting {name!r}")
+    tokens = token_frame(train_lp, ref_lp, layout, "response")
+    return tokens, metrics.by_probability(tokens, binned).assign(setting=name)
 
 
 def token_frame(train_lp: Tensor, ref_lp: Tensor, layout: Layout, scope: str) -> pd.DataFrame:

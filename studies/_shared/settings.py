@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,6 +70,10 @@ def numerics(model, setting: Setting):
         finally:
             if setting.compiled:
                 compiled_layers.uncompile_layers(model)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def run_settings(settings: list[Setting], sides, step: Callable, log=print,

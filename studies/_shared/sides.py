@@ -11,6 +11,7 @@ from torch import Tensor
 from localrl import Engine, EngineModel, Rollout, compute_copy, prefill_mask, use_local_kernels
 from patches import compile as compiled_layers
 from patches.stream import hidden_state
+from studies._shared.scored import Layout
 from studies._shared.settings import Setting, numerics
 
 
@@ -69,6 +70,21 @@ def train_forward(model, ids: Tensor, mask: Tensor, positions: Tensor, setting: 
     if len(recorded) != len(handles):
         raise RuntimeError(f"recorded {len(recorded)} residual-stream values, expected {len(handles)}")
     return Forward(next_token_logprobs(logits, ids), recorded, logits)
+
+
+def on_cpu(forward: Forward) -> Forward:
+    """`forward` with its logprobs on the CPU, where a layout's masks are."""
+    forward.logprobs = forward.logprobs.cpu()
+    return forward
+
+
+def setting_forwards(dtype, train_model, engine_model, layout: Layout, refs: dict) -> tuple[Forward, Forward]:
+    """The training side's forward of `layout` (under the numerics in force) and the engine's at `dtype`, computed
+    once per dtype into `refs`; logprobs on the CPU."""
+    inputs = layout.ids, layout.mask, layout.positions
+    if dtype not in refs:
+        refs[dtype] = on_cpu(engine_forward(engine_model, *inputs))
+    return on_cpu(train_forward(train_model, *inputs)), refs[dtype]
 
 
 def strict_recompiles() -> None:

@@ -22,15 +22,13 @@ import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
-from transformers import AutoTokenizer
 
-from localrl import Batch, Engine, Rollout, Trainer, correct_rollout, mismatch_metrics, policy_loss, \
-    rollout_correction_config
+from localrl import Batch, Rollout, Trainer, correct_rollout, mismatch_metrics, policy_loss, rollout_correction_config
 from rla import layout
 from rla.config import ConfigError, load, model_spec, rl_settings
 from rla.files import write_csv, write_text
 from rla.names import ABLATIONS, REGIONS
-from studies._shared.batches import Sample, sample_batches, train_prompts
+from studies._shared.batches import Sample, sample_batches
 from studies._shared.scored import Layout
 from studies._shared.settings import Setting, run_settings
 from studies._shared.sides import Sides, engine_forward
@@ -210,8 +208,6 @@ def run_point(point: dict, checkpoint: str | None = None, log=print) -> PointRes
         raise ConfigError(f"model {model_dir} not found: run `python -m localrl warmstart --config {config} "
                           f"--model {model} --out {model_dir}` first")
     max_new = point.get("max_new_tokens") or rl["max_response_length"]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    prompts, truths = train_prompts(tokenizer, data_dir)
     started = time.perf_counter()
     with Trainer(str(model_dir), rl, REFERENCE_ABLATION, target="vllm", gemm="fp32") as trainer:
         step = 0
@@ -220,12 +216,9 @@ def run_point(point: dict, checkpoint: str | None = None, log=print) -> PointRes
             trainer.master.load_state_dict(state["trainer"]["master"])
             trainer.sync_compute_weights()
             step = int(state["step"])
-        positions = max(trainer.master.config.max_position_embeddings, max(map(len, prompts)) + max_new)
-        engine = Engine(trainer.master.config, tokenizer.eos_token_id, tokenizer.pad_token_id, max_positions=positions)
-        engine.load_weights(trainer.weights_for_engine())
         log(f"gradprobe {model} (step {step}, T {temperature}): sampling {batches} batches of "
             f"{rl['prompts_per_step']} x {rl['samples_per_prompt']} (the engine compiles on first use)")
-        samples = sample_batches(engine, tokenizer, prompts, truths, batches, rl, temperature, max_new, seed)
+        engine, samples = sample_batches(trainer, model_dir, data_dir, batches, rl, temperature, max_new, seed)
         result = measure(trainer, engine, samples, settings, log)
     lengths = torch.cat([s.batch.response_mask.sum(1) for s in samples]).double()
     result.meta.update({"config": config, "model": model, "checkpoint": checkpoint, "rl_step": step,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import shutil
-import sys
 from pathlib import Path
 
 import torch
@@ -31,6 +30,7 @@ from rla import layout
 from rla.cells import Cell
 from rla.config import ConfigError, load, model_spec, warmstart_settings
 from rla.files import write_text
+from studies._shared.settings import log
 from studies.gradprobe.judge import seeded
 from studies.gradprobe.measure import DEFAULT_BATCHES, SETTINGS, NoSignal, run_point, write
 from tinyqwen.data import write_splits
@@ -137,4 +137,4 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, help="output dir: one folder per point under it")
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # one process per core
-    return run_plan(args.plan, args.out, args.points, lambda msg: print(msg, file=sys.stderr, flush=True))
+    return run_plan(args.plan, args.out, args.points, log)

@@ -3,7 +3,6 @@ starts, and its prompts (a verl-schema test split or the generated task, in the 
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,10 +15,6 @@ from rla import layout
 from rla.config import ConfigError, model_spec, rl_settings
 from tinyqwen.data import load_split, split_frame
 from tinyqwen.task import TaskSettings, render_prompt
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 @dataclass

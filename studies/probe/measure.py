@@ -18,12 +18,12 @@ from localrl import Engine, Rollout, Trainer
 from rla import files
 from rla.config import ConfigError
 from rla.names import REGIONS
-from studies._shared.mismatch import binned, mismatch_summary, token_frame
+from studies._shared.mismatch import binned, mismatch_summary, response_tokens, token_frame
 from studies._shared.names import MAIN_REFERENCE, SAMPLING_REFERENCE
 from studies._shared.scored import Layout
-from studies._shared.settings import Setting, probe_settings, run_settings
-from studies._shared.sides import Forward, Sides, engine_forward, sample_rollout, train_forward
-from studies.probe.inputs import log, probe_inputs
+from studies._shared.settings import Setting, log, probe_settings, run_settings
+from studies._shared.sides import Forward, Sides, engine_forward, sample_rollout, setting_forwards
+from studies.probe.inputs import probe_inputs
 
 DEFAULT_POSITION_BIN = 16
 
@@ -80,10 +80,7 @@ def run_probe(train_model, engine: Engine, rollout: Rollout, position_bin: int =
     layers = []
 
     def step(setting: Setting, model, engine_model) -> dict:
-        if setting.dtype not in refs:
-            refs[setting.dtype] = engine_forward(engine_model, layout.ids, layout.mask, layout.positions)
-        ref = refs[setting.dtype]
-        train = train_forward(model, layout.ids, layout.mask, layout.positions)
+        train, ref = setting_forwards(setting.dtype, model, engine_model, layout, refs)
         layers.extend({"setting": setting.name, **row} for row in layer_rows(train, ref, layout.mask))
         return rows.compare(setting, describe(setting), train.logprobs, ref.logprobs)
 
@@ -112,16 +109,14 @@ class SettingRows:
     def compare(self, setting: Setting, described: dict, train_lp: Tensor, ref_lp: Tensor) -> dict:
         """Against the engine's forward (and for BF16, which sampled the responses, its sampling); the main row."""
         layout = self.layout
-        if not torch.isfinite(train_lp[layout.sequence]).all():
-            raise FloatingPointError(f"non-finite training-side logprobs under setting {setting.name!r}")
+        tokens, by_probability = response_tokens(setting.name, train_lp, ref_lp, layout)
         references = [(MAIN_REFERENCE, ref_lp)]
         if setting.dtype == torch.bfloat16:
             references.append((SAMPLING_REFERENCE, layout.sampling))
         for reference, lp in references:
             self.subsets.append({**described, "reference": reference, **mismatch_summary(train_lp, lp, layout)})
-        tokens = {scope: token_frame(train_lp, ref_lp, layout, scope) for scope in ("response", "sequence")}
-        self.by_probability.append(metrics.by_probability(tokens["response"], binned).assign(setting=setting.name))
-        for scope, frame in tokens.items():
+        self.by_probability.append(by_probability)
+        for scope, frame in (("response", tokens), ("sequence", token_frame(train_lp, ref_lp, layout, "sequence"))):
             by_position = metrics.by_position(frame, self.position_bin, binned)
             self.by_position.append(by_position.assign(setting=setting.name, scope=scope))
         return self.subsets[-len(references)]

@@ -26,9 +26,9 @@ from rla.names import TARGETS
 from studies import provenance
 from studies._shared.names import ENGINE_ORDER
 from studies._shared.scored import Layout
-from studies._shared.settings import Setting, probe_settings, run_settings
+from studies._shared.settings import Setting, log, probe_settings, run_settings
 from studies._shared.sides import next_token_logprobs
-from studies.probe.inputs import check_checkpoint, log, probe_inputs
+from studies.probe.inputs import check_checkpoint, probe_inputs
 from studies.probe.measure import SettingRows, describe, describe_main
 
 DEFAULT_CHECKPOINT_TOKENS = 256

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -15,17 +14,17 @@ import pandas as pd
 import torch
 
 import patches
-from diagnose import metrics
 from localrl import Engine, rig_device as default_device
 from rla.config import ConfigError
 from rla.files import write_csv
-from studies._shared.mismatch import binned, mismatch_summary, token_frame
+from studies._shared.mismatch import binned, mismatch_summary, response_tokens
 from studies._shared.names import ENGINE_ORDER
 from studies._shared.random_models import Point, base_point, build_model, cast_copy, matched_scale, sample
 from studies._shared.scored import LOG_POSITION_EDGES, Layout, entropy_per_token
-from studies._shared.settings import Setting, probe_settings, run_settings
+from studies._shared.settings import Setting, log, probe_settings, run_settings
 from studies._shared.shapes import ARCHS, qwen_shape, shape_of
-from studies._shared.sides import Forward, Sides, engine_forward, strict_recompiles, train_forward
+from studies._shared.sides import Forward, Sides, engine_forward, on_cpu, setting_forwards, strict_recompiles, \
+    train_forward
 from studies._shared.vllm_cpu import tiny_grid_shapes
 from tinyqwen import models
 
@@ -107,11 +106,6 @@ def _settings(device: torch.device, fp16: bool) -> list[Setting]:
             if (device.type == "cpu" or s.name != ENGINE_ORDER) and (fp16 or s.dtype == torch.bfloat16)]
 
 
-def _logprobs_on_cpu(forward: Forward) -> Forward:
-    forward.logprobs = forward.logprobs.cpu()
-    return forward
-
-
 def token_metrics(train: Forward, ref: Forward, layout: Layout) -> dict:
     """The per-point metrics over response tokens; d = logp_train - logp_engine."""
     summary = mismatch_summary(train.logprobs, ref.logprobs, layout)
@@ -174,7 +168,7 @@ def measure(point: Point, log=print) -> PointResult:
     start = time.perf_counter()
     layout = Layout.from_rollout(sample(engine, point))
     inputs = (layout.ids, layout.mask, layout.positions)
-    refs = {torch.bfloat16: _logprobs_on_cpu(engine_forward(engine.model, *inputs))}
+    refs = {torch.bfloat16: on_cpu(engine_forward(engine.model, *inputs))}
     t_sample = time.perf_counter() - start
 
     settings = _settings(device, fp16=keep_master)
@@ -182,20 +176,15 @@ def measure(point: Point, log=print) -> PointResult:
     rows, pos_frames, prob_frames, errors = [], [], [], {}
 
     def step(setting: Setting, train_model, engine_model) -> None:
-        if setting.dtype not in refs:  # FP16: against the FP16 engine's forward of the same tokens
-            refs[setting.dtype] = _logprobs_on_cpu(engine_forward(engine_model, *inputs))
-        ref = refs[setting.dtype]
-        train = _logprobs_on_cpu(train_forward(train_model, *inputs))
-        if not torch.isfinite(train.logprobs[layout.sequence]).all():
-            raise FloatingPointError(f"non-finite training logprobs at {point.factor}={point.value} {setting.name}")
+        train, ref = setting_forwards(setting.dtype, train_model, engine_model, layout, refs)
+        tokens, by_probability = response_tokens(setting.name, train.logprobs, ref.logprobs, layout)
         errors[setting.name] = (train.logprobs - ref.logprobs)[layout.response].double()
         rows.append({"setting": setting.name, "regions": ",".join(setting.regions) or "none",
                      "reduction": setting.reduction,
                      "stock_regions": ",".join(r for r in patches.REGIONS if r not in setting.regions) or "none",
                      **token_metrics(train, ref, layout)})
-        tokens = token_frame(train.logprobs, ref.logprobs, layout, "response")
         pos_frames.append(position_bins(tokens).assign(setting=setting.name))
-        prob_frames.append(metrics.by_probability(tokens, binned).assign(setting=setting.name))
+        prob_frames.append(by_probability)
 
     run_settings(settings, sides, step, log=lambda line: None)  # one line per point, below
 
@@ -208,11 +197,11 @@ def measure(point: Point, log=print) -> PointResult:
         changed = sum(int((p != o).sum()) for p, o in zip(model.parameters(), old)) / sum(o.numel() for o in old)
         del old
         engine.load_weights({k: v for k, v in model.state_dict().items() if v.dtype == torch.bfloat16})
-        ref2 = _logprobs_on_cpu(engine_forward(engine.model, *inputs))
+        ref2 = on_cpu(engine_forward(engine.model, *inputs))
         for row, setting in zip(rows, settings):
             corr = unchanged = float("nan")
             if setting.dtype == torch.bfloat16:  # persistence is measured on the BF16 pair only
-                train = _logprobs_on_cpu(train_forward(model, *inputs, setting))
+                train = on_cpu(train_forward(model, *inputs, setting))
                 after = (train.logprobs - ref2.logprobs)[layout.response].double()
                 before = errors[setting.name]
                 if before.std() > 0 and after.std() > 0:
@@ -290,7 +279,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # one process per core
     factors = _choices(args.factors, FACTORS, "--factors")
     archs = _choices(args.archs, ARCHS, "--archs")
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     if args.real_length < 1:
         raise ConfigError(f"--real-length must be a positive number of tokens, got {args.real_length}")
     points = plan(factors, archs, args.big, args.real, args.quick, args.real_length)

@@ -23,15 +23,15 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from transformers import AutoTokenizer
 
 import patches
-from localrl import Engine, Trainer, correct_rollout
+from localrl import Trainer, correct_rollout
 from rla import files
 from rla.config import load_all, rl_settings
 from rla.machine import describe
 from rla.names import regions_of
-from studies._shared.batches import sample_batches, train_prompts
+from studies._shared.settings import log
+from studies._shared.batches import sample_batches
 
 CONFIGS = ("experiments/tiny.yaml", "experiments/treatments.yaml")
 WARMUP = 2
@@ -49,13 +49,9 @@ def bench_model(cfg: dict, model: str, results: Path, rounds: int, log) -> dict:
     ablations = cfg["ablations"]
     rl = rl_settings(cfg, "local", model)
     model_dir, data_dir = results / "models" / model, results / "data"
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    prompts, truths = train_prompts(tok, data_dir)
-    with Trainer(str(model_dir), rl, "none") as stock:
-        engine = Engine(stock.master.config, tok.eos_token_id, tok.pad_token_id)
-        engine.load_weights(stock.weights_for_engine())
     # one batch as `rl_step` draws it (the gradient probe's first batch at seed 0), sampled by the stock engine
-    [sample] = sample_batches(engine, tok, prompts, truths, 1, rl, rl["temperature"], rl["max_response_length"], 0)
+    with Trainer(str(model_dir), rl, "none") as stock:
+        _, [sample] = sample_batches(stock, model_dir, data_dir, 1, rl, rl["temperature"], rl["max_response_length"], 0)
     stock_batch, scores, groups = sample.batch, sample.scores, sample.groups
     trainers, batches, first = {}, {}, {}
     for ablation in ablations:
@@ -127,7 +123,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no warm-started model for {missing} under {results / 'models'}: run the grid first "
               f"(snakemake ... --config profile={results.name})", file=sys.stderr)
         return 2
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     report = {"command": "python -m studies run treatments " + shlex.join(argv if argv is not None else sys.argv[1:]),
               "machine": {**describe(), "threads": torch.get_num_threads()},
               "rounds": args.rounds, "warmup": WARMUP, "models": {}}
