@@ -49,6 +49,11 @@ def test_a_stopped_run_resumes_at_the_first_point_it_has_not_measured(tmp_path, 
     (out.parent / "depth.json.points/qwen2-256x2-s1.json").unlink()  # as if stopped before its last point
     measured.clear()
     assert measure.main(args) == 0 and measured == [(2, 1, 32)]
+    kept = out.parent / "depth.json.points/qwen2-256x1-s0.json"  # as if kept by another commit's code
+    point = json.loads(kept.read_text())
+    kept.write_text(json.dumps({**point, "code": {**point["code"], "commit": "0" * 40}}))
+    measured.clear()
+    assert measure.main(args) == 0 and measured == [(1, 0, 32)]
     assert sorted(json.loads(out.read_text())["shapes"]) == ["qwen2-256x1-s0", "qwen2-256x1-s1", "qwen2-256x2-s0",
                                                              "qwen2-256x2-s1"]
     measured.clear()

@@ -1,7 +1,9 @@
 """The patches against vLLM-CPU's own samples along a depth ladder, and at the paper models' widths
 (studies/depth/page.md). A rung is the first L layers of the deepest rung's checkpoint (`truncate`).
 
-Points are kept as measured in `FILE.json.points/` (a rerun resumes); `--resume-from` takes the matching
+Points are kept as measured in `FILE.json.points/` (a rerun at the same commit resumes; at another one, or
+with other uncommitted changes, it measures them again: kept points never outlive their code); `--resume-from`
+takes the matching
 points of an earlier depth.json, named under `resumed_from` (`kernels` taken per point, `points`: point ->
 set -> commit, `commits`: commit -> sets). Both work per training kernels set: the sets a point lacks are
 measured alone, on the same (seeded) samples.
@@ -22,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from localrl import attention_isa
 from rla.files import write_text
 from studies._shared import scoring, vllm_cpu
+from studies.provenance import commit
 from tinyqwen.models import HIDDEN_256, REAL_SHAPES
 
 LADDER = (2, 4, 8, 16, 28)
@@ -127,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.widths:
         points += [(name, spec, 0, WIDTH_PROMPTS, None) for name, spec in WIDTHS.items()]
     earlier = earlier_points(args.resume_from) if args.resume_from else {}
+    code = commit()  # what a kept point must have been measured with to be taken
     for i, (name, spec, seed, prompts, full_depth) in enumerate(points):
         made_by = {"spec": spec, "seed": seed, "prompts": prompts, "deepest": full_depth,
                    **{k: results["machine"].get(k) for k in vllm_cpu.VERSIONS}}
         path = kept / f"{name}.json"
         stored = json.loads(path.read_text()) if path.exists() else None
-        mine = stored["entry"] if stored and same_point(stored["made_by"], made_by) else None
+        mine = stored["entry"] if stored and stored.get("code") == code and same_point(stored["made_by"], made_by) \
+            else None
         theirs = earlier[name]["entry"] if name in earlier and same_point(earlier[name]["made_by"], made_by) else None
         entries = [e for e in (mine, theirs) if e is not None]
         missing = [k for k in args.kernels if k in args.remeasure or not any(k in e["sequences"] for e in entries)]
@@ -170,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         results["shapes"][name] = merged(entries, args.kernels)
         here = [e for e in entries if e is not theirs]  # kept: what this file's runs measured, never the earlier's
         everything = list(dict.fromkeys(k for e in here for k in e["sequences"]))
-        kept_point = {"made_by": {**made_by, "kernels": everything}, "entry": merged(here, everything)}
+        kept_point = {"made_by": {**made_by, "kernels": everything}, "code": code, "entry": merged(here, everything)}
         write_text(path, json.dumps(kept_point))  # whole or absent, never half written
     Path(args.out).write_text(json.dumps(results) + "\n")  # one line: the per-sequence sums would take one each
     print(f"wrote {args.out}")

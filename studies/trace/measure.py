@@ -21,6 +21,7 @@ from rla.files import write_text
 from studies._shared.scoring import training_model
 from studies._shared.vllm_cpu import (NEW_TOKENS, VERSIONS, engine, in_child, kept_checkpoint, kept_points,
                                       make_checkpoint, point_options, prompts, sample_in_child, sampling, start)
+from studies.provenance import commit
 from tinyqwen.models import HIDDEN_256
 
 ENGINE_PREFILL = "engine_prefill"
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                          if set(p) <= set(args.settings)},
                "batches": args.batches, "training_batches": [max(args.batches)],
                "engine_attention_isa": attention_isa(), "points": {}}
-    kept = kept_points(args.out)
+    kept, code = kept_points(args.out), commit()
     # seeds outermost: a run stopped early has every architecture and batch at its first seeds
     points = [(f"{arch}-256x{args.layers}-s{seed}-b{batch}", arch, seed, batch) for seed in args.seeds
               for arch in args.archs for batch in args.batches]
@@ -208,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         made_by = {"spec": spec, "seed": seed, "prompts": args.prompts, "batch": batch,
                    "settings": results["settings"] if training else None,
                    "pairs": results["pairs"] if training else None,
-                   **{k: results["machine"].get(k) for k in VERSIONS}}
+                   **{k: results["machine"].get(k) for k in VERSIONS}, "code": code}  # never older code's
         path = kept / f"{name}.json"
         if path.exists() and (stored := json.loads(path.read_text()))["made_by"] == made_by:
             print(f"[{i + 1}/{len(points)}] {name}: measured already ({path})")
